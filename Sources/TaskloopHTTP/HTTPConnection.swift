@@ -1,0 +1,379 @@
+/// What carries a connection's bytes: the libuv TCP stream in production, a recorder in tests.
+/// Loop thread only.
+protocol HTTPTransport: AnyObject {
+    /// Sends `bytes`; what cannot leave at once is copied, queued and counted in `queuedBytes`.
+    func write(_ bytes: UnsafeRawBufferPointer)
+    var queuedBytes: Int { get }
+    func setReading(_ reading: Bool)
+    /// Closes once queued bytes are out. With `linger`, first half-closes and briefly drains
+    /// the peer's input, so a client still sending (say, a refused body) reads the final answer
+    /// instead of a reset.
+    func close(linger: Bool)
+}
+
+/// Settings shared by every connection of one server. Loop thread only.
+final class HTTPConnectionContext {
+    let handler: (HTTPRequest, HTTPResponder) -> Void
+    let parserLimits: HTTPParserLimits
+    let timeouts: HTTPConnectionStateMachine.Timeouts
+    /// Stop parsing and reading while more than this many response bytes wait for the peer...
+    let outputHighWater: Int
+    /// ...and go on once fewer than this many wait.
+    let outputLowWater: Int
+    /// Unparsed input kept while a request is being answered; reading pauses beyond it.
+    let maxPendingInput: Int
+    let clock: () -> UInt64
+    let dateCache = HTTPDateCache()
+
+    init(
+        handler: @escaping (HTTPRequest, HTTPResponder) -> Void, parserLimits: HTTPParserLimits,
+        timeouts: HTTPConnectionStateMachine.Timeouts, outputHighWater: Int, maxPendingInput: Int,
+        clock: @escaping () -> UInt64
+    ) {
+        self.handler = handler
+        self.parserLimits = parserLimits
+        self.timeouts = timeouts
+        self.outputHighWater = outputHighWater
+        self.outputLowWater = outputHighWater / 2
+        self.maxPendingInput = maxPendingInput
+        self.clock = clock
+    }
+}
+
+/// One HTTP/1.1 connection: parses requests, hands each to the handler, encodes the answers in
+/// order, and applies keep-alive, limits, timeouts and backpressure. It never touches a socket:
+/// bytes come in through `receive`, go out through its `HTTPTransport`.
+///
+/// Requests are answered strictly one at a time. Pipelined bytes that arrive meanwhile wait in
+/// `pendingInput` (bounded: reading pauses past `maxPendingInput`) and are parsed when the
+/// current response is finished.
+///
+/// Threading: loop thread only, including every `HTTPResponder` call.
+final class HTTPConnection {
+    private let context: HTTPConnectionContext
+    private var transport: HTTPTransport?
+    private let parser: HTTPRequestParser
+    private(set) var machine: HTTPConnectionStateMachine
+    private var output: [UInt8] = []
+    private var pendingInput: [UInt8] = []
+    /// Identifies the request being answered; stale responders compare against it.
+    private var sequence: UInt64 = 0
+    private var answeringHead = false
+    private var answeringHTTP10 = false
+    private var streamKeepsAlive = true
+    private var isParsing = false
+    private var peerEnded = false
+    private var reading = true
+    private var closeObserver: (() -> Void)?
+    private var writableObserver: (() -> Void)?
+
+    init(context: HTTPConnectionContext, transport: HTTPTransport) {
+        self.context = context
+        self.transport = transport
+        parser = HTTPRequestParser(limits: context.parserLimits)
+        machine = HTTPConnectionStateMachine(now: context.clock(), timeouts: context.timeouts)
+        output.reserveCapacity(1024)
+    }
+
+    var queuedOutputBytes: Int { output.count + (transport?.queuedBytes ?? 0) }
+    var isReading: Bool { reading }
+    private var isOverHighWater: Bool { queuedOutputBytes > context.outputHighWater }
+
+    // MARK: events from the transport
+
+    func receive(_ bytes: UnsafeRawBufferPointer) {
+        guard transport != nil else { return }
+        switch machine.state {
+        case .closing, .closed: return
+        default: break
+        }
+        if pendingInput.isEmpty && canParse {
+            let consumed = parse(bytes)
+            if consumed < bytes.count, machine.state != .closing {
+                pendingInput.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[consumed...]))
+            }
+        } else {
+            pendingInput.append(contentsOf: bytes)
+            parsePending()
+        }
+        flush()
+        updateReading()
+    }
+
+    func peerClosed() {
+        peerEnded = true
+        closeIfPeerIsDone()
+    }
+
+    /// Queued output went out; resume work that backpressure held back.
+    func transportDrained() {
+        guard transport != nil, queuedOutputBytes <= context.outputLowWater else { return }
+        continueAfterResponse()
+        writableObserver?()
+    }
+
+    func transportClosed() {
+        machine.transportClosed()
+        transport = nil
+        pendingInput = []
+        writableObserver = nil
+        let observer = closeObserver
+        closeObserver = nil
+        observer?()
+    }
+
+    func tick(now: UInt64) {
+        switch machine.tick(now: now) {
+        case .none:
+            break
+        case .close:
+            transport?.close(linger: false)
+        case .respondTimeoutAndClose:
+            sendFinalError(HTTPProblem(.requestTimeout, detail: "The request was not received in time."))
+        }
+    }
+
+    /// The server is stopping: close if idle, else close after the current response.
+    func drain() {
+        if machine.drain() { transport?.close(linger: false) }
+    }
+
+    // MARK: parsing
+
+    private var canParse: Bool {
+        machine.acceptsInput && !parser.isFinished && !isOverHighWater
+    }
+
+    /// Parses requests from `bytes` until they run out or the connection must wait; returns
+    /// how many bytes were consumed.
+    private func parse(_ bytes: UnsafeRawBufferPointer) -> Int {
+        isParsing = true
+        defer { isParsing = false }
+        var offset = 0
+        while offset < bytes.count && canParse {
+            machine.bytesArrived(now: context.clock())
+            let (consumed, event) = parser.parse(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
+            offset += consumed
+            switch event {
+            case .needMoreData:
+                return bytes.count
+            case .head(let expectsContinue):
+                machine.headReceived(now: context.clock())
+                if expectsContinue {
+                    output.append(contentsOf: HTTPResponseEncoder.continueResponse)
+                    flush()
+                }
+            case .request(let request, let keepAlive):
+                machine.requestReceived(keepAlive: keepAlive)
+                sequence &+= 1
+                answeringHead = request.method == .HEAD
+                answeringHTTP10 = request.version.minor == 0
+                context.handler(request, HTTPResponder(connection: self, sequence: sequence))
+            case .failure(let status, let detail):
+                sendFinalError(HTTPProblem(status, detail: detail))
+                return bytes.count
+            }
+        }
+        return offset
+    }
+
+    private func parsePending() {
+        guard !pendingInput.isEmpty, canParse, !isParsing else { return }
+        var pending = pendingInput
+        pendingInput = []
+        let consumed = pending.withUnsafeBytes { parse($0) }
+        guard machine.state != .closing, transport != nil else { return }
+        pending.removeFirst(consumed)
+        pending.append(contentsOf: pendingInput)
+        pendingInput = pending
+    }
+
+    private func continueAfterResponse() {
+        guard !isParsing else { return }
+        parsePending()
+        flush()
+        closeIfPeerIsDone()
+        updateReading()
+    }
+
+    /// After the peer's half-close: once everything it sent has been answered, close.
+    private func closeIfPeerIsDone() {
+        guard peerEnded, transport != nil, !isParsing, machine.acceptsInput else { return }
+        if !isOverHighWater || pendingInput.isEmpty {
+            machine.beginClosing()
+            flush()
+            transport?.close(linger: false)
+        }
+    }
+
+    private func updateReading() {
+        guard let transport else { return }
+        let wanted: Bool
+        switch machine.state {
+        case .closing, .closed: wanted = false
+        default: wanted = !peerEnded && !isOverHighWater && pendingInput.count < context.maxPendingInput
+        }
+        if wanted != reading {
+            reading = wanted
+            transport.setReading(wanted)
+        }
+    }
+
+    private func flush() {
+        guard !output.isEmpty, let transport else { return }
+        output.withUnsafeBytes { transport.write($0) }
+        output.removeAll(keepingCapacity: true)
+    }
+
+    // MARK: answering
+
+    private func isCurrent(_ sequence: UInt64, streaming: Bool) -> Bool {
+        sequence == self.sequence && transport != nil && machine.state == .responding(streaming: streaming)
+    }
+
+    func isOpen(_ sequence: UInt64) -> Bool {
+        sequence == self.sequence && transport != nil && {
+            if case .responding = machine.state { return true }
+            return false
+        }()
+    }
+
+    func respond(_ sequence: UInt64, _ response: HTTPResponse) {
+        guard isCurrent(sequence, streaming: false) else { return }
+        let keepAlive = machine.responseKeepsAlive && !response.headers.containsToken("close", in: "Connection")
+        HTTPResponseEncoder.appendHead(
+            status: response.status, headers: response.headers, framing: .contentLength(response.body.count),
+            keepAlive: keepAlive, http10Client: answeringHTTP10,
+            dateLine: context.dateCache.currentHeaderLine(), to: &output)
+        if !answeringHead && response.status.code >= 200 && response.status.code != 204 && response.status.code != 304 {
+            output.append(contentsOf: response.body)
+        }
+        finishResponse(keepAlive: keepAlive)
+    }
+
+    func startStream(_ sequence: UInt64, status: HTTPStatus, headers: HTTPHeaders) -> Bool {
+        guard isCurrent(sequence, streaming: false) else { return false }
+        streamKeepsAlive = machine.responseKeepsAlive && !answeringHTTP10
+            && !headers.containsToken("close", in: "Connection")
+        HTTPResponseEncoder.appendHead(
+            status: status, headers: headers, framing: answeringHTTP10 ? .untilClose : .chunked,
+            keepAlive: streamKeepsAlive, http10Client: answeringHTTP10,
+            dateLine: context.dateCache.currentHeaderLine(), to: &output)
+        machine.streamStarted()
+        flush()
+        return true
+    }
+
+    func streamWrite(_ sequence: UInt64, _ bytes: [UInt8]) -> Bool {
+        guard isCurrent(sequence, streaming: true) else { return false }
+        if !answeringHead {
+            if answeringHTTP10 {
+                output.append(contentsOf: bytes)
+            } else {
+                HTTPResponseEncoder.appendChunk(bytes, to: &output)
+            }
+        }
+        flush()
+        return true
+    }
+
+    func streamFinish(_ sequence: UInt64) {
+        guard isCurrent(sequence, streaming: true) else { return }
+        if !answeringHead && !answeringHTTP10 {
+            output.append(contentsOf: HTTPResponseEncoder.lastChunk)
+        }
+        finishResponse(keepAlive: streamKeepsAlive)
+    }
+
+    func isWritable(_ sequence: UInt64) -> Bool {
+        isCurrent(sequence, streaming: true) && !isOverHighWater
+    }
+
+    func onClose(_ sequence: UInt64, _ observer: @escaping () -> Void) {
+        guard isOpen(sequence) else { return observer() }
+        closeObserver = observer
+    }
+
+    func onWritable(_ sequence: UInt64, _ observer: @escaping () -> Void) {
+        guard isOpen(sequence) else { return }
+        writableObserver = observer
+    }
+
+    private func finishResponse(keepAlive: Bool) {
+        closeObserver = nil
+        writableObserver = nil
+        switch machine.responseFinished(now: context.clock(), keepAlive: keepAlive) {
+        case .readNextRequest:
+            if isParsing { return }
+            continueAfterResponse()
+        case .close:
+            flush()
+            transport?.close(linger: true)
+        }
+    }
+
+    private func sendFinalError(_ problem: HTTPProblem) {
+        machine.beginClosing()
+        let response = problem.response()
+        HTTPResponseEncoder.appendHead(
+            status: response.status, headers: response.headers, framing: .contentLength(response.body.count),
+            keepAlive: false, http10Client: false, dateLine: context.dateCache.currentHeaderLine(), to: &output)
+        output.append(contentsOf: response.body)
+        pendingInput = []
+        flush()
+        transport?.close(linger: true)
+    }
+}
+
+/// How a handler answers its request: once, now or later, on the loop thread. A responder for
+/// a request that was already answered, or whose connection is gone, ignores further calls.
+public struct HTTPResponder {
+    let connection: HTTPConnection
+    let sequence: UInt64
+
+    public func respond(_ response: HTTPResponse) {
+        connection.respond(sequence, response)
+    }
+
+    /// Starts a streamed response (chunked for HTTP/1.1 clients).
+    public func startStream(status: HTTPStatus = .ok, headers: HTTPHeaders = [:]) -> HTTPResponseStream? {
+        connection.startStream(sequence, status: status, headers: headers)
+            ? HTTPResponseStream(connection: connection, sequence: sequence) : nil
+    }
+
+    /// False once the request is answered or its client has gone.
+    public var isOpen: Bool { connection.isOpen(sequence) }
+
+    /// Calls `observer` if the connection closes before the answer is complete (a client that
+    /// gave up on a long poll), or at once if it already has.
+    public func onClose(_ observer: @escaping () -> Void) {
+        connection.onClose(sequence, observer)
+    }
+}
+
+/// The body of a streamed response. Producers should write while `isWritable` and otherwise wait
+/// for `onWritable`, so a slow reader never makes the server buffer without bound.
+public struct HTTPResponseStream {
+    let connection: HTTPConnection
+    let sequence: UInt64
+
+    /// Sends one chunk. False if the stream is finished or the client has gone.
+    @discardableResult
+    public func write(_ bytes: [UInt8]) -> Bool {
+        connection.streamWrite(sequence, bytes)
+    }
+
+    public func finish() {
+        connection.streamFinish(sequence)
+    }
+
+    public var isWritable: Bool { connection.isWritable(sequence) }
+
+    public func onWritable(_ observer: @escaping () -> Void) {
+        connection.onWritable(sequence, observer)
+    }
+
+    public func onClose(_ observer: @escaping () -> Void) {
+        connection.onClose(sequence, observer)
+    }
+}

@@ -1,0 +1,85 @@
+/// A complete response. The server adds `Content-Length`, `Date` and `Connection` itself; a
+/// handler's own framing headers (`Content-Length`, `Transfer-Encoding`) are ignored.
+public struct HTTPResponse: Sendable {
+    public var status: HTTPStatus
+    public var headers: HTTPHeaders
+    public var body: [UInt8]
+
+    public init(status: HTTPStatus = .ok, headers: HTTPHeaders = [:], body: [UInt8] = []) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    /// A response whose body is already-encoded JSON.
+    public static func json(_ status: HTTPStatus = .ok, _ body: [UInt8], headers: HTTPHeaders = [:]) -> HTTPResponse {
+        var headers = headers
+        headers.add("Content-Type", "application/json")
+        return HTTPResponse(status: status, headers: headers, body: body)
+    }
+}
+
+/// An error that knows the response it becomes. Handlers throw these; any other error becomes
+/// a 500 problem response.
+public protocol HTTPResponseError: Error {
+    func response() -> HTTPResponse
+}
+
+/// An RFC 9457 problem: the body of every error response.
+public struct HTTPProblem: HTTPResponseError, Equatable {
+    public var status: HTTPStatus
+    public var detail: String
+    public var type: String
+    public var headers: HTTPHeaders
+    /// Validation failures, rendered as `errors: [{field, message}]`.
+    public var fieldErrors: [FieldError]
+
+    public struct FieldError: Sendable, Equatable {
+        public var field: String
+        public var message: String
+        public init(field: String, message: String) {
+            self.field = field
+            self.message = message
+        }
+    }
+
+    public init(
+        _ status: HTTPStatus, detail: String, type: String = "about:blank",
+        headers: HTTPHeaders = [:], fieldErrors: [FieldError] = []
+    ) {
+        self.status = status
+        self.detail = detail
+        self.type = type
+        self.headers = headers
+        self.fieldErrors = fieldErrors
+    }
+
+    public func response() -> HTTPResponse {
+        var json = JSONText()
+        json.beginObject()
+        json.field("type", type)
+        json.field("title", status.reason)
+        json.field("status", status.code)
+        json.field("detail", detail)
+        if !fieldErrors.isEmpty {
+            json.key("errors")
+            json.beginArray()
+            for error in fieldErrors {
+                json.beginObject()
+                json.field("field", error.field)
+                json.field("message", error.message)
+                json.endObject()
+            }
+            json.endArray()
+        }
+        json.endObject()
+        var headers = self.headers
+        headers.add("Content-Type", "application/problem+json")
+        return HTTPResponse(status: status, headers: headers, body: json.bytes)
+    }
+
+    public static func == (lhs: HTTPProblem, rhs: HTTPProblem) -> Bool {
+        lhs.status == rhs.status && lhs.detail == rhs.detail && lhs.type == rhs.type
+            && lhs.fieldErrors == rhs.fieldErrors
+    }
+}

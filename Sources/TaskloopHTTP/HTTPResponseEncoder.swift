@@ -1,0 +1,112 @@
+/// Writes response heads and bodies as HTTP/1.1 bytes into a connection's output buffer.
+enum HTTPResponseEncoder {
+    /// `HTTP/1.1 <code> <reason>\r\n` for every known code, built once.
+    private static let statusLines: [[UInt8]] = (0..<600).map { code in
+        Array("HTTP/1.1 \(code) \(HTTPStatus.reasons[code] ?? "Unknown")\r\n".utf8)
+    }
+
+    static func appendStatusLine(_ status: HTTPStatus, to output: inout [UInt8]) {
+        if (100..<600).contains(status.code), HTTPStatus.reasons[status.code] == status.reason {
+            output.append(contentsOf: statusLines[status.code])
+        } else {
+            output.append(contentsOf: "HTTP/1.1 \(status.code) \(status.reason)\r\n".utf8)
+        }
+    }
+
+    enum Framing {
+        case contentLength(Int)
+        case chunked
+        /// HTTP/1.0 streaming: the body ends when the connection closes.
+        case untilClose
+    }
+
+    /// Appends status line and headers. The handler's framing and connection headers are
+    /// replaced by the server's own.
+    static func appendHead(
+        status: HTTPStatus, headers: HTTPHeaders, framing: Framing, keepAlive: Bool,
+        http10Client: Bool, dateLine: [UInt8], to output: inout [UInt8]
+    ) {
+        appendStatusLine(status, to: &output)
+        for (name, value) in headers where !isServerOwned(name) {
+            output.append(contentsOf: name.utf8)
+            output.append(UInt8(ascii: ":"))
+            output.append(UInt8(ascii: " "))
+            output.append(contentsOf: value.utf8)
+            output.append(UInt8(ascii: "\r"))
+            output.append(UInt8(ascii: "\n"))
+        }
+        switch framing {
+        case .contentLength(let length):
+            if status.code >= 200 && status.code != 204 && status.code != 304 {
+                output.append(contentsOf: contentLengthPrefix)
+                appendDecimal(length, to: &output)
+                output.append(UInt8(ascii: "\r"))
+                output.append(UInt8(ascii: "\n"))
+            }
+        case .chunked:
+            output.append(contentsOf: chunkedLine)
+        case .untilClose:
+            break
+        }
+        output.append(contentsOf: dateLine)
+        if !keepAlive {
+            output.append(contentsOf: closeLine)
+        } else if http10Client {
+            output.append(contentsOf: keepAliveLine)
+        }
+        output.append(UInt8(ascii: "\r"))
+        output.append(UInt8(ascii: "\n"))
+    }
+
+    static func appendChunk(_ bytes: [UInt8], to output: inout [UInt8]) {
+        guard !bytes.isEmpty else { return }
+        appendHex(bytes.count, to: &output)
+        output.append(UInt8(ascii: "\r"))
+        output.append(UInt8(ascii: "\n"))
+        output.append(contentsOf: bytes)
+        output.append(UInt8(ascii: "\r"))
+        output.append(UInt8(ascii: "\n"))
+    }
+
+    static let lastChunk: [UInt8] = Array("0\r\n\r\n".utf8)
+    static let continueResponse: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
+    private static let contentLengthPrefix: [UInt8] = Array("Content-Length: ".utf8)
+    private static let chunkedLine: [UInt8] = Array("Transfer-Encoding: chunked\r\n".utf8)
+    private static let closeLine: [UInt8] = Array("Connection: close\r\n".utf8)
+    private static let keepAliveLine: [UInt8] = Array("Connection: keep-alive\r\n".utf8)
+
+    private static func isServerOwned(_ name: String) -> Bool {
+        switch name.utf8.count {
+        case 4: name.equalsIgnoringASCIICase("Date")
+        case 10: name.equalsIgnoringASCIICase("Connection")
+        case 14: name.equalsIgnoringASCIICase("Content-Length")
+        case 17: name.equalsIgnoringASCIICase("Transfer-Encoding")
+        default: false
+        }
+    }
+
+    static func appendDecimal(_ value: Int, to output: inout [UInt8]) {
+        precondition(value >= 0)
+        if value < 10 {
+            output.append(UInt8(ascii: "0") + UInt8(value))
+            return
+        }
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var count = 0
+        var rest = value
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            while rest > 0 {
+                buffer[19 - count] = UInt8(ascii: "0") + UInt8(rest % 10)
+                rest /= 10
+                count += 1
+            }
+            output.append(contentsOf: buffer[(20 - count)...])
+        }
+    }
+
+    private static func appendHex(_ value: Int, to output: inout [UInt8]) {
+        output.append(contentsOf: String(value, radix: 16).utf8)
+    }
+}

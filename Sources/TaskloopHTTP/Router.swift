@@ -1,0 +1,128 @@
+/// Routes as plain data: a method and a path pattern map to a handler. A pattern is literal
+/// segments and `{name}` segments (`/tasks/{id}/cancel`). Literal segments win over parameters.
+/// Matching decodes each segment on its own, so `%2F` inside a parameter stays part of it.
+public struct Router<Handler> {
+    private struct Route {
+        var method: HTTPMethod
+        var pattern: String
+        var handler: Handler
+    }
+
+    private struct Node {
+        var literals: [String: Int] = [:]
+        var parameter: (name: String, child: Int)?
+        var routes: [Route] = []
+    }
+
+    private var nodes: [Node] = [Node()]
+
+    public init() {}
+
+    public enum Match {
+        case found(Handler, parameters: PathParameters, pattern: String)
+        /// The path exists but not for this method; `allowed` is what the `Allow` header lists.
+        case methodNotAllowed(allowed: [HTTPMethod])
+        case notFound
+    }
+
+    public mutating func add(_ method: HTTPMethod, _ pattern: String, _ handler: Handler) {
+        precondition(pattern.hasPrefix("/"), "route pattern must start with /: \(pattern)")
+        var current = 0
+        for segment in Self.segments(of: Substring(pattern)) {
+            if segment.hasPrefix("{") && segment.hasSuffix("}") && segment.count > 2 {
+                let name = String(segment.dropFirst().dropLast())
+                if let existing = nodes[current].parameter {
+                    precondition(existing.name == name, "conflicting parameter names at \(pattern)")
+                    current = existing.child
+                } else {
+                    nodes.append(Node())
+                    nodes[current].parameter = (name, nodes.count - 1)
+                    current = nodes.count - 1
+                }
+            } else if let child = nodes[current].literals[String(segment)] {
+                current = child
+            } else {
+                nodes.append(Node())
+                nodes[current].literals[String(segment)] = nodes.count - 1
+                current = nodes.count - 1
+            }
+        }
+        precondition(!nodes[current].routes.contains { $0.method == method }, "duplicate route \(method) \(pattern)")
+        nodes[current].routes.append(Route(method: method, pattern: pattern, handler: handler))
+    }
+
+    /// Finds the handler for `method` on `rawPath` (still percent-encoded). Returns nil when a
+    /// segment has a malformed escape.
+    public func match(_ method: HTTPMethod, rawPath: Substring) -> Match? {
+        var decoded: [String] = []
+        for segment in Self.segments(of: rawPath) {
+            guard let value = percentDecode(segment, plusIsSpace: false) else { return nil }
+            decoded.append(value)
+        }
+        var parameters = PathParameters()
+        guard let node = find(decoded[...], from: 0, parameters: &parameters) else { return .notFound }
+        let routes = nodes[node].routes
+        if let route = routes.first(where: { $0.method == method })
+            ?? (method == .HEAD ? routes.first(where: { $0.method == .GET }) : nil) {
+            return .found(route.handler, parameters: parameters, pattern: route.pattern)
+        }
+        var allowed = routes.map(\.method)
+        if allowed.contains(.GET) && !allowed.contains(.HEAD) { allowed.append(.HEAD) }
+        return .methodNotAllowed(allowed: allowed)
+    }
+
+    private func find(_ segments: ArraySlice<String>, from node: Int, parameters: inout PathParameters) -> Int? {
+        guard let segment = segments.first else {
+            return nodes[node].routes.isEmpty ? nil : node
+        }
+        let rest = segments.dropFirst()
+        if let child = nodes[node].literals[segment], let found = find(rest, from: child, parameters: &parameters) {
+            return found
+        }
+        if let (name, child) = nodes[node].parameter, !segment.isEmpty {
+            var attempt = parameters
+            attempt.append(name, segment)
+            if let found = find(rest, from: child, parameters: &attempt) {
+                parameters = attempt
+                return found
+            }
+        }
+        return nil
+    }
+
+    private static func segments(of path: Substring) -> [Substring] {
+        path.dropFirst().split(separator: "/", omittingEmptySubsequences: false)
+    }
+}
+
+/// What a route runs: it answers through the responder, now or later (on the loop thread), and
+/// may throw an `HTTPResponseError` instead.
+public typealias HTTPHandler = (HTTPRequest, HTTPResponder) throws -> Void
+
+extension Router where Handler == HTTPHandler {
+    /// Dispatches a request: 404 and 405 (with `Allow`) as problem responses, path parameters
+    /// filled in, and thrown errors turned into their responses (anything unknown is a 500).
+    public func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
+        var request = request
+        switch match(request.method, rawPath: request.rawPath) {
+        case nil:
+            responder.respond(HTTPProblem(.badRequest, detail: "The path has a malformed percent-encoding.").response())
+        case .notFound:
+            responder.respond(HTTPProblem(.notFound, detail: "No resource at \(request.path).").response())
+        case .methodNotAllowed(let allowed):
+            let allow = allowed.map(\.description).joined(separator: ", ")
+            responder.respond(HTTPProblem(
+                .methodNotAllowed, detail: "\(request.method) is not allowed on \(request.path).",
+                headers: ["Allow": allow]).response())
+        case .found(let handler, let parameters, _):
+            request.parameters = parameters
+            do {
+                try handler(request, responder)
+            } catch let error as HTTPResponseError {
+                responder.respond(error.response())
+            } catch {
+                responder.respond(HTTPProblem(.internalServerError, detail: "The server failed to answer.").response())
+            }
+        }
+    }
+}

@@ -1,0 +1,37 @@
+import CLibUV
+
+/// Delivers a POSIX signal as a callback on the loop thread (uv_signal). Loop thread only;
+/// `close()` frees the handle.
+public final class SignalWatcher {
+    private let handle: UnsafeMutablePointer<uv_signal_t>
+    private var callback: (() -> Void)?
+
+    public init(loop: EventLoop, signal: Int32, _ callback: @escaping () -> Void) throws(UVError) {
+        handle = UVHandle.allocate(uv_signal_t.self)
+        do {
+            try UVError.check(uv_signal_init(loop.uvLoop, handle), "uv_signal_init")
+        } catch {
+            UVHandle.deallocateUninitialised(handle)
+            throw error
+        }
+        self.callback = callback
+        UVHandle.adopt(handle, owner: self)
+        do {
+            try UVError.check(uv_signal_start(handle, deliverSignal, signal), "uv_signal_start")
+        } catch {
+            UVHandle.close(handle)
+            throw error
+        }
+    }
+
+    public func close() {
+        callback = nil
+        UVHandle.close(handle)
+    }
+
+    fileprivate func deliver() { callback?() }
+}
+
+private let deliverSignal: uv_signal_cb = { handle, _ in
+    UVHandle.owner(handle, as: SignalWatcher.self).deliver()
+}

@@ -1,0 +1,82 @@
+import CLibUV
+import Glibc
+
+/// An IPv4 or IPv6 socket address.
+public struct SocketAddress: Sendable, CustomStringConvertible {
+    private var storage: sockaddr_storage
+
+    public var isIPv6: Bool { storage.ss_family == sa_family_t(AF_INET6) }
+
+    public var port: Int {
+        withSockAddr { address in
+            if isIPv6 {
+                return address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { Int(UInt16(bigEndian: $0.pointee.sin6_port)) }
+            }
+            return address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { Int(UInt16(bigEndian: $0.pointee.sin_port)) }
+        }
+    }
+
+    /// The numeric host, e.g. `127.0.0.1` or `::1`.
+    public var host: String {
+        var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
+        withSockAddr { address in
+            if isIPv6 {
+                _ = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { uv_ip6_name($0, &text, text.count) }
+            } else {
+                _ = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { uv_ip4_name($0, &text, text.count) }
+            }
+        }
+        return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// `host:port`, with IPv6 hosts in brackets, as it appears in a URL.
+    public var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
+
+    func withSockAddr<Result, Failure: Error>(
+        _ body: (UnsafePointer<sockaddr>) throws(Failure) -> Result
+    ) throws(Failure) -> Result {
+        var copy = storage
+        return try withUnsafePointer(to: &copy) { pointer throws(Failure) in
+            try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address throws(Failure) in try body(address) }
+        }
+    }
+
+    /// Resolves a numeric address, or a name through the system resolver. Called once at start,
+    /// before the loop serves anyone, so the blocking look-up stalls nothing.
+    static func resolve(host: String, port: Int) throws(HTTPServerError) -> SocketAddress {
+        guard (0...65535).contains(port) else { throw .resolve(host: host, reason: "port \(port) is out of range") }
+        var name = host
+        if name.hasPrefix("[") && name.hasSuffix("]") { name = String(name.dropFirst().dropLast()) }
+        var storage = sockaddr_storage()
+        let parsed = withUnsafeMutablePointer(to: &storage) { pointer -> Bool in
+            if pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1, { uv_ip4_addr(name, Int32(port), $0) }) == 0 {
+                return true
+            }
+            return pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1, { uv_ip6_addr(name, Int32(port), $0) }) == 0
+        }
+        if parsed { return SocketAddress(storage: storage) }
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var results: UnsafeMutablePointer<addrinfo>?
+        let status = getaddrinfo(name, String(port), &hints, &results)
+        guard status == 0, let first = results else {
+            throw .resolve(host: host, reason: String(cString: gai_strerror(status)))
+        }
+        defer { freeaddrinfo(results) }
+        withUnsafeMutableBytes(of: &storage) { target in
+            target.copyMemory(from: UnsafeRawBufferPointer(start: first.pointee.ai_addr, count: Int(first.pointee.ai_addrlen)))
+        }
+        return SocketAddress(storage: storage)
+    }
+
+    static func local(of handle: UnsafeMutablePointer<uv_tcp_t>) throws(UVError) -> SocketAddress {
+        var storage = sockaddr_storage()
+        var length = Int32(MemoryLayout<sockaddr_storage>.size)
+        let status = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_tcp_getsockname(handle, $0, &length) }
+        }
+        try UVError.check(status, "uv_tcp_getsockname")
+        return SocketAddress(storage: storage)
+    }
+}
