@@ -36,9 +36,14 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .target(
+            name: "TaskloopTestSupport",
+            dependencies: ["TaskloopHTTP"],
+            path: "Tests/TaskloopTestSupport"
+        ),
         .testTarget(
             name: "TaskloopHTTPTests",
-            dependencies: ["TaskloopHTTP"]
+            dependencies: ["TaskloopHTTP", "TaskloopTestSupport"]
         ),
     ]
 )

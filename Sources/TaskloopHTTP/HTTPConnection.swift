@@ -141,7 +141,16 @@ final class HTTPConnection {
     // MARK: parsing
 
     private var canParse: Bool {
-        machine.acceptsInput && !parser.isFinished && !isOverHighWater
+        machine.acceptsInput && !parser.isFinished && hasOutputRoom()
+    }
+
+    /// Whether another answer may be produced now. Answers to pipelined requests are batched in
+    /// `output`; past the high-water mark they are handed to the transport first, and only what
+    /// the peer has not taken yet counts.
+    private func hasOutputRoom() -> Bool {
+        guard isOverHighWater else { return true }
+        flush()
+        return !isOverHighWater
     }
 
     /// Parses requests from `bytes` until they run out or the connection must wait; returns

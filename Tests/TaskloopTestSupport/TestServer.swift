@@ -1,0 +1,103 @@
+import Foundation
+import Synchronization
+import TaskloopHTTP
+
+/// A real server on 127.0.0.1 and a free port, its loop on a thread of its own, for tests.
+/// `stop()` shuts it down gracefully and reports whether the loop closed clean.
+public final class TestServer: Sendable {
+    public let loop: EventLoop
+    public let port: Int
+    private let server: LoopBound<HTTPServer>
+    private let finished = DispatchSemaphore(value: 0)
+    private let outcome = Locked<Result<Void, EventLoopError>?>(nil)
+
+    public init(
+        configure: (inout HTTPServerConfiguration) -> Void = { _ in },
+        handler: @escaping (HTTPRequest, HTTPResponder) -> Void
+    ) throws {
+        let loop = try EventLoop()
+        var configuration = HTTPServerConfiguration()
+        configuration.host = "127.0.0.1"
+        configuration.port = 0
+        configure(&configuration)
+        let server = HTTPServer(loop: loop, configuration: configuration, handler: handler)
+        let address = try server.start()
+        self.loop = loop
+        self.port = address.port
+        self.server = LoopBound(server, loop: loop)
+        let thread = Thread { [finished, outcome] in
+            let result = Result { () throws(EventLoopError) in try loop.run() }
+            outcome.withLock { $0 = result }
+            finished.signal()
+        }
+        thread.name = "test-loop"
+        thread.start()
+    }
+
+    public convenience init(
+        configure: (inout HTTPServerConfiguration) -> Void = { _ in }, router: Router<HTTPHandler>
+    ) throws {
+        try self.init(configure: configure) { request, responder in router.handle(request, responder) }
+    }
+
+    /// Runs `body` with the server on its loop thread and returns its result.
+    public func onLoop<T: Sendable>(_ body: @escaping @Sendable (HTTPServer) -> T) -> T {
+        let done = DispatchSemaphore(value: 0)
+        let result = Locked<T?>(nil)
+        let server = self.server
+        loop.execute {
+            let value = body(server.value)
+            result.withLock { $0 = value }
+            done.signal()
+        }
+        done.wait()
+        return result.withLock { $0! }
+    }
+
+    /// Waits until `condition` (evaluated on the loop) holds, or throws after `timeout` seconds.
+    public func waitUntil(
+        timeout: Double = 5, _ what: String = "condition",
+        _ condition: @escaping @Sendable (HTTPServer) -> Bool
+    ) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        while !onLoop(condition) {
+            guard Date() < deadline else { throw TestTimeout(what: what) }
+            usleep(1_000)
+        }
+    }
+
+    /// Graceful shutdown; returns once the loop thread has ended. Throws if it did not end in
+    /// time or the loop did not close clean.
+    public func stop(gracePeriodMilliseconds: UInt64 = 1_000, timeout: Double = 10) throws {
+        let server = self.server
+        let loop = self.loop
+        loop.execute {
+            server.value.shutdown(gracePeriodMilliseconds: gracePeriodMilliseconds) { loop.finish() }
+        }
+        try waitForExit(timeout: timeout)
+    }
+
+    /// Waits for the loop thread to end (after a shutdown someone else started).
+    public func waitForExit(timeout: Double = 10) throws {
+        guard finished.wait(timeout: .now() + timeout) == .success else {
+            throw TestTimeout(what: "server loop to finish")
+        }
+        finished.signal()
+        try outcome.withLock { $0 }!.get()
+    }
+}
+
+public struct TestTimeout: Error, CustomStringConvertible {
+    public let what: String
+    public var description: String { "timed out waiting for \(what)" }
+}
+
+/// A value behind a mutex that closures can share.
+public final class Locked<Value>: @unchecked Sendable {
+    private let mutex: Mutex<Value>
+    public init(_ value: sending Value) { mutex = Mutex(value) }
+    public func withLock<R>(_ body: (inout sending Value) throws -> sending R) rethrows -> R {
+        try mutex.withLock(body)
+    }
+    public var value: Value { withLock { $0 } }
+}
