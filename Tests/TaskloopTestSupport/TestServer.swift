@@ -11,11 +11,20 @@ public final class TestServer: Sendable {
     private let finished = DispatchSemaphore(value: 0)
     private let outcome = Locked<Result<Void, EventLoopError>?>(nil)
 
-    public init(
+    public convenience init(
         configure: (inout HTTPServerConfiguration) -> Void = { _ in },
         handler: @escaping (HTTPRequest, HTTPResponder) -> Void
     ) throws {
+        try self.init(configure: configure) { _ in handler }
+    }
+
+    /// `makeHandler` receives the server's loop, for handlers that set timers on it.
+    public init(
+        configure: (inout HTTPServerConfiguration) -> Void = { _ in },
+        makeHandler: (EventLoop) -> (HTTPRequest, HTTPResponder) -> Void
+    ) throws {
         let loop = try EventLoop()
+        let handler = makeHandler(loop)
         var configuration = HTTPServerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = 0
