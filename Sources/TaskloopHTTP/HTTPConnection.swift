@@ -77,6 +77,7 @@ final class HTTPConnection {
 
     var queuedOutputBytes: Int { output.count + (transport?.queuedBytes ?? 0) }
     var isReading: Bool { reading }
+    var pendingInputBytes: Int { pendingInput.count }
     private var isOverHighWater: Bool { queuedOutputBytes > context.outputHighWater }
 
     // MARK: events from the transport
