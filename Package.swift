@@ -20,9 +20,10 @@ let package = Package(
             name: "CHTTPParser",
             providers: [.apt(["libhttp-parser-dev"])]
         ),
+        .target(name: "TaskloopJSON"),
         .target(
             name: "TaskloopHTTP",
-            dependencies: ["CLibUV", "CHTTPParser"]
+            dependencies: ["CLibUV", "CHTTPParser", "TaskloopJSON"]
         ),
         .target(
             name: "TaskloopService",
@@ -36,10 +37,19 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .executableTarget(
+            name: "http-bench-server",
+            dependencies: ["TaskloopHTTP", "TaskloopJSON"],
+            path: "Benchmarks/http/Server"
+        ),
         .target(
             name: "TaskloopTestSupport",
             dependencies: ["TaskloopHTTP"],
             path: "Tests/TaskloopTestSupport"
+        ),
+        .testTarget(
+            name: "TaskloopJSONTests",
+            dependencies: ["TaskloopJSON"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",

@@ -6,7 +6,7 @@ public struct HTTPRequest: Sendable {
     /// The request target exactly as sent.
     public var target: String
     /// The path, still percent-encoded.
-    public var rawPath: Substring
+    public var rawPath: String
     /// The path, percent-decoded.
     public var path: String
     public var queryItems: [QueryItem]
@@ -24,7 +24,14 @@ public struct HTTPRequest: Sendable {
         method: HTTPMethod, target: String, version: HTTPVersion = .http1_1,
         headers: HTTPHeaders = [:], body: [UInt8] = []
     ) throws(RequestTargetError) {
-        let parts = try RequestTarget(target)
+        try self.init(method: method, target: target, parts: RequestTarget(target), version: version,
+                      headers: headers, body: body)
+    }
+
+    init(
+        method: HTTPMethod, target: String, parts: RequestTarget, version: HTTPVersion,
+        headers: HTTPHeaders, body: [UInt8]
+    ) {
         self.method = method
         self.version = version
         self.target = target
@@ -59,68 +66,94 @@ public struct RequestTargetError: Error, Equatable {
     public let detail: String
 }
 
-/// Splits a request target (origin-form `/p?q`, absolute-form `http://h/p?q`, or `*`).
+/// Splits a request target (origin-form `/p?q`, absolute-form `http://h/p?q`, or `*`), working
+/// on bytes: this runs for every request.
 struct RequestTarget {
-    let rawPath: Substring
+    let rawPath: String
     let path: String
     let queryItems: [HTTPRequest.QueryItem]
 
     init(_ target: String) throws(RequestTargetError) {
-        var rest = Substring(target)
-        if let hash = rest.firstIndex(of: "#") { rest = rest[..<hash] }
-        if !rest.hasPrefix("/") && rest != "*" {
-            // absolute-form: skip "scheme://authority"
-            guard let colon = rest.firstIndex(of: ":"), rest[colon...].hasPrefix("://") else {
+        self = try Array(target.utf8).withUnsafeBufferPointer { bytes throws(RequestTargetError) in
+            try Self(bytes: bytes)
+        }
+    }
+
+    init(bytes target: UnsafeBufferPointer<UInt8>) throws(RequestTargetError) {
+        var end = target.firstIndex(of: UInt8(ascii: "#")) ?? target.count
+        var start = 0
+        let isOriginForm = end > 0 && target[0] == UInt8(ascii: "/")
+        if !isOriginForm && !(end == 1 && target[0] == UInt8(ascii: "*")) {
+            guard let authority = Self.authorityStart(target, end: end) else {
                 throw RequestTargetError(detail: "The request target is neither a path nor an absolute URL.")
             }
-            let afterAuthority = rest[rest.index(colon, offsetBy: 3)...]
-            rest = afterAuthority.firstIndex(where: { $0 == "/" || $0 == "?" }).map { afterAuthority[$0...] } ?? "/"
-            if rest.hasPrefix("?") { rest = "/" + rest }
+            start = authority
+            while start < end && target[start] != UInt8(ascii: "/") && target[start] != UInt8(ascii: "?") { start += 1 }
         }
-        var rawQuery: Substring = ""
-        if let question = rest.firstIndex(of: "?") {
-            rawQuery = rest[rest.index(after: question)...]
-            rest = rest[..<question]
+        var queryStart = end
+        if let question = target[start..<end].firstIndex(of: UInt8(ascii: "?")) {
+            queryStart = question + 1
+            end = question
+        } else {
+            queryStart = end
         }
-        guard let path = percentDecode(rest, plusIsSpace: false) else {
+        let fragmentEnd = target.firstIndex(of: UInt8(ascii: "#")) ?? target.count
+        let pathBytes = UnsafeBufferPointer(rebasing: target[start..<end])
+        rawPath = pathBytes.isEmpty ? "/" : String(decoding: pathBytes, as: UTF8.self)
+        guard let path = pathBytes.isEmpty ? "/" : percentDecode(pathBytes, plusIsSpace: false) else {
             throw RequestTargetError(detail: "The path has a malformed percent-encoding.")
         }
-        rawPath = rest
         self.path = path
         var items: [HTTPRequest.QueryItem] = []
-        if !rawQuery.isEmpty {
-            for pair in rawQuery.split(separator: "&", omittingEmptySubsequences: true) {
-                let equals = pair.firstIndex(of: "=")
-                let rawName = equals.map { pair[..<$0] } ?? pair
-                let rawValue = equals.map { pair[pair.index(after: $0)...] } ?? ""
-                guard let name = percentDecode(rawName, plusIsSpace: true),
-                      let value = percentDecode(rawValue, plusIsSpace: true) else {
+        var index = queryStart
+        while index < fragmentEnd {
+            var pairEnd = index
+            while pairEnd < fragmentEnd && target[pairEnd] != UInt8(ascii: "&") { pairEnd += 1 }
+            if pairEnd > index {
+                let pair = target[index..<pairEnd]
+                let equals = pair.firstIndex(of: UInt8(ascii: "=")) ?? pairEnd
+                let valueStart = min(equals + 1, pairEnd)
+                guard let name = percentDecode(UnsafeBufferPointer(rebasing: target[index..<equals]), plusIsSpace: true),
+                      let value = percentDecode(UnsafeBufferPointer(rebasing: target[valueStart..<pairEnd]), plusIsSpace: true)
+                else {
                     throw RequestTargetError(detail: "The query has a malformed percent-encoding.")
                 }
                 items.append(.init(name: name, value: value))
             }
+            index = pairEnd + 1
         }
         queryItems = items
+    }
+
+    /// For `scheme://authority...`, the index just past `://`.
+    private static func authorityStart(_ target: UnsafeBufferPointer<UInt8>, end: Int) -> Int? {
+        guard let colon = target[..<end].firstIndex(of: UInt8(ascii: ":")), colon > 0,
+              colon + 2 < end, target[colon + 1] == UInt8(ascii: "/"), target[colon + 2] == UInt8(ascii: "/") else {
+            return nil
+        }
+        return colon + 3
     }
 }
 
 /// Decodes `%XX` escapes (and `+` as space in queries). Nil for a malformed escape or for bytes
 /// that are not UTF-8.
-func percentDecode(_ text: Substring, plusIsSpace: Bool) -> String? {
-    let utf8 = text.utf8
-    if !utf8.contains(where: { $0 == UInt8(ascii: "%") || (plusIsSpace && $0 == UInt8(ascii: "+")) }) {
-        return String(text)
+func percentDecode(_ text: UnsafeBufferPointer<UInt8>, plusIsSpace: Bool) -> String? {
+    if !text.contains(where: { $0 == UInt8(ascii: "%") || (plusIsSpace && $0 == UInt8(ascii: "+")) }) {
+        return String(validating: text, as: UTF8.self)
     }
     var bytes: [UInt8] = []
-    bytes.reserveCapacity(utf8.count)
-    var iterator = utf8.makeIterator()
-    while let byte = iterator.next() {
+    bytes.reserveCapacity(text.count)
+    var index = 0
+    while index < text.count {
+        let byte = text[index]
+        index += 1
         switch byte {
         case UInt8(ascii: "%"):
-            guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else {
+            guard index + 1 < text.count, let high = hexValue(text[index]), let low = hexValue(text[index + 1]) else {
                 return nil
             }
             bytes.append(high << 4 | low)
+            index += 2
         case UInt8(ascii: "+") where plusIsSpace:
             bytes.append(UInt8(ascii: " "))
         default:

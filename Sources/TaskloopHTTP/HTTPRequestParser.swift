@@ -179,9 +179,13 @@ final class HTTPRequestParser {
         let method = HTTPMethod(code: parser.pointee.method)
         let version = HTTPVersion(major: parser.pointee.http_major, minor: parser.pointee.http_minor)
         let keepAlive = http_should_keep_alive(parser) != 0 && parser.pointee.upgrade == 0
-        let target = String(decoding: url, as: UTF8.self)
         do {
-            let request = try HTTPRequest(method: method, target: target, version: version, headers: headers, body: body)
+            let parts = try url.withUnsafeBufferPointer { bytes throws(RequestTargetError) in
+                try RequestTarget(bytes: bytes)
+            }
+            let request = HTTPRequest(
+                method: method, target: String(decoding: url, as: UTF8.self), parts: parts, version: version,
+                headers: headers, body: body)
             body = []
             return pause(with: .request(request, keepAlive: keepAlive))
         } catch {

@@ -1,3 +1,5 @@
+import TaskloopJSON
+
 /// A complete response. The server adds `Content-Length`, `Date` and `Connection` itself; a
 /// handler's own framing headers (`Content-Length`, `Transfer-Encoding`) are ignored.
 public struct HTTPResponse: Sendable {
@@ -55,7 +57,7 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
     }
 
     public func response() -> HTTPResponse {
-        var json = JSONText()
+        var json = JSONWriter()
         json.beginObject()
         json.field("type", type)
         json.field("title", status.reason)

@@ -28,7 +28,7 @@ public struct Router<Handler> {
     public mutating func add(_ method: HTTPMethod, _ pattern: String, _ handler: Handler) {
         precondition(pattern.hasPrefix("/"), "route pattern must start with /: \(pattern)")
         var current = 0
-        for segment in Self.segments(of: Substring(pattern)) {
+        for segment in pattern.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
             if segment.hasPrefix("{") && segment.hasSuffix("}") && segment.count > 2 {
                 let name = String(segment.dropFirst().dropLast())
                 if let existing = nodes[current].parameter {
@@ -53,12 +53,9 @@ public struct Router<Handler> {
 
     /// Finds the handler for `method` on `rawPath` (still percent-encoded). Returns nil when a
     /// segment has a malformed escape.
-    public func match(_ method: HTTPMethod, rawPath: Substring) -> Match? {
-        var decoded: [String] = []
-        for segment in Self.segments(of: rawPath) {
-            guard let value = percentDecode(segment, plusIsSpace: false) else { return nil }
-            decoded.append(value)
-        }
+    public func match(_ method: HTTPMethod, rawPath: String) -> Match? {
+        var rawPath = rawPath
+        guard let decoded = rawPath.withUTF8(Self.decodedSegments) else { return nil }
         var parameters = PathParameters()
         guard let node = find(decoded[...], from: 0, parameters: &parameters) else { return .notFound }
         let routes = nodes[node].routes
@@ -69,6 +66,22 @@ public struct Router<Handler> {
         var allowed = routes.map(\.method)
         if allowed.contains(.GET) && !allowed.contains(.HEAD) { allowed.append(.HEAD) }
         return .methodNotAllowed(allowed: allowed)
+    }
+
+    /// `/a/b%20c` -> ["a", "b c"]; nil for a malformed escape. Works on bytes: runs per request.
+    private static func decodedSegments(_ path: UnsafeBufferPointer<UInt8>) -> [String]? {
+        var segments: [String] = []
+        var start = path.first == UInt8(ascii: "/") ? 1 : 0
+        while true {
+            var end = start
+            while end < path.count && path[end] != UInt8(ascii: "/") { end += 1 }
+            guard let segment = percentDecode(UnsafeBufferPointer(rebasing: path[start..<end]), plusIsSpace: false) else {
+                return nil
+            }
+            segments.append(segment)
+            guard end < path.count else { return segments }
+            start = end + 1
+        }
     }
 
     private func find(_ segments: ArraySlice<String>, from node: Int, parameters: inout PathParameters) -> Int? {
@@ -88,10 +101,6 @@ public struct Router<Handler> {
             }
         }
         return nil
-    }
-
-    private static func segments(of path: Substring) -> [Substring] {
-        path.dropFirst().split(separator: "/", omittingEmptySubsequences: false)
     }
 }
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# HTTP benchmark: wrk against TaskloopHTTP, the server pinned to core 0 and wrk to core 1.
+#   BENCH_DURATION   seconds per scenario (default 10; 600 for the memory-flatness run)
+#   BENCH_CONNECTIONS  concurrent connections (default 64)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+duration=${BENCH_DURATION:-10}
+connections=${BENCH_CONNECTIONS:-64}
+swift build -c release --product http-bench-server >/dev/null
+binary="$(swift build -c release --show-bin-path)/http-bench-server"
+log=$(mktemp)
+taskset -c 0 "$binary" >"$log" 2>&1 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null || true; rm -f "$log"' EXIT
+
+for _ in $(seq 1 100); do
+    grep -q 'listening on' "$log" && break
+    kill -0 $server 2>/dev/null || { cat "$log"; exit 1; }
+    sleep 0.05
+done
+url=$(grep -o 'http://[^ ]*' "$log")
+[ -n "$url" ] || { echo "server did not start"; cat "$log"; exit 1; }
+
+rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$server/status"; }
+
+run() {
+    local name=$1 path=$2; shift 2
+    taskset -c 1 wrk -t1 -c"$connections" -d2s "$@" "$url$path" >/dev/null   # warm-up
+    local before; before=$(rss_kib)
+    local out; out=$(taskset -c 1 wrk -t1 -c"$connections" -d"${duration}s" --latency "$@" "$url$path")
+    local after; after=$(rss_kib)
+    local rps p50 p99 errors
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+    p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+    errors=$(grep -E 'Non-2xx|Socket errors' <<<"$out" | tr -s ' ' | paste -sd';' - || true)
+    printf '%-34s %12s %10s %10s %9s KiB -> %s KiB %s\n' "$name" "$rps" "$p50" "$p99" "$before" "$after" "$errors"
+}
+
+echo "TaskloopHTTP, wrk -t1 -c$connections -d${duration}s, server on core 0, wrk on core 1"
+printf '%-34s %12s %10s %10s %s\n' scenario "requests/s" p50 p99 "server RSS"
+run "GET /task (~300 B JSON)" /task
+run "POST /tasks (150 B JSON in, 201)" /tasks -s Benchmarks/http/post.lua

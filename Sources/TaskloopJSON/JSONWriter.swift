@@ -1,0 +1,132 @@
+/// Writes JSON straight into bytes, in order, with RFC 8259 string escaping. Used for every
+/// response body the service composes, so it avoids intermediate values.
+public struct JSONWriter {
+    public private(set) var bytes: [UInt8] = []
+    private var needsComma = false
+
+    public init(capacity: Int = 256) { bytes.reserveCapacity(capacity) }
+
+    public mutating func beginObject() { separate(); bytes.append(UInt8(ascii: "{")); needsComma = false }
+    public mutating func endObject() { bytes.append(UInt8(ascii: "}")); needsComma = true }
+    public mutating func beginArray() { separate(); bytes.append(UInt8(ascii: "[")); needsComma = false }
+    public mutating func endArray() { bytes.append(UInt8(ascii: "]")); needsComma = true }
+
+    public mutating func key(_ name: String) {
+        separate()
+        appendString(name)
+        bytes.append(UInt8(ascii: ":"))
+        needsComma = false
+    }
+
+    public mutating func string(_ value: String) { separate(); appendString(value); needsComma = true }
+
+    public mutating func int<Integer: BinaryInteger>(_ value: Integer) {
+        separate()
+        bytes.append(contentsOf: String(value).utf8)
+        needsComma = true
+    }
+
+    /// Finite doubles only (JSON has no NaN or infinity); integral values print without ".0".
+    public mutating func double(_ value: Double) {
+        precondition(value.isFinite, "JSON numbers must be finite")
+        if value.rounded() == value && abs(value) < 1e15 {
+            int(Int64(value))
+        } else {
+            separate()
+            bytes.append(contentsOf: value.description.utf8)
+            needsComma = true
+        }
+    }
+
+    public mutating func bool(_ value: Bool) {
+        separate()
+        bytes.append(contentsOf: value ? trueBytes : falseBytes)
+        needsComma = true
+    }
+
+    public mutating func null() {
+        separate()
+        bytes.append(contentsOf: nullBytes)
+        needsComma = true
+    }
+
+    public mutating func value(_ value: JSONValue) {
+        switch value {
+        case .null: null()
+        case .bool(let flag): bool(flag)
+        case .int(let number): int(number)
+        case .double(let number): double(number)
+        case .string(let text): string(text)
+        case .array(let elements):
+            beginArray()
+            for element in elements { self.value(element) }
+            endArray()
+        case .object(let object):
+            beginObject()
+            for (name, member) in object {
+                key(name)
+                self.value(member)
+            }
+            endObject()
+        }
+    }
+
+    public mutating func field(_ name: String, _ value: String) { key(name); string(value) }
+    public mutating func field(_ name: String, _ value: Int) { key(name); int(value) }
+    public mutating func field(_ name: String, _ value: Bool) { key(name); bool(value) }
+    public mutating func field(_ name: String, _ value: JSONValue) { key(name); self.value(value) }
+
+    /// A string or null.
+    public mutating func field(_ name: String, _ value: String?) {
+        key(name)
+        if let value { string(value) } else { null() }
+    }
+
+    private mutating func separate() {
+        if needsComma { bytes.append(UInt8(ascii: ",")) }
+    }
+
+    private mutating func appendString(_ string: String) {
+        bytes.append(UInt8(ascii: "\""))
+        var string = string
+        string.withUTF8 { utf8 in
+            var runStart = 0
+            for (index, byte) in utf8.enumerated() where byte < 0x20 || byte == 0x22 || byte == 0x5C {
+                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<index]))
+                appendEscape(byte)
+                runStart = index + 1
+            }
+            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart...]))
+        }
+        bytes.append(UInt8(ascii: "\""))
+    }
+
+    private mutating func appendEscape(_ byte: UInt8) {
+        bytes.append(UInt8(ascii: "\\"))
+        switch byte {
+        case 0x22: bytes.append(0x22)
+        case 0x5C: bytes.append(0x5C)
+        case 0x0A: bytes.append(UInt8(ascii: "n"))
+        case 0x0D: bytes.append(UInt8(ascii: "r"))
+        case 0x09: bytes.append(UInt8(ascii: "t"))
+        default:
+            let hex = hexDigits
+            bytes.append(contentsOf: [UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"),
+                                      hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+        }
+    }
+}
+
+extension JSONValue {
+    /// The value as compact JSON bytes.
+    public var encoded: [UInt8] {
+        var writer = JSONWriter()
+        writer.value(self)
+        return writer.bytes
+    }
+}
+
+private let trueBytes: [UInt8] = Array("true".utf8)
+private let falseBytes: [UInt8] = Array("false".utf8)
+private let nullBytes: [UInt8] = Array("null".utf8)
+private let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
