@@ -1,7 +1,16 @@
 /// Header fields in arrival order. Names compare ASCII case-insensitively; repeated fields are
 /// all kept (`values(for:)`), and `subscript` returns the first.
 public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, CustomStringConvertible {
-    public typealias Field = (name: String, value: String)
+    /// A struct, not a tuple: arrays of tuples need runtime type metadata on every copy.
+    public struct Field: Sendable, Equatable {
+        public var name: String
+        public var value: String
+        public init(name: String, value: String) {
+            self.name = name
+            self.value = value
+        }
+    }
+
     private var fields: [Field]
 
     public init() { fields = [] }
@@ -9,7 +18,7 @@ public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, C
     public init(_ fields: [Field]) { self.fields = fields }
 
     public init(dictionaryLiteral elements: (String, String)...) {
-        fields = elements.map { (name: $0.0, value: $0.1) }
+        fields = elements.map { Field(name: $0.0, value: $0.1) }
     }
 
     public var count: Int { fields.count }
@@ -38,13 +47,13 @@ public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, C
     }
 
     public mutating func add(_ name: String, _ value: String) {
-        fields.append((name: name, value: value))
+        fields.append(Field(name: name, value: value))
     }
 
     /// Replaces every field `name` with one field, or adds it.
     public mutating func set(_ name: String, _ value: String) {
         remove(name)
-        fields.append((name: name, value: value))
+        fields.append(Field(name: name, value: value))
     }
 
     public mutating func remove(_ name: String) {

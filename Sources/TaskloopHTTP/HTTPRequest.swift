@@ -1,3 +1,5 @@
+import TaskloopJSON
+
 /// One parsed request. The target is split into a percent-decoded `path` and decoded
 /// `queryItems`; `rawPath` keeps the encoded form so the router can split before decoding.
 public struct HTTPRequest: Sendable {
@@ -49,14 +51,14 @@ public struct HTTPRequest: Sendable {
 }
 
 public struct PathParameters: Sendable {
-    private var storage: [(name: String, value: String)] = []
+    private var storage: [HTTPHeaders.Field] = []
 
     public subscript(name: String) -> String? {
         storage.first { $0.name == name }?.value
     }
 
     mutating func append(_ name: String, _ value: String) {
-        storage.append((name, value))
+        storage.append(HTTPHeaders.Field(name: name, value: value))
     }
 
     public var isEmpty: Bool { storage.isEmpty }
@@ -139,7 +141,7 @@ struct RequestTarget {
 /// that are not UTF-8.
 func percentDecode(_ text: UnsafeBufferPointer<UInt8>, plusIsSpace: Bool) -> String? {
     if !text.contains(where: { $0 == UInt8(ascii: "%") || (plusIsSpace && $0 == UInt8(ascii: "+")) }) {
-        return String(validating: text, as: UTF8.self)
+        return String(utf8Bytes: text)
     }
     var bytes: [UInt8] = []
     bytes.reserveCapacity(text.count)
@@ -160,7 +162,7 @@ func percentDecode(_ text: UnsafeBufferPointer<UInt8>, plusIsSpace: Bool) -> Str
             bytes.append(byte)
         }
     }
-    return String(validating: bytes, as: UTF8.self)
+    return String(utf8Bytes: bytes)
 }
 
 private func hexValue(_ byte: UInt8) -> UInt8? {

@@ -1,3 +1,5 @@
+import TaskloopJSON
+
 /// Writes response heads and bodies as HTTP/1.1 bytes into a connection's output buffer.
 enum HTTPResponseEncoder {
     /// `HTTP/1.1 <code> <reason>\r\n` for every known code, built once.
@@ -27,11 +29,11 @@ enum HTTPResponseEncoder {
         http10Client: Bool, dateLine: [UInt8], to output: inout [UInt8]
     ) {
         appendStatusLine(status, to: &output)
-        for (name, value) in headers where !isServerOwned(name) {
-            output.append(contentsOf: name.utf8)
+        for field in headers where !isServerOwned(field.name) {
+            output.append(contentsOf: field.name.utf8)
             output.append(UInt8(ascii: ":"))
             output.append(UInt8(ascii: " "))
-            output.append(contentsOf: value.utf8)
+            output.append(contentsOf: field.value.utf8)
             output.append(UInt8(ascii: "\r"))
             output.append(UInt8(ascii: "\n"))
         }
@@ -39,7 +41,7 @@ enum HTTPResponseEncoder {
         case .contentLength(let length):
             if status.code >= 200 && status.code != 204 && status.code != 304 {
                 output.append(contentsOf: contentLengthPrefix)
-                appendDecimal(length, to: &output)
+                output.appendDecimal(Int64(length))
                 output.append(UInt8(ascii: "\r"))
                 output.append(UInt8(ascii: "\n"))
             }
@@ -82,27 +84,6 @@ enum HTTPResponseEncoder {
         case 14: name.equalsIgnoringASCIICase("Content-Length")
         case 17: name.equalsIgnoringASCIICase("Transfer-Encoding")
         default: false
-        }
-    }
-
-    static func appendDecimal(_ value: Int, to output: inout [UInt8]) {
-        precondition(value >= 0)
-        if value < 10 {
-            output.append(UInt8(ascii: "0") + UInt8(value))
-            return
-        }
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var count = 0
-        var rest = value
-        withUnsafeMutableBytes(of: &digits) { buffer in
-            while rest > 0 {
-                buffer[19 - count] = UInt8(ascii: "0") + UInt8(rest % 10)
-                rest /= 10
-                count += 1
-            }
-            output.append(contentsOf: buffer[(20 - count)...])
         }
     }
 

@@ -98,7 +98,7 @@ public struct JSONParser {
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':'") }
             index += 1
             skipWhitespace()
-            members.append((key, try parseValue()))
+            members.append(JSONObject.Member(key, try parseValue()))
             skipWhitespace()
             guard index < bytes.count else { throw error("unexpected end of input") }
             if bytes[index] == UInt8(ascii: ",") {
@@ -148,7 +148,7 @@ public struct JSONParser {
             if byte == UInt8(ascii: "\"") {
                 let raw = UnsafeBufferPointer(rebasing: bytes[start..<index])
                 index += 1
-                guard let string = String(validating: raw, as: UTF8.self) else { throw error("invalid UTF-8 in string") }
+                guard let string = String(utf8Bytes: raw) else { throw error("invalid UTF-8 in string") }
                 return string
             }
             if byte == UInt8(ascii: "\\") { break }
@@ -161,7 +161,7 @@ public struct JSONParser {
             switch byte {
             case UInt8(ascii: "\""):
                 index += 1
-                guard let string = String(validating: decoded, as: UTF8.self) else { throw error("invalid UTF-8 in string") }
+                guard let string = String(utf8Bytes: decoded) else { throw error("invalid UTF-8 in string") }
                 return string
             case UInt8(ascii: "\\"):
                 index += 1

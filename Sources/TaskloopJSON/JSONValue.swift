@@ -48,7 +48,16 @@ public enum JSONValue: Sendable, Equatable {
 /// Object members in document order. Lookup is linear, which beats hashing for the handful of
 /// keys API bodies have.
 public struct JSONObject: Sendable, Equatable, Sequence {
-    public typealias Member = (key: String, value: JSONValue)
+    /// A struct, not a tuple: arrays of tuples need runtime type metadata on every copy.
+    public struct Member: Sendable, Equatable {
+        public var key: String
+        public var value: JSONValue
+        public init(_ key: String, _ value: JSONValue) {
+            self.key = key
+            self.value = value
+        }
+    }
+
     public private(set) var members: [Member]
 
     public init(_ members: [Member] = []) { self.members = members }
@@ -62,7 +71,7 @@ public struct JSONObject: Sendable, Equatable, Sequence {
             if let index = members.firstIndex(where: { $0.key == key }) {
                 if let newValue { members[index].value = newValue } else { members.remove(at: index) }
             } else if let newValue {
-                members.append((key, newValue))
+                members.append(Member(key, newValue))
             }
         }
     }
@@ -74,14 +83,13 @@ public struct JSONObject: Sendable, Equatable, Sequence {
     public func makeIterator() -> IndexingIterator<[Member]> { members.makeIterator() }
 
     public static func == (lhs: JSONObject, rhs: JSONObject) -> Bool {
-        lhs.members.count == rhs.members.count
-            && zip(lhs.members, rhs.members).allSatisfy { $0.key == $1.key && $0.value == $1.value }
+        lhs.members == rhs.members
     }
 }
 
 extension JSONObject: ExpressibleByDictionaryLiteral {
     public init(dictionaryLiteral elements: (String, JSONValue)...) {
-        members = elements.map { (key: $0.0, value: $0.1) }
+        members = elements.map { Member($0.0, $0.1) }
     }
 }
 
@@ -93,7 +101,7 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
     public init(booleanLiteral value: Bool) { self = .bool(value) }
     public init(arrayLiteral elements: JSONValue...) { self = .array(elements) }
     public init(dictionaryLiteral elements: (String, JSONValue)...) {
-        self = .object(JSONObject(elements.map { (key: $0.0, value: $0.1) }))
+        self = .object(JSONObject(elements.map { JSONObject.Member($0.0, $0.1) }))
     }
     public init(nilLiteral: ()) { self = .null }
 }

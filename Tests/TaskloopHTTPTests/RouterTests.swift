@@ -134,12 +134,4 @@ import Testing
     @Test func dateHeaderIsIMFFixdate() {
         #expect(String(decoding: HTTPDateCache.format(784_111_777), as: UTF8.self) == "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n")
     }
-
-    @Test func decimalEncodingMatchesDescription() {
-        for value in [0, 7, 10, 99, 100, 12345, 1 << 40, Int.max] {
-            var bytes: [UInt8] = []
-            HTTPResponseEncoder.appendDecimal(value, to: &bytes)
-            #expect(String(decoding: bytes, as: UTF8.self) == String(value))
-        }
-    }
 }

@@ -71,4 +71,12 @@ import TaskloopJSON
         #expect(object.keys == ["a", "c"])
         #expect(object["a"] == 3)
     }
+
+    @Test func decimalDigitsMatchDescription() {
+        for value: Int64 in [0, 7, -7, 10, 99, 100, -12345, 1 << 40, .max, .min] {
+            var bytes: [UInt8] = []
+            bytes.appendDecimal(value)
+            #expect(String(decoding: bytes, as: UTF8.self) == String(value))
+        }
+    }
 }
