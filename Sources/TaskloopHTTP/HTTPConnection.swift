@@ -173,7 +173,8 @@ final class HTTPConnection {
                     output.append(contentsOf: HTTPResponseEncoder.continueResponse)
                     flush()
                 }
-            case .request(let request, let keepAlive):
+            case .request(let keepAlive):
+                let request = parser.takeRequest()
                 machine.requestReceived(keepAlive: keepAlive)
                 sequence &+= 1
                 answeringHead = request.method == .HEAD

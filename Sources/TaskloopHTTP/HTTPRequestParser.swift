@@ -27,7 +27,8 @@ final class HTTPRequestParser {
         case needMoreData
         /// A request head is complete; the caller may answer `100 Continue` before the body.
         case head(expectsContinue: Bool)
-        case request(HTTPRequest, keepAlive: Bool)
+        /// A request is complete; take it with `takeRequest()`.
+        case request(keepAlive: Bool)
         case failure(HTTPStatus, detail: String)
     }
 
@@ -41,6 +42,7 @@ final class HTTPRequestParser {
     private var headerBytes = 0
     private var body: [UInt8] = []
     private var pending: Event?
+    private var completed: HTTPRequest?
     private var limitFailure: (HTTPStatus, String)?
     private(set) var isFinished = false
     /// True between the first byte of a request and its completion.
@@ -89,12 +91,19 @@ final class HTTPRequestParser {
         return .failure(.badRequest, detail: "Malformed HTTP request: \(description).")
     }
 
+    /// Moves out the request announced by `.request`, without copying it.
+    func takeRequest() -> HTTPRequest {
+        defer { completed = nil }
+        return completed.take()!
+    }
+
     // MARK: callbacks from http_parser
 
     fileprivate func messageBegin() -> Int32 {
         isInsideRequest = true
         url.removeAll(keepingCapacity: true)
         headers = HTTPHeaders()
+        headers.reserveCapacity(8)
         headerBytes = 0
         readingValue = false
         field.removeAll(keepingCapacity: true)
@@ -183,11 +192,11 @@ final class HTTPRequestParser {
             let parts = try url.withUnsafeBufferPointer { bytes throws(RequestTargetError) in
                 try RequestTarget(bytes: bytes)
             }
-            let request = HTTPRequest(
+            completed = HTTPRequest(
                 method: method, target: String(decoding: url, as: UTF8.self), parts: parts, version: version,
                 headers: headers, body: body)
             body = []
-            return pause(with: .request(request, keepAlive: keepAlive))
+            return pause(with: .request(keepAlive: keepAlive))
         } catch {
             return fail(.badRequest, error.detail)
         }

@@ -15,10 +15,14 @@ public struct HTTPResponse: Sendable {
 
     /// A response whose body is already-encoded JSON.
     public static func json(_ status: HTTPStatus = .ok, _ body: [UInt8], headers: HTTPHeaders = [:]) -> HTTPResponse {
+        guard !headers.isEmpty else { return HTTPResponse(status: status, headers: jsonHeaders, body: body) }
         var headers = headers
         headers.add("Content-Type", "application/json")
         return HTTPResponse(status: status, headers: headers, body: body)
     }
+
+    /// Shared storage: most answers carry exactly this header, and sharing saves an allocation.
+    private static let jsonHeaders: HTTPHeaders = ["Content-Type": "application/json"]
 }
 
 /// An error that knows the response it becomes. Handlers throw these; any other error becomes
