@@ -56,6 +56,10 @@ let package = Package(
             path: "Tests/TaskloopTestSupport"
         ),
         .testTarget(
+            name: "TaskloopServiceTests",
+            dependencies: ["TaskloopService", "TaskloopHTTP", "TaskloopTestSupport"]
+        ),
+        .testTarget(
             name: "TaskloopJSONTests",
             dependencies: ["TaskloopJSON"]
         ),

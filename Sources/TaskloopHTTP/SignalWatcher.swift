@@ -1,4 +1,5 @@
 import CLibUV
+import Glibc
 
 /// Delivers a POSIX signal as a callback on the loop thread (uv_signal). Loop thread only;
 /// `close()` frees the handle.
@@ -22,6 +23,12 @@ public final class SignalWatcher {
             UVHandle.close(handle)
             throw error
         }
+        // A process may inherit the signal blocked (posix_spawn keeps the parent's mask, and
+        // some supervisors block SIGTERM); a watched signal must be able to arrive.
+        var unblock = sigset_t()
+        sigemptyset(&unblock)
+        sigaddset(&unblock, signal)
+        pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
     }
 
     public func close() {

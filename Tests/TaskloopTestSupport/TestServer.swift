@@ -98,6 +98,7 @@ public final class TestServer: Sendable {
 
 public struct TestTimeout: Error, CustomStringConvertible {
     public let what: String
+    public init(what: String) { self.what = what }
     public var description: String { "timed out waiting for \(what)" }
 }
 

@@ -1,0 +1,120 @@
+import Foundation
+import Testing
+import TaskloopTestSupport
+
+/// The built `taskloop` executable, started the way users start it: flags, environment, the
+/// `listening on` line, and a clean exit on SIGTERM and SIGINT.
+@Suite struct BinaryTests {
+    /// `taskloop` sits next to the test bundle in the build folder.
+    static let executable = URL(fileURLWithPath: CommandLine.arguments[0])
+        .deletingLastPathComponent().appendingPathComponent("taskloop")
+
+    final class RunningBinary {
+        let process = Process()
+        let output = Pipe()
+        private var seen = ""
+
+        init(arguments: [String], environment: [String: String] = [:]) throws {
+            process.executableURL = BinaryTests.executable
+            process.arguments = arguments
+            process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("TASKLOOP_") }
+                .merging(environment) { $1 }
+            process.standardOutput = output
+            process.standardError = output
+            try process.run()
+        }
+
+        /// Reads output until a line contains `text`, or throws at the deadline.
+        func waitForLine(containing text: String, timeout: Double = 10) throws -> String {
+            let deadline = Date().addingTimeInterval(timeout)
+            let handle = output.fileHandleForReading
+            while Date() < deadline {
+                if let line = seen.components(separatedBy: "\n").first(where: { $0.contains(text) }) { return line }
+                var poller = pollfd(fd: handle.fileDescriptor, events: Int16(POLLIN), revents: 0)
+                guard poll(&poller, 1, Int32(max(1, deadline.timeIntervalSinceNow * 1000))) > 0 else { break }
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                seen += String(decoding: chunk, as: UTF8.self)
+            }
+            throw TestTimeout(what: "output line containing \(text.debugDescription); got \(seen.debugDescription)")
+        }
+
+        /// Waits for the process to exit and returns its status.
+        func waitForExit(timeout: Double = 10) throws -> Int32 {
+            let deadline = Date().addingTimeInterval(timeout)
+            while process.isRunning {
+                guard Date() < deadline else {
+                    process.terminate()
+                    throw TestTimeout(what: "taskloop to exit")
+                }
+                usleep(2_000)
+            }
+            return process.terminationStatus
+        }
+
+        deinit {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+    }
+
+    static func port(from line: String) -> Int? {
+        line.split(separator: ":").last.flatMap { Int($0) }
+    }
+
+    @Test(arguments: [SIGTERM, SIGINT])
+    func servesHealthAndStopsCleanlyOnSignal(signal: Int32) throws {
+        let binary = try RunningBinary(arguments: ["--port", "0"])
+        let line = try binary.waitForLine(containing: "listening on http://127.0.0.1:")
+        let port = try #require(Self.port(from: line))
+        let client = try RawClient(port: port)
+        try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        let response = try client.readResponse()
+        #expect(response.status == 200)
+        #expect(response.json["status"] as? String == "ok")
+        kill(binary.process.processIdentifier, signal)
+        #expect(try binary.waitForExit() == 0)
+        try client.readUntilClosed()
+        #expect(client.sawEOF)
+    }
+
+    @Test func readsHostAndPortFromTheEnvironment() throws {
+        let binary = try RunningBinary(arguments: [], environment: ["TASKLOOP_HOST": "::1", "TASKLOOP_PORT": "0"])
+        let line = try binary.waitForLine(containing: "listening on http://[::1]:")
+        let port = try #require(Self.port(from: line))
+        let client = try RawClient(port: port, host: "::1")
+        try client.send("GET /healthz HTTP/1.1\r\n\r\n")
+        #expect(try client.readResponse().status == 200)
+        kill(binary.process.processIdentifier, SIGTERM)
+        #expect(try binary.waitForExit() == 0)
+    }
+
+    @Test func flagsWinOverTheEnvironment() throws {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--host", "127.0.0.1"],
+                                       environment: ["TASKLOOP_PORT": "1", "TASKLOOP_HOST": "::1"])
+        _ = try binary.waitForLine(containing: "listening on http://127.0.0.1:")
+        kill(binary.process.processIdentifier, SIGTERM)
+        #expect(try binary.waitForExit() == 0)
+    }
+
+    @Test func refusesBadFlagsWithAMessage() throws {
+        let binary = try RunningBinary(arguments: ["--port", "70000"])
+        _ = try binary.waitForLine(containing: "--port must be 0...65535")
+        #expect(try binary.waitForExit() != 0)
+    }
+
+    @Test func reportsAPortInUse() throws {
+        let first = try RunningBinary(arguments: ["--port", "0"])
+        let port = try #require(Self.port(from: try first.waitForLine(containing: "listening on")))
+        let second = try RunningBinary(arguments: ["--port", String(port)])
+        _ = try second.waitForLine(containing: "EADDRINUSE")
+        #expect(try second.waitForExit() != 0)
+        kill(first.process.processIdentifier, SIGTERM)
+        #expect(try first.waitForExit() == 0)
+    }
+
+    @Test func helpDocumentsEveryFlag() throws {
+        let binary = try RunningBinary(arguments: ["--help"])
+        _ = try binary.waitForLine(containing: "--shutdown-grace-seconds")
+        #expect(try binary.waitForExit() == 0)
+    }
+}
