@@ -28,15 +28,15 @@ public final class EventLoop: Sendable {
         }
         uvLoop = loop
         inbox = Inbox()
-        let async = UVHandle.allocate(uv_async_t.self, owner: inbox)
+        let async: UnsafeMutablePointer<uv_async_t>
         do {
-            try UVError.check(uv_async_init(loop, async, drainInbox), "uv_async_init")
+            async = try UVHandle.make(uv_async_t.self, "uv_async_init") { uv_async_init(loop, $0, drainInbox) }
         } catch {
-            UVHandle.deallocateUninitialised(async)
             uv_loop_close(loop)
             loop.deallocate()
             throw error
         }
+        UVHandle.adopt(async, owner: inbox)
         wakeup = async
         inbox.wakeup = async
     }

@@ -59,11 +59,10 @@ public final class HTTPServer {
     public func start() throws(HTTPServerError) -> SocketAddress {
         precondition(listener == nil, "HTTPServer.start called twice")
         let address = try SocketAddress.resolve(host: configuration.host, port: configuration.port)
-        let handle = UVHandle.allocate(uv_tcp_t.self)
+        let handle: UnsafeMutablePointer<uv_tcp_t>
         do {
-            try UVError.check(uv_tcp_init(loop.uvLoop, handle), "uv_tcp_init")
+            handle = try UVHandle.make(uv_tcp_t.self, "uv_tcp_init") { uv_tcp_init(loop.uvLoop, $0) }
         } catch {
-            UVHandle.deallocateUninitialised(handle)
             throw .listen(error)
         }
         UVHandle.adopt(handle, owner: ListenerOwner(server: self))

@@ -8,13 +8,9 @@ public final class LoopTimer {
     private var closed = false
 
     public init(loop: EventLoop) throws(UVError) {
-        handle = UVHandle.allocate(uv_timer_t.self, owner: Self.Owner())
-        do {
-            try UVError.check(uv_timer_init(loop.uvLoop, handle), "uv_timer_init")
-        } catch {
-            UVHandle.deallocateUninitialised(handle)
-            throw error
-        }
+        handle = try UVHandle.make(uv_timer_t.self, "uv_timer_init") { uv_timer_init(loop.uvLoop, $0) }
+        let owner = Owner()
+        UVHandle.adopt(handle, owner: owner)
         owner.timer = self
     }
 

@@ -8,13 +8,7 @@ public final class SignalWatcher {
     private var callback: (() -> Void)?
 
     public init(loop: EventLoop, signal: Int32, _ callback: @escaping () -> Void) throws(UVError) {
-        handle = UVHandle.allocate(uv_signal_t.self)
-        do {
-            try UVError.check(uv_signal_init(loop.uvLoop, handle), "uv_signal_init")
-        } catch {
-            UVHandle.deallocateUninitialised(handle)
-            throw error
-        }
+        handle = try UVHandle.make(uv_signal_t.self, "uv_signal_init") { uv_signal_init(loop.uvLoop, $0) }
         self.callback = callback
         UVHandle.adopt(handle, owner: self)
         do {

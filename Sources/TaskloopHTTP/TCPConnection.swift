@@ -32,13 +32,7 @@ final class TCPConnection: HTTPTransport, UVHandleClosing {
 
     init(server: HTTPServer, loop: EventLoop) throws(UVError) {
         self.server = server
-        handle = UVHandle.allocate(uv_tcp_t.self)
-        do {
-            try UVError.check(uv_tcp_init(loop.uvLoop, handle), "uv_tcp_init")
-        } catch {
-            UVHandle.deallocateUninitialised(handle)
-            throw error
-        }
+        handle = try UVHandle.make(uv_tcp_t.self, "uv_tcp_init") { uv_tcp_init(loop.uvLoop, $0) }
         UVHandle.adopt(handle, owner: self)
     }
 

@@ -7,29 +7,30 @@ import CLibUV
 /// are released only in `closeCallback`. So an owner can never be deinitialised while libuv
 /// still points at its handle, and every handle must be closed (`close`) to be freed.
 enum UVHandle {
-    static func allocate<Handle>(_: Handle.Type, owner: AnyObject? = nil) -> UnsafeMutablePointer<Handle> {
+    /// Allocates a handle and runs its `uv_*_init`; on failure frees it again and throws.
+    /// The owner is attached afterwards with `adopt`.
+    static func make<Handle>(
+        _: Handle.Type, _ operation: StaticString, initialize: (UnsafeMutablePointer<Handle>) -> Int32
+    ) throws(UVError) -> UnsafeMutablePointer<Handle> {
         let handle = UnsafeMutablePointer<Handle>.allocate(capacity: 1)
         handle.withMemoryRebound(to: uv_handle_t.self, capacity: 1) { $0.pointee.data = nil }
-        if let owner { adopt(handle, owner: owner) }
+        do {
+            try UVError.check(initialize(handle), operation)
+        } catch {
+            // A handle whose init failed was never registered with the loop.
+            handle.deallocate()
+            throw error
+        }
         return handle
     }
 
-    /// Makes `owner` the handle's owner (retained until the close callback). For owners that
-    /// can only name themselves after their own initialisation. Call after `uv_*_init`, which
-    /// leaves `data` alone.
+    /// Makes `owner` the handle's owner, retained until the close callback. `uv_*_init` leaves
+    /// `data` alone, so this comes after it.
     static func adopt<Handle>(_ handle: UnsafeMutablePointer<Handle>, owner: AnyObject) {
         handle.withMemoryRebound(to: uv_handle_t.self, capacity: 1) {
             precondition($0.pointee.data == nil, "handle already owned")
             $0.pointee.data = Unmanaged.passRetained(owner).toOpaque()
         }
-    }
-
-    /// Frees memory of a handle whose `uv_*_init` failed; such a handle was never registered.
-    static func deallocateUninitialised<Handle>(_ handle: UnsafeMutablePointer<Handle>) {
-        handle.withMemoryRebound(to: uv_handle_t.self, capacity: 1) { raw in
-            if let data = raw.pointee.data { Unmanaged<AnyObject>.fromOpaque(data).release() }
-        }
-        handle.deallocate()
     }
 
     static func close<Handle>(_ handle: UnsafeMutablePointer<Handle>) {

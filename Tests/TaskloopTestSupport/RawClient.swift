@@ -12,32 +12,33 @@ public final class RawClient {
         let ipv6 = host.contains(":")
         fd = socket(ipv6 ? AF_INET6 : AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw ClientError.system("socket", errno) }
-        var status: Int32
+        let status: Int32
         if ipv6 {
             var address = sockaddr_in6()
             address.sin6_family = sa_family_t(AF_INET6)
             address.sin6_port = UInt16(port).bigEndian
-            inet_pton(AF_INET6, host, &address.sin6_addr)
-            status = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
-                }
-            }
+            status = Self.connect(fd, to: address, host: host, family: AF_INET6, hostField: \.sin6_addr)
         } else {
             var address = sockaddr_in()
             address.sin_family = sa_family_t(AF_INET)
             address.sin_port = UInt16(port).bigEndian
-            inet_pton(AF_INET, host, &address.sin_addr)
-            status = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-                }
-            }
+            status = Self.connect(fd, to: address, host: host, family: AF_INET, hostField: \.sin_addr)
         }
         guard status == 0 else {
             let error = errno
             Glibc.close(fd)
             throw ClientError.system("connect", error)
+        }
+    }
+
+    /// Writes `host` into `hostField` of `address` and connects to it.
+    private static func connect<Address>(
+        _ fd: Int32, to address: Address, host: String, family: Int32, hostField: PartialKeyPath<Address>
+    ) -> Int32 {
+        var address = address
+        return withUnsafeMutableBytes(of: &address) { raw in
+            inet_pton(family, host, raw.baseAddress! + MemoryLayout<Address>.offset(of: hostField)!)
+            return Glibc.connect(fd, raw.baseAddress!.assumingMemoryBound(to: sockaddr.self), socklen_t(raw.count))
         }
     }
 
