@@ -1,6 +1,5 @@
 import CLibUV
 import Glibc
-import Synchronization
 
 /// One libuv loop and the thread that drives it.
 ///
@@ -16,7 +15,7 @@ public final class EventLoop: Sendable {
     nonisolated(unsafe) let uvLoop: UnsafeMutablePointer<uv_loop_t>
     private let inbox: Inbox
     nonisolated(unsafe) private var wakeup: UnsafeMutablePointer<uv_async_t>?
-    private let loopThread = Mutex<pthread_t?>(nil)
+    private let loopThread = Locked<pthread_t?>(nil)
 
     public init() throws(UVError) {
         let loop = UnsafeMutablePointer<uv_loop_t>.allocate(capacity: 1)
@@ -106,7 +105,7 @@ private final class Inbox: Sendable {
         var work: [@Sendable () -> Void] = []
         var open = true
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
     nonisolated(unsafe) var wakeup: UnsafeMutablePointer<uv_async_t>?
 
     func post(_ work: @escaping @Sendable () -> Void) -> Bool {
