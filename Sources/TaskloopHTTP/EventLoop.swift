@@ -15,7 +15,7 @@ public final class EventLoop: Sendable {
     nonisolated(unsafe) let uvLoop: UnsafeMutablePointer<uv_loop_t>
     private let inbox: Inbox
     nonisolated(unsafe) private var wakeup: UnsafeMutablePointer<uv_async_t>?
-    private let loopThread = Locked<pthread_t?>(nil)
+    private let loopThread = PThreadLocked<pthread_t?>(nil)
 
     public init() throws(UVError) {
         let loop = UnsafeMutablePointer<uv_loop_t>.allocate(capacity: 1)
@@ -105,7 +105,7 @@ private final class Inbox: Sendable {
         var work: [@Sendable () -> Void] = []
         var open = true
     }
-    private let state = Locked(State())
+    private let state = PThreadLocked(State())
     nonisolated(unsafe) var wakeup: UnsafeMutablePointer<uv_async_t>?
 
     func post(_ work: @escaping @Sendable () -> Void) -> Bool {
