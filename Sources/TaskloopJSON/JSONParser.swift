@@ -84,6 +84,7 @@ public struct JSONParser {
     private mutating func parseObject() throws(JSONParseError) -> JSONValue {
         try enter()
         var members: [JSONObject.Member] = []
+        members.reserveCapacity(8)
         skipWhitespace()
         if index < bytes.count && bytes[index] == UInt8(ascii: "}") {
             index += 1

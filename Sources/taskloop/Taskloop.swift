@@ -20,7 +20,7 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Largest accepted request body in bytes. [env: TASKLOOP_MAX_BODY_BYTES]")
     var maxBodyBytes: Int = Environment.int("MAX_BODY_BYTES") ?? 1024 * 1024
 
-    @Option(help: "Largest accepted request header section in bytes. [env: TASKLOOP_MAX_HEADER_BYTES]")
+    @Option(help: "Largest accepted request header section in bytes, at most 81920. [env: TASKLOOP_MAX_HEADER_BYTES]")
     var maxHeaderBytes: Int = Environment.int("MAX_HEADER_BYTES") ?? 16 * 1024
 
     @Option(help: "Seconds a client has to send a request's headers. [env: TASKLOOP_HEADER_TIMEOUT_SECONDS]")
@@ -38,7 +38,10 @@ struct Taskloop: ParsableCommand {
     func validate() throws {
         guard (0...65535).contains(port) else { throw ValidationError("--port must be 0...65535") }
         guard maxBodyBytes >= 0 else { throw ValidationError("--max-body-bytes must not be negative") }
-        guard maxHeaderBytes >= 256 else { throw ValidationError("--max-header-bytes must be at least 256") }
+        // http_parser stops at its compiled-in 80 KiB anyway; a larger setting would not apply.
+        guard (256...80 * 1024).contains(maxHeaderBytes) else {
+            throw ValidationError("--max-header-bytes must be 256...81920")
+        }
         guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
         for (name, value) in [("--header-timeout-seconds", headerTimeoutSeconds),
                               ("--idle-timeout-seconds", idleTimeoutSeconds),
