@@ -16,6 +16,7 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
     ],
     targets: [
         .systemLibrary(
@@ -31,6 +32,15 @@ let package = Package(
         .target(
             name: "TaskloopHTTP",
             dependencies: ["CLibUV", "CHTTPParser", "TaskloopJSON"],
+            swiftSettings: hotPathSettings
+        ),
+        .target(
+            name: "TaskloopEngine",
+            dependencies: [
+                "TaskloopJSON",
+                .product(name: "HeapModule", package: "swift-collections"),
+                .product(name: "DequeModule", package: "swift-collections"),
+            ],
             swiftSettings: hotPathSettings
         ),
         .target(
@@ -58,6 +68,10 @@ let package = Package(
         .testTarget(
             name: "TaskloopServiceTests",
             dependencies: ["TaskloopService", "TaskloopHTTP", "TaskloopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopEngineTests",
+            dependencies: ["TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopJSONTests",

@@ -1,0 +1,602 @@
+import DequeModule
+import TaskloopJSON
+
+public struct EngineConfiguration: Sendable {
+    /// `max_concurrency` of queues created on first use.
+    public var defaultConcurrency = 2
+    /// Submissions that would make more tasks unfinished than this are refused.
+    public var maxUnfinishedTasks = 100_000
+    /// Terminal tasks are forgotten this long after they finish...
+    public var retentionMilliseconds: UInt64 = 3_600_000
+    /// ...or sooner, oldest first, beyond this many.
+    public var maxRetainedTasks = 100_000
+    /// A running task whose executor does not confirm a cancellation within this is finished
+    /// as cancelled anyway; its late reports are ignored.
+    public var cancelGraceMilliseconds: UInt64 = 10_000
+
+    public init() {}
+}
+
+/// What happened, for observers (long polls, metrics, logs, event streams).
+public enum EngineEvent {
+    case stateChanged(TaskRecord, from: TaskState)
+    case progressed(TaskRecord)
+    case cancelRequested(TaskRecord)
+}
+
+public enum CancelOutcome: Equatable, Sendable {
+    /// The task is now `cancelled`.
+    case cancelled
+    /// The task is running; its work has been asked to stop (`cancel_requested`).
+    case cancelRequested
+}
+
+/// The operation queue: tasks, their dependency graph, named queues with priorities and
+/// concurrency limits, cancellation, progress, timeouts, retries and retention.
+///
+/// Threading: one thread owns the engine and everything it hands out (records, runs, queues):
+/// the thread that drives its `EngineScheduler`. No locks. Every state change goes through
+/// `transition`, which keeps the counts and tells observers.
+public final class Engine {
+    public let configuration: EngineConfiguration
+    public let scheduler: EngineScheduler
+    private var executors: [String: TaskExecutor]
+    private var tasks: [TaskID: TaskRecord] = [:]
+    public private(set) var queues: [String: TaskQueue] = [:]
+    private var workflows: [TaskID: WorkflowRecord] = [:]
+    private var ids = TaskIDGenerator()
+    private var sequence: UInt64 = 0
+    public private(set) var unfinishedCount = 0
+    /// Terminal tasks in the order they finished, for retention.
+    private var retained = Deque<TaskRecord>()
+    private var retentionTimer: ScheduledAction?
+    private var queuesToDispatch: [TaskQueue] = []
+    private var dispatching = false
+    private var observers: [(id: Int, observer: (EngineEvent) -> Void)] = []
+    private var nextObserverID = 0
+
+    public init(configuration: EngineConfiguration, scheduler: EngineScheduler, executors: [String: TaskExecutor]) {
+        self.configuration = configuration
+        self.scheduler = scheduler
+        self.executors = executors
+        _ = queue(named: "default")
+    }
+
+    /// The engine with the built-in kinds (`noop`, `sleep`, `external`) plus `extra`.
+    public convenience init(
+        configuration: EngineConfiguration, scheduler: EngineScheduler, extraExecutors: [String: TaskExecutor] = [:]
+    ) {
+        var executors: [String: TaskExecutor] = [
+            "noop": NoopExecutor(), "sleep": SleepExecutor(scheduler: scheduler),
+            "external": ExternalExecutor(scheduler: scheduler),
+        ]
+        executors.merge(extraExecutors) { $1 }
+        self.init(configuration: configuration, scheduler: scheduler, executors: executors)
+    }
+
+    public var kinds: [String] { executors.keys.sorted() }
+
+    // MARK: reading
+
+    public func task(_ id: TaskID) -> TaskRecord? { tasks[id] }
+
+    public func workflow(_ id: TaskID) -> WorkflowRecord? { workflows[id] }
+
+    public var taskCount: Int { tasks.count }
+
+    /// Every known task, in no particular order.
+    public var allTasks: Dictionary<TaskID, TaskRecord>.Values { tasks.values }
+
+    /// The queue, created with the default limit if it does not exist yet.
+    public func queue(named name: String) -> TaskQueue {
+        if let queue = queues[name] { return queue }
+        let queue = TaskQueue(name: name, maxConcurrency: configuration.defaultConcurrency)
+        queues[name] = queue
+        return queue
+    }
+
+    // MARK: observers
+
+    @discardableResult
+    public func addObserver(_ observer: @escaping (EngineEvent) -> Void) -> Int {
+        nextObserverID += 1
+        observers.append((nextObserverID, observer))
+        return nextObserverID
+    }
+
+    public func removeObserver(_ id: Int) {
+        observers.removeAll { $0.id == id }
+    }
+
+    private func emit(_ event: EngineEvent) {
+        for entry in observers { entry.observer(event) }
+    }
+
+    // MARK: submitting
+
+    /// Submits one task. Throws (changing nothing) if the spec or a dependency is invalid or
+    /// the unfinished-task limit would be exceeded.
+    @discardableResult
+    public func submit(_ spec: TaskSpec) throws(EngineError) -> TaskRecord {
+        try insert([(key: nil, spec: spec)], workflow: nil)[0]
+    }
+
+    /// Validates and inserts a batch atomically: all tasks or none.
+    func insert(_ batch: [(key: String?, spec: TaskSpec)], workflow: WorkflowRecord?) throws(EngineError) -> [TaskRecord] {
+        let resolved = try validate(batch)
+        guard unfinishedCount + batch.count <= configuration.maxUnfinishedTasks else {
+            throw EngineError(.tooManyUnfinishedTasks,
+                              "The server already holds \(unfinishedCount) unfinished tasks (limit \(configuration.maxUnfinishedTasks)).")
+        }
+        let now = scheduler.wallClock
+        var records: [TaskRecord] = []
+        records.reserveCapacity(batch.count)
+        for (index, entry) in batch.enumerated() {
+            sequence += 1
+            let id = ids.next(wallClockMilliseconds: now)
+            let dependencyIDs = resolved[index].map { reference -> TaskID in
+                switch reference {
+                case .existing(let record): record.id
+                case .sibling(let position): records[position].id
+                }
+            }
+            let record = TaskRecord(id: id, sequence: sequence, spec: entry.spec, queue: queue(named: entry.spec.queue),
+                                    dependencies: dependencyIDs, createdAt: now)
+            record.workflow = workflow
+            records.append(record)
+        }
+        // Nothing may start until the whole batch is linked.
+        let wasDispatching = dispatching
+        dispatching = true
+        for (index, record) in records.enumerated() {
+            tasks[record.id] = record
+            unfinishedCount += 1
+            record.queue.count(.pending, 1)
+            for reference in resolved[index] {
+                let dependency = switch reference {
+                case .existing(let existing): existing
+                case .sibling(let position): records[position]
+                }
+                link(record, to: dependency)
+            }
+        }
+        for record in records where record.state == .pending && record.blockingDependencies == 0 {
+            makeReady(record)
+        }
+        dispatching = wasDispatching
+        dispatch()
+        return records
+    }
+
+    private enum ResolvedDependency {
+        case existing(TaskRecord)
+        case sibling(Int)
+    }
+
+    private func validate(_ batch: [(key: String?, spec: TaskSpec)]) throws(EngineError) -> [[ResolvedDependency]] {
+        let prefix: (Int) -> String = { batch.count == 1 && batch[0].key == nil ? "" : "tasks[\($0)]." }
+        var positions: [String: Int] = [:]
+        for (index, entry) in batch.enumerated() {
+            guard let key = entry.key else { continue }
+            guard !key.isEmpty else { throw EngineError(.invalid, "key must not be empty.", field: "\(prefix(index))key") }
+            guard positions.updateValue(index, forKey: key) == nil else {
+                throw EngineError(.invalid, "Key \(key) is used twice.", field: "\(prefix(index))key")
+            }
+        }
+        var resolved: [[ResolvedDependency]] = []
+        for (index, entry) in batch.enumerated() {
+            let spec = entry.spec
+            let at = prefix(index)
+            guard let executor = executors[spec.kind] else {
+                throw EngineError(.unknownKind, "Unknown kind \(spec.kind); known kinds: \(kinds.joined(separator: ", ")).",
+                                  field: "\(at)kind")
+            }
+            do {
+                try executor.validate(spec.params)
+            } catch {
+                let field = error.field.map { $0.isEmpty ? "\(at)params" : "\(at)params.\($0)" }
+                throw EngineError(error.code, error.message, field: field)
+            }
+            guard TaskSpec.priorities.contains(spec.priority) else {
+                throw EngineError(.invalid, "priority must be from -8 to 8.", field: "\(at)priority")
+            }
+            guard Self.isValidQueueName(spec.queue) else {
+                throw EngineError(.invalid, "queue must be 1 to 64 letters, digits, '-', '_' or '.'.", field: "\(at)queue")
+            }
+            if let timeout = spec.timeoutMilliseconds, !(1...86_400_000 * 7).contains(timeout) {
+                throw EngineError(.invalid, "timeout_ms must be from 1 to 604800000.", field: "\(at)timeout_ms")
+            }
+            guard (1...100).contains(spec.retry.maxAttempts) else {
+                throw EngineError(.invalid, "retry.max_attempts must be from 1 to 100.", field: "\(at)retry.max_attempts")
+            }
+            guard spec.retry.backoffFactor.isFinite, (1...10).contains(spec.retry.backoffFactor) else {
+                throw EngineError(.invalid, "retry.backoff_factor must be from 1 to 10.", field: "\(at)retry.backoff_factor")
+            }
+            var dependencies: [ResolvedDependency] = []
+            var seenIDs = Set<TaskID>()
+            var seenSiblings = Set<Int>()
+            for (position, reference) in spec.dependencies.enumerated() {
+                let field = "\(at)dependencies[\(position)]"
+                switch reference {
+                case .task(let id):
+                    guard let record = tasks[id] else {
+                        throw EngineError(.unknownDependency, "No task \(id).", field: field)
+                    }
+                    guard seenIDs.insert(id).inserted else {
+                        throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: field)
+                    }
+                    dependencies.append(.existing(record))
+                case .sibling(let key):
+                    guard let sibling = positions[key] else {
+                        throw EngineError(.unknownDependency, "No task with key \(key) in this workflow.", field: field)
+                    }
+                    guard sibling != index else {
+                        throw EngineError(.selfDependency, "A task cannot depend on itself.", field: field)
+                    }
+                    guard seenSiblings.insert(sibling).inserted else {
+                        throw EngineError(.duplicateDependency, "Key \(key) is listed twice.", field: field)
+                    }
+                    dependencies.append(.sibling(sibling))
+                }
+            }
+            resolved.append(dependencies)
+        }
+        if let cycle = Self.findCycle(resolved) {
+            let keys = cycle.map { batch[$0].key ?? "#\($0)" }
+            throw EngineError(.cycle, "The tasks depend on each other in a circle: \(keys.joined(separator: " -> ")).",
+                              field: "tasks", keys: keys)
+        }
+        return resolved
+    }
+
+    static func isValidQueueName(_ name: String) -> Bool {
+        (1...64).contains(name.utf8.count) && name.utf8.allSatisfy {
+            ($0 >= 0x30 && $0 <= 0x39) || ($0 | 0x20 >= 0x61 && $0 | 0x20 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E
+        }
+    }
+
+    /// A cycle among siblings, as positions in dependency order, or nil. Iterative DFS.
+    private static func findCycle(_ graph: [[ResolvedDependency]]) -> [Int]? {
+        var color = [UInt8](repeating: 0, count: graph.count)  // 0 new, 1 on stack, 2 done
+        for root in graph.indices where color[root] == 0 {
+            var stack: [(node: Int, next: Int)] = [(root, 0)]
+            color[root] = 1
+            while let top = stack.last {
+                let siblings = graph[top.node]
+                if top.next == siblings.count {
+                    color[top.node] = 2
+                    stack.removeLast()
+                    continue
+                }
+                stack[stack.count - 1].next += 1
+                guard case .sibling(let child) = siblings[top.next] else { continue }
+                if color[child] == 1 {
+                    let start = stack.firstIndex { $0.node == child }!
+                    return stack[start...].map(\.node)
+                }
+                if color[child] == 0 {
+                    color[child] = 1
+                    stack.append((child, 0))
+                }
+            }
+        }
+        return nil
+    }
+
+    /// Makes `record` wait for `dependency`, or applies a dependency that already finished.
+    private func link(_ record: TaskRecord, to dependency: TaskRecord) {
+        if dependency.state.isTerminal {
+            if dependency.state != .succeeded, record.onDependencyFailure == .cancel, !record.state.isTerminal {
+                finish(record, as: .cancelled, error: .dependencyFailed(dependency.id, state: dependency.state))
+            }
+            return
+        }
+        record.blockingDependencies += 1
+        dependency.dependents.append(record)
+    }
+
+    // MARK: scheduling
+
+    private func makeReady(_ record: TaskRecord) {
+        transition(record, to: .queued)
+        record.queue.ready.insert(record)
+        needsDispatch(record.queue)
+    }
+
+    private func needsDispatch(_ queue: TaskQueue) {
+        guard !queue.needsDispatch else { return }
+        queue.needsDispatch = true
+        queuesToDispatch.append(queue)
+    }
+
+    /// Starts queued tasks while their queues have room. Executors may finish synchronously;
+    /// that only adds queues to the list, so even a 10,000-task chain of `noop`s runs in this
+    /// loop without recursion.
+    private func dispatch() {
+        guard !dispatching else { return }
+        dispatching = true
+        defer { dispatching = false }
+        while let queue = queuesToDispatch.popLast() {
+            queue.needsDispatch = false
+            while !queue.paused && queue.running < queue.maxConcurrency, let record = queue.ready.popBest() {
+                start(record)
+            }
+        }
+    }
+
+    private func start(_ record: TaskRecord) {
+        transition(record, to: .running)
+        if record.startedAt == nil { record.startedAt = scheduler.wallClock }
+        record.progress = TaskProgress()
+        let run = TaskRun(engine: self, record: record)
+        record.run = run
+        if let timeout = record.timeoutMilliseconds {
+            record.attemptTimer = scheduler.schedule(after: timeout) { [weak self, weak run] in
+                guard let self, let run, run.isCurrent else { return }
+                run.requestStop()
+                attemptFailed(run, error: .timeout(after: timeout))
+            }
+        }
+        executors[record.kind]!.start(run)
+    }
+
+    // MARK: reports from executors
+
+    func attemptProgressed(_ run: TaskRun, fraction: Double?, message: String?, details: JSONValue?) -> Bool {
+        let record = run.record
+        guard run.isCurrent, record.state == .running else { return false }
+        if let fraction, fraction.isFinite {
+            let clamped = min(1, max(0, fraction))
+            record.progress.fraction = max(record.progress.fraction ?? 0, clamped)
+        }
+        if let message { record.progress.message = message }
+        if let details { record.progress.details = details }
+        record.progress.updatedAt = scheduler.wallClock
+        emit(.progressed(record))
+        return true
+    }
+
+    func attemptSucceeded(_ run: TaskRun, result: JSONValue?) {
+        guard run.isCurrent, run.record.state == .running else { return }
+        run.record.progress.fraction = 1
+        run.record.progress.updatedAt = scheduler.wallClock
+        finish(run.record, as: .succeeded, result: result)
+        dispatch()
+    }
+
+    func attemptFailed(_ run: TaskRun, error: TaskError) {
+        let record = run.record
+        guard run.isCurrent, record.state == .running else { return }
+        if record.cancelRequested {
+            finish(record, as: .cancelled, error: .cancelled)
+        } else if record.attempt < record.retry.maxAttempts {
+            retry(record, after: error)
+        } else {
+            finish(record, as: .failed, error: error)
+        }
+        dispatch()
+    }
+
+    func attemptCancelled(_ run: TaskRun) {
+        guard run.isCurrent, run.record.state == .running else { return }
+        finish(run.record, as: .cancelled, error: .cancelled)
+        dispatch()
+    }
+
+    /// Back to `pending` for the backoff, then `queued` again with the next attempt number.
+    private func retry(_ record: TaskRecord, after error: TaskError) {
+        record.run = nil
+        record.attemptTimer?.cancel()
+        record.error = error
+        transition(record, to: .pending)
+        needsDispatch(record.queue)
+        let delay = record.retry.backoff(after: record.attempt)
+        record.attempt += 1
+        record.attemptTimer = scheduler.schedule(after: delay) { [weak self, weak record] in
+            guard let self, let record, record.state == .pending else { return }
+            record.attemptTimer = nil
+            makeReady(record)
+            dispatch()
+        }
+    }
+
+    // MARK: cancelling
+
+    /// Cancels a task: at once if it has not started; a running task is asked to stop and
+    /// becomes `cancelled` when its executor confirms, or when the grace period ends.
+    @discardableResult
+    public func cancel(_ id: TaskID) throws(EngineError) -> CancelOutcome {
+        guard let record = tasks[id] else { throw EngineError(.notFound, "No task \(id).") }
+        guard !record.state.isTerminal else {
+            throw EngineError(.alreadyTerminal, "Task \(id) already \(record.state.rawValue).")
+        }
+        let outcome = requestCancel(record)
+        dispatch()
+        return outcome
+    }
+
+    private func requestCancel(_ record: TaskRecord) -> CancelOutcome {
+        switch record.state {
+        case .pending, .queued:
+            finish(record, as: .cancelled, error: .cancelled)
+            return .cancelled
+        case .running:
+            if !record.cancelRequested {
+                record.cancelRequested = true
+                emit(.cancelRequested(record))
+                record.graceTimer = scheduler.schedule(after: configuration.cancelGraceMilliseconds) { [weak self, weak record] in
+                    guard let self, let record, record.state == .running else { return }
+                    finish(record, as: .cancelled, error: TaskError(
+                        code: "cancelled", message: "The task was cancelled; its work did not confirm within the grace period."))
+                    dispatch()
+                }
+                record.run?.requestStop()
+            }
+            return record.state == .cancelled ? .cancelled : .cancelRequested
+        case .succeeded, .failed, .cancelled:
+            return .cancelled
+        }
+    }
+
+    /// Cancels every unfinished task of a queue, dependents first; returns how many.
+    @discardableResult
+    public func cancelAll(inQueue name: String) -> Int {
+        guard let queue = queues[name] else { return 0 }
+        return cancelAll(tasks.values.filter { $0.queue === queue })
+    }
+
+    func cancelAll(_ records: [TaskRecord]) -> Int {
+        // Later submissions first: a dependent is cancelled as such, not as a cascade.
+        var count = 0
+        for record in records.sorted(by: { $0.sequence > $1.sequence }) where !record.state.isTerminal {
+            _ = requestCancel(record)
+            count += 1
+        }
+        dispatch()
+        return count
+    }
+
+    // MARK: queues
+
+    /// Changes a queue's limit or pause switch (creating it if needed), with immediate effect.
+    @discardableResult
+    public func updateQueue(_ name: String, maxConcurrency: Int? = nil, paused: Bool? = nil) throws(EngineError) -> TaskQueue {
+        guard Self.isValidQueueName(name) else {
+            throw EngineError(.invalid, "queue must be 1 to 64 letters, digits, '-', '_' or '.'.", field: "name")
+        }
+        if let maxConcurrency, !(1...10_000).contains(maxConcurrency) {
+            throw EngineError(.invalid, "max_concurrency must be from 1 to 10000.", field: "max_concurrency")
+        }
+        let queue = queue(named: name)
+        if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
+        if let paused { queue.paused = paused }
+        needsDispatch(queue)
+        dispatch()
+        return queue
+    }
+
+    // MARK: external workers
+
+    /// A worker's report on an `external` task. Throws `notRunning` when the task is not a
+    /// running external task, or when its cancellation was requested (the worker learns of it
+    /// this way, and the task is then cancelled).
+    public func report(_ report: ExternalReport, for id: TaskID) throws(EngineError) {
+        guard let record = tasks[id] else { throw EngineError(.notFound, "No task \(id).") }
+        guard let executor = executors[record.kind] as? ExternalExecutor else {
+            throw EngineError(.notRunning, "Task \(id) is of kind \(record.kind), not external.")
+        }
+        guard record.state == .running, let run = record.run else {
+            throw EngineError(.notRunning, "Task \(id) is \(record.state.rawValue), not running.")
+        }
+        if record.cancelRequested {
+            finish(record, as: .cancelled, error: .cancelled)
+            dispatch()
+            throw EngineError(.notRunning, "Task \(id) was cancelled; stop working on it.")
+        }
+        executor.report(report, for: run)
+    }
+
+    // MARK: the one place states change
+
+    private func transition(_ record: TaskRecord, to state: TaskState) {
+        let from = record.state
+        guard from != state else { return }
+        precondition(!from.isTerminal, "terminal state \(from) of \(record.id) cannot change")
+        record.queue.count(from, -1)
+        record.queue.count(state, 1)
+        record.state = state
+        emit(.stateChanged(record, from: from))
+    }
+
+    /// Makes a task terminal and releases its dependents (cascading cancellations through a
+    /// work list, not recursion).
+    private func finish(_ record: TaskRecord, as state: TaskState, result: JSONValue? = nil, error: TaskError? = nil) {
+        var work: [(TaskRecord, TaskState, JSONValue?, TaskError?)] = [(record, state, result, error)]
+        while let (record, state, result, error) = work.popLast() {
+            guard !record.state.isTerminal else { continue }
+            let wasRunning = record.state == .running
+            record.attemptTimer?.cancel()
+            record.graceTimer?.cancel()
+            record.attemptTimer = nil
+            record.graceTimer = nil
+            if let run = record.run {
+                record.run = nil
+                run.requestStop()
+            }
+            record.result = result
+            if let error { record.error = error } else if state == .succeeded { record.error = nil }
+            record.finishedAt = scheduler.wallClock
+            record.finishedAtMonotonic = scheduler.now
+            transition(record, to: state)
+            unfinishedCount -= 1
+            if wasRunning { needsDispatch(record.queue) }
+            let dependents = record.dependents
+            record.dependents = []
+            for dependent in dependents where !dependent.state.isTerminal {
+                if state != .succeeded && dependent.onDependencyFailure == .cancel {
+                    work.append((dependent, .cancelled, nil, .dependencyFailed(record.id, state: state)))
+                } else {
+                    dependent.blockingDependencies -= 1
+                    if dependent.blockingDependencies == 0 && dependent.state == .pending && dependent.attemptTimer == nil {
+                        makeReady(dependent)
+                    }
+                }
+            }
+            retain(record)
+        }
+    }
+
+    // MARK: retention
+
+    private func retain(_ record: TaskRecord) {
+        retained.append(record)
+        while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() {
+            evict(oldest)
+        }
+        scheduleRetentionSweep()
+    }
+
+    private func scheduleRetentionSweep() {
+        guard retentionTimer == nil, let oldest = retained.first else { return }
+        let due = oldest.finishedAtMonotonic + configuration.retentionMilliseconds
+        retentionTimer = scheduler.schedule(after: due > scheduler.now ? due - scheduler.now : 0) { [weak self] in
+            guard let self else { return }
+            retentionTimer = nil
+            let now = scheduler.now
+            while let oldest = retained.first, oldest.finishedAtMonotonic + configuration.retentionMilliseconds <= now {
+                retained.removeFirst()
+                evict(oldest)
+            }
+            scheduleRetentionSweep()
+        }
+    }
+
+    private func evict(_ record: TaskRecord) {
+        tasks.removeValue(forKey: record.id)
+        record.queue.count(record.state, -1)
+        if let workflow = record.workflow {
+            workflow.evicted(record)
+            if workflow.tasks.isEmpty { workflows.removeValue(forKey: workflow.id) }
+        }
+    }
+
+    // MARK: workflows
+
+    /// Submits tasks that may depend on each other by key, atomically.
+    public func submitWorkflow(name: String?, tasks batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> WorkflowRecord {
+        guard !batch.isEmpty else { throw EngineError(.invalid, "A workflow needs at least one task.", field: "tasks") }
+        let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: scheduler.wallClock), name: name,
+                                      createdAt: scheduler.wallClock)
+        let records = try insert(batch.map { (key: $0.key, spec: $0.spec) }, workflow: workflow)
+        workflow.attach(zip(batch.map(\.key), records).map { ($0, $1) })
+        workflows[workflow.id] = workflow
+        return workflow
+    }
+
+    /// Cancels every unfinished task of a workflow; returns how many.
+    @discardableResult
+    public func cancelWorkflow(_ id: TaskID) throws(EngineError) -> Int {
+        guard let workflow = workflows[id] else { throw EngineError(.notFound, "No workflow \(id).") }
+        return cancelAll(workflow.tasks)
+    }
+}

@@ -1,0 +1,37 @@
+/// Why the engine refused a request. Each has a stable `code`; the service maps codes to HTTP
+/// statuses in one place. A refused request changes nothing.
+public struct EngineError: Error, Equatable, Sendable, CustomStringConvertible {
+    public enum Code: String, Sendable {
+        /// A field breaks a rule (`field` names it).
+        case invalid
+        case unknownKind = "unknown_kind"
+        case unknownDependency = "unknown_dependency"
+        case selfDependency = "self_dependency"
+        case duplicateDependency = "duplicate_dependency"
+        /// Workflow tasks depend on each other in a circle; `keys` lists the circle.
+        case cycle
+        /// `maxUnfinishedTasks` would be exceeded.
+        case tooManyUnfinishedTasks = "too_many_unfinished_tasks"
+        case notFound = "not_found"
+        /// The task already finished; its state never changes again.
+        case alreadyTerminal = "already_terminal"
+        /// A worker report for a task that is not running (or not external).
+        case notRunning = "not_running"
+    }
+
+    public let code: Code
+    public let message: String
+    /// The offending field, as a path into the submitted body (`tasks[2].dependencies[0]`).
+    public var field: String?
+    /// The workflow keys on a dependency cycle, in order.
+    public var keys: [String] = []
+
+    public init(_ code: Code, _ message: String, field: String? = nil, keys: [String] = []) {
+        self.code = code
+        self.message = message
+        self.field = field
+        self.keys = keys
+    }
+
+    public var description: String { "\(code.rawValue): \(message)" }
+}

@@ -1,0 +1,70 @@
+import TaskloopJSON
+
+/// Runs tasks of one kind. The one narrow interface between work and the engine: the executor
+/// starts an attempt and reports through its `TaskRun`; the engine alone changes states.
+///
+/// Threading: engine thread only. Work that blocks runs elsewhere and reports back on the
+/// engine thread.
+public protocol TaskExecutor: AnyObject {
+    /// Checks `params` at submission; a throw refuses the submission (field paths are relative
+    /// to `params`, e.g. `duration_ms`).
+    func validate(_ params: JSONValue) throws(EngineError)
+
+    /// Starts an attempt. The executor must eventually call exactly one of `succeed`, `fail` or
+    /// `cancelled` on `run` (later calls are ignored), and should stop the work when `run`'s
+    /// `onCancel` is called. It may report synchronously, before returning.
+    func start(_ run: TaskRun)
+}
+
+/// One attempt of one task, as its executor sees it.
+public final class TaskRun {
+    public let taskID: TaskID
+    public let kind: String
+    public let params: JSONValue
+    public let attempt: Int
+    weak var engine: Engine?
+    let record: TaskRecord
+    /// Called (once) when the engine wants this attempt to stop: cancellation or timeout.
+    public var onCancel: (() -> Void)?
+    public private(set) var stopRequested = false
+
+    init(engine: Engine, record: TaskRecord) {
+        self.engine = engine
+        self.record = record
+        taskID = record.id
+        kind = record.kind
+        params = record.params
+        attempt = record.attempt
+    }
+
+    /// True while the engine still listens to this attempt.
+    public var isCurrent: Bool { record.run === self }
+
+    /// Reports progress; `fraction` is clamped to 0...1 and never moves backwards. Returns false
+    /// if the engine no longer listens to this attempt.
+    @discardableResult
+    public func progress(fraction: Double? = nil, message: String? = nil, details: JSONValue? = nil) -> Bool {
+        engine?.attemptProgressed(self, fraction: fraction, message: message, details: details) ?? false
+    }
+
+    public func succeed(_ result: JSONValue? = nil) {
+        engine?.attemptSucceeded(self, result: result)
+    }
+
+    public func fail(_ error: TaskError) {
+        engine?.attemptFailed(self, error: error)
+    }
+
+    /// Confirms that the work stopped after `onCancel`.
+    public func cancelled() {
+        engine?.attemptCancelled(self)
+    }
+
+    func requestStop() {
+        guard !stopRequested else { return }
+        stopRequested = true
+        let handler = onCancel
+        onCancel = nil
+        handler?()
+    }
+}

@@ -1,0 +1,116 @@
+import TaskloopJSON
+
+/// One task as the engine knows it. Clients read it; only the engine changes it.
+///
+/// Threading: engine thread only.
+public final class TaskRecord {
+    public let id: TaskID
+    /// Submission order, for FIFO among equal priorities.
+    let sequence: UInt64
+    public let kind: String
+    public let params: JSONValue
+    public let name: String?
+    public let queue: TaskQueue
+    public let priority: Int
+    /// Dependency ids, workflow keys resolved.
+    public let dependencies: [TaskID]
+    public let onDependencyFailure: DependencyFailurePolicy
+    public let timeoutMilliseconds: UInt64?
+    public let retry: RetryPolicy
+    public let metadata: JSONValue?
+    public internal(set) var workflow: WorkflowRecord?
+    /// Wall-clock milliseconds.
+    public let createdAt: Int64
+
+    public internal(set) var state: TaskState = .pending
+    /// A running task whose cancellation is under way.
+    public internal(set) var cancelRequested = false
+    /// Counts from 1; the attempt running now or last run.
+    public internal(set) var attempt = 1
+    public internal(set) var startedAt: Int64?
+    public internal(set) var finishedAt: Int64?
+    public internal(set) var result: JSONValue?
+    public internal(set) var error: TaskError?
+    public internal(set) var progress = TaskProgress()
+
+    /// Dependencies that have not yet released this task.
+    var blockingDependencies = 0
+    /// Tasks waiting on this one; emptied once this task is terminal.
+    var dependents: [TaskRecord] = []
+    /// The attempt in progress; reports from any other run are ignored.
+    var run: TaskRun?
+    /// Timeout while running, backoff while waiting to retry.
+    var attemptTimer: ScheduledAction?
+    /// Ends a cancellation the executor does not confirm.
+    var graceTimer: ScheduledAction?
+    /// Monotonic milliseconds at the terminal transition, for retention.
+    var finishedAtMonotonic: UInt64 = 0
+
+    init(id: TaskID, sequence: UInt64, spec: TaskSpec, queue: TaskQueue, dependencies: [TaskID], createdAt: Int64) {
+        self.id = id
+        self.sequence = sequence
+        kind = spec.kind
+        params = spec.params
+        name = spec.name
+        self.queue = queue
+        priority = spec.priority
+        self.dependencies = dependencies
+        onDependencyFailure = spec.onDependencyFailure
+        timeoutMilliseconds = spec.timeoutMilliseconds
+        retry = spec.retry
+        metadata = spec.metadata
+        self.createdAt = createdAt
+    }
+
+    public var maxAttempts: Int { retry.maxAttempts }
+}
+
+/// A named lane with its own concurrency limit and pause switch.
+///
+/// Threading: engine thread only.
+public final class TaskQueue {
+    public let name: String
+    public internal(set) var maxConcurrency: Int
+    public internal(set) var paused = false
+    /// Tasks of this queue by state (evicted tasks no longer count).
+    public private(set) var counts = StateCounts()
+
+    /// Queued tasks, best first. Entries for tasks that left `queued` meanwhile are skipped
+    /// when they surface (lazy deletion), so cancelling a queued task is O(1).
+    var ready = ReadyHeap()
+    var running: Int { counts[.running] }
+    /// Set while the queue waits in the engine's dispatch list.
+    var needsDispatch = false
+
+    init(name: String, maxConcurrency: Int) {
+        self.name = name
+        self.maxConcurrency = maxConcurrency
+    }
+
+    func count(_ state: TaskState, _ delta: Int) { counts[state] += delta }
+}
+
+/// Counts indexed by state.
+public struct StateCounts: Sendable, Equatable {
+    private var values = [Int](repeating: 0, count: TaskState.allCases.count)
+
+    public subscript(state: TaskState) -> Int {
+        get { values[state.index] }
+        set { values[state.index] = newValue }
+    }
+
+    public var total: Int { values.reduce(0, +) }
+}
+
+extension TaskState {
+    var index: Int {
+        switch self {
+        case .pending: 0
+        case .queued: 1
+        case .running: 2
+        case .succeeded: 3
+        case .failed: 4
+        case .cancelled: 5
+        }
+    }
+}

@@ -1,0 +1,127 @@
+import TaskloopJSON
+
+public enum TaskState: String, Sendable, CaseIterable {
+    /// Waiting for dependencies (or for a retry's backoff).
+    case pending
+    /// Ready, waiting for a slot in its queue.
+    case queued
+    case running
+    case succeeded
+    case failed
+    case cancelled
+
+    public var isTerminal: Bool {
+        switch self {
+        case .succeeded, .failed, .cancelled: true
+        case .pending, .queued, .running: false
+        }
+    }
+}
+
+/// What a dependent does when a dependency fails or is cancelled.
+public enum DependencyFailurePolicy: String, Sendable {
+    /// The dependent, and transitively its own dependents, are cancelled (`dependency_failed`).
+    case cancel
+    /// The dependent runs once every dependency is terminal, whatever the outcome
+    /// (OperationQueue's semantics).
+    case run
+}
+
+public struct RetryPolicy: Sendable, Equatable {
+    public var maxAttempts: Int
+    public var backoffMilliseconds: UInt64
+    public var backoffFactor: Double
+
+    public init(maxAttempts: Int = 1, backoffMilliseconds: UInt64 = 1_000, backoffFactor: Double = 2) {
+        self.maxAttempts = maxAttempts
+        self.backoffMilliseconds = backoffMilliseconds
+        self.backoffFactor = backoffFactor
+    }
+
+    /// The wait before attempt `attempt + 1`, after attempt `attempt` failed.
+    func backoff(after attempt: Int) -> UInt64 {
+        var scaled = Double(backoffMilliseconds)
+        for _ in 1..<max(1, attempt) where scaled < 86_400_000 { scaled *= backoffFactor }
+        return scaled.isFinite && scaled >= 0 ? UInt64(min(scaled, 86_400_000)) : 86_400_000
+    }
+}
+
+/// Why a task failed or was cancelled: `{code, message, ...details}` in the API.
+public struct TaskError: Error, Sendable, Equatable {
+    public var code: String
+    public var message: String
+    public var details: JSONObject
+
+    public init(code: String, message: String, details: JSONObject = [:]) {
+        self.code = code
+        self.message = message
+        self.details = details
+    }
+
+    public static func timeout(after milliseconds: UInt64) -> TaskError {
+        TaskError(code: "timeout", message: "The attempt did not finish within \(milliseconds) ms.",
+                  details: ["timeout_ms": .int(Int64(milliseconds))])
+    }
+
+    public static func dependencyFailed(_ dependency: TaskID, state: TaskState) -> TaskError {
+        TaskError(code: "dependency_failed", message: "Dependency \(dependency) was \(state.rawValue).",
+                  details: ["dependency": .string(dependency.description)])
+    }
+
+    public static let cancelled = TaskError(code: "cancelled", message: "The task was cancelled.")
+}
+
+public struct TaskProgress: Sendable, Equatable {
+    /// 0...1, or nil when unknown. Never decreases within one attempt.
+    public var fraction: Double?
+    public var message: String?
+    public var details: JSONValue?
+    /// Wall-clock milliseconds of the last update; nil before the first.
+    public var updatedAt: Int64?
+
+    public init(fraction: Double? = nil, message: String? = nil, details: JSONValue? = nil, updatedAt: Int64? = nil) {
+        self.fraction = fraction
+        self.message = message
+        self.details = details
+        self.updatedAt = updatedAt
+    }
+}
+
+/// A dependency as submitted: an existing task, or (inside a workflow) a sibling's key.
+public enum DependencyReference: Sendable, Equatable {
+    case task(TaskID)
+    case sibling(key: String)
+}
+
+/// Everything a client says about a task; validated by the engine on submission.
+public struct TaskSpec: Sendable {
+    public var kind: String
+    public var params: JSONValue
+    public var name: String?
+    public var queue: String
+    public var priority: Int
+    public var dependencies: [DependencyReference]
+    public var onDependencyFailure: DependencyFailurePolicy
+    public var timeoutMilliseconds: UInt64?
+    public var retry: RetryPolicy
+    public var metadata: JSONValue?
+
+    public init(
+        kind: String, params: JSONValue = [:], name: String? = nil, queue: String = "default", priority: Int = 0,
+        dependencies: [DependencyReference] = [], onDependencyFailure: DependencyFailurePolicy = .cancel,
+        timeoutMilliseconds: UInt64? = nil, retry: RetryPolicy = RetryPolicy(), metadata: JSONValue? = nil
+    ) {
+        self.kind = kind
+        self.params = params
+        self.name = name
+        self.queue = queue
+        self.priority = priority
+        self.dependencies = dependencies
+        self.onDependencyFailure = onDependencyFailure
+        self.timeoutMilliseconds = timeoutMilliseconds
+        self.retry = retry
+        self.metadata = metadata
+    }
+
+    public static let priorities = -8...8
+}

@@ -1,0 +1,48 @@
+/// Tasks submitted together. Its state and progress are derived from its tasks.
+///
+/// Threading: engine thread only.
+public final class WorkflowRecord {
+    public let id: TaskID
+    public let name: String?
+    public let createdAt: Int64
+    public private(set) var tasks: [TaskRecord] = []
+    /// Each task's key, in submission order.
+    public private(set) var keys: [(key: String, id: TaskID)] = []
+
+    init(id: TaskID, name: String?, createdAt: Int64) {
+        self.id = id
+        self.name = name
+        self.createdAt = createdAt
+    }
+
+    func attach(_ members: [(String, TaskRecord)]) {
+        tasks = members.map(\.1)
+        keys = members.map { ($0.0, $0.1.id) }
+    }
+
+    func evicted(_ record: TaskRecord) {
+        tasks.removeAll { $0 === record }
+    }
+
+    /// `succeeded` when all succeeded; `failed` when all are terminal and one failed;
+    /// `cancelled` when all are terminal, none failed and one was cancelled; else `running`.
+    public var state: TaskState {
+        var anyFailed = false, anyCancelled = false
+        for task in tasks {
+            switch task.state {
+            case .pending, .queued, .running: return .running
+            case .failed: anyFailed = true
+            case .cancelled: anyCancelled = true
+            case .succeeded: break
+            }
+        }
+        return anyFailed ? .failed : anyCancelled ? .cancelled : .succeeded
+    }
+
+    /// The mean over its tasks; terminal tasks count 1.
+    public var fraction: Double {
+        guard !tasks.isEmpty else { return 1 }
+        let sum = tasks.reduce(0.0) { $0 + ($1.state.isTerminal ? 1 : ($1.progress.fraction ?? 0)) }
+        return sum / Double(tasks.count)
+    }
+}

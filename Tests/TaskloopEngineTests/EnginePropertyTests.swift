@@ -1,0 +1,176 @@
+import Foundation
+import Testing
+import TaskloopJSON
+import TaskloopTestSupport
+@testable import TaskloopEngine
+
+/// Random DAGs under random failures, cancellations, pauses and limit changes, on the virtual
+/// clock. Every event and every step is checked against the engine's invariants. Each seed is
+/// independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that one).
+@Suite struct EnginePropertyTests {
+    static let seeds: [UInt64] = {
+        if let one = ProcessInfo.processInfo.environment["TASKLOOP_ENGINE_SEED"].flatMap({ UInt64($0) }) { return [one] }
+        let count = Int(ProcessInfo.processInfo.environment["TASKLOOP_ENGINE_SEEDS"] ?? "") ?? 200
+        return (1...UInt64(count)).map { 0xE17E_0000 + $0 }
+    }()
+
+    @Test func invariantsHoldForRandomWorkloads() {
+        for seed in Self.seeds {
+            if let failure = Self.run(seed: seed) {
+                Issue.record("seed \(seed) (TASKLOOP_ENGINE_SEED=\(seed)): \(failure)")
+                return
+            }
+        }
+    }
+
+    static func run(seed: UInt64) -> String? {
+        var random = SplitMix64(seed: seed)
+        let manual = ManualExecutor()
+        manual.confirmsCancel = random.below(2) == 0
+        let clock = VirtualScheduler()
+        var configuration = EngineConfiguration()
+        configuration.defaultConcurrency = 1 + random.below(4)
+        configuration.cancelGraceMilliseconds = UInt64(50 + random.below(500))
+        let engine = Engine(configuration: configuration, scheduler: clock, extraExecutors: ["manual": manual])
+        let queueNames = ["default", "a", "b"]
+        var submitted: [TaskRecord] = []
+        var finishedStates: [TaskID: TaskState] = [:]
+        // Kept from the events themselves, so the checks do not rely on the engine's own books.
+        var known: [TaskID: TaskRecord] = [:]
+        var queuedByQueue: [String: [TaskID: TaskRecord]] = [:]
+        var violation: String?
+
+        func fail(_ text: String) { if violation == nil { violation = text } }
+
+        engine.addObserver { event in
+            guard case .stateChanged(let record, let from) = event else { return }
+            known[record.id] = record
+            if from == .queued { queuedByQueue[record.queue.name]?.removeValue(forKey: record.id) }
+            if record.state == .queued { queuedByQueue[record.queue.name, default: [:]][record.id] = record }
+            if let final = finishedStates[record.id] {
+                fail("\(record.id) changed after reaching \(final.rawValue)")
+            }
+            if record.state.isTerminal { finishedStates[record.id] = record.state }
+            guard record.state == .running, from == .queued else { return }
+            // Dependencies allow the start.
+            for id in record.dependencies {
+                guard let dependency = known[id] else { continue }
+                if !dependency.state.isTerminal {
+                    fail("\(record.id) started before dependency \(id) finished")
+                }
+                if record.onDependencyFailure == .cancel && dependency.state != .succeeded {
+                    fail("\(record.id) started although dependency \(id) \(dependency.state.rawValue)")
+                }
+            }
+            // The limit holds.
+            let queue = record.queue
+            if queue.running > queue.maxConcurrency {
+                fail("queue \(queue.name) runs \(queue.running) > \(queue.maxConcurrency)")
+            }
+            if queue.paused { fail("paused queue \(queue.name) started \(record.id)") }
+            // The best queued task started.
+            for other in queuedByQueue[queue.name, default: [:]].values {
+                if other.priority > record.priority || (other.priority == record.priority && other.sequence < record.sequence) {
+                    fail("\(record.id) (p\(record.priority) #\(record.sequence)) started before \(other.id) (p\(other.priority) #\(other.sequence))")
+                }
+            }
+        }
+
+        func randomSpec() -> TaskSpec {
+            var dependencies: [DependencyReference] = []
+            if !submitted.isEmpty {
+                var chosen = Set<Int>()
+                for _ in 0..<random.below(4) { chosen.insert(submitted.count - 1 - random.below(min(40, submitted.count))) }
+                dependencies = chosen.map { .task(submitted[$0].id) }
+            }
+            let kind: String
+            var params: JSONValue = [:]
+            switch random.below(6) {
+            case 0: kind = "noop"
+            case 1: kind = "manual"
+            case 2: kind = "external"
+            default:
+                kind = "sleep"
+                params = ["duration_ms": .int(Int64(random.below(200))), "steps": .int(Int64(1 + random.below(4))),
+                          "outcome": random.below(5) == 0 ? "fail" : "succeed"]
+            }
+            return TaskSpec(
+                kind: kind, params: params, queue: queueNames[random.below(queueNames.count)],
+                priority: random.below(17) - 8, dependencies: dependencies,
+                onDependencyFailure: random.below(3) == 0 ? .run : .cancel,
+                timeoutMilliseconds: random.below(5) == 0 ? UInt64(1 + random.below(300)) : nil,
+                retry: RetryPolicy(maxAttempts: 1 + random.below(3), backoffMilliseconds: UInt64(random.below(100))))
+        }
+
+        func checkCounts() {
+            var expected: [String: StateCounts] = [:]
+            var unfinished = 0
+            for record in submitted where engine.task(record.id) != nil {
+                expected[record.queue.name, default: StateCounts()][record.state] += 1
+                if !record.state.isTerminal { unfinished += 1 }
+            }
+            for name in queueNames where engine.queue(named: name).counts != expected[name, default: StateCounts()] {
+                fail("queue \(name) counts \(engine.queue(named: name).counts), expected \(expected[name, default: StateCounts()])")
+            }
+            if engine.unfinishedCount != unfinished { fail("unfinished \(engine.unfinishedCount) != \(unfinished)") }
+        }
+
+        let steps = 300 + random.below(300)
+        for _ in 0..<steps {
+            guard violation == nil else { break }
+            switch random.below(12) {
+            case 0...4:
+                if let record = try? engine.submit(randomSpec()) { submitted.append(record) }
+            case 5:
+                let specs = (0..<(1 + random.below(6))).map { index -> (key: String, spec: TaskSpec) in
+                    var spec = randomSpec()
+                    if index > 0 && random.below(2) == 0 { spec.dependencies.append(.sibling(key: "k\(random.below(index))")) }
+                    return (key: "k\(index)", spec: spec)
+                }
+                if let workflow = try? engine.submitWorkflow(name: nil, tasks: specs) { submitted += workflow.tasks }
+            case 6:
+                if !submitted.isEmpty { _ = try? engine.cancel(submitted[random.below(submitted.count)].id) }
+            case 7:
+                _ = try? engine.updateQueue(queueNames[random.below(queueNames.count)], paused: random.below(3) == 0)
+            case 8:
+                _ = try? engine.updateQueue(queueNames[random.below(queueNames.count)], maxConcurrency: 1 + random.below(5))
+            case 9:
+                let live = manual.runs.filter(\.isCurrent)
+                if let run = live.isEmpty ? nil : live[random.below(live.count)] {
+                    switch random.below(4) {
+                    case 0: run.fail(TaskError(code: "manual", message: "failed by the test"))
+                    case 1: run.progress(fraction: Double(random.below(100)) / 100)
+                    default: run.succeed()
+                    }
+                }
+            case 10:
+                let external = submitted.filter { $0.kind == "external" && $0.state == .running }
+                if let record = external.isEmpty ? nil : external[random.below(external.count)] {
+                    let report: ExternalReport = random.below(3) == 0
+                        ? .fail(TaskError(code: "worker", message: "failed")) : .complete(result: nil)
+                    _ = try? engine.report(report, for: record.id)
+                }
+            default:
+                clock.advance(by: UInt64(random.below(120)))
+            }
+            checkCounts()
+        }
+
+        // Let everything finish: unpause, finish manual and external work, run the clock.
+        for name in queueNames { _ = try? engine.updateQueue(name, paused: false) }
+        var rounds = 0
+        while rounds < 1_000, submitted.contains(where: { !$0.state.isTerminal }) {
+            rounds += 1
+            for run in manual.runs where run.isCurrent { run.succeed() }
+            for record in submitted where record.kind == "external" && record.state == .running {
+                _ = try? engine.report(.complete(result: nil), for: record.id)
+            }
+            clock.advance(by: 1_000)
+            checkCounts()
+        }
+        if let stuck = submitted.first(where: { !$0.state.isTerminal }) {
+            fail("\(stuck.id) never finished: \(stuck.state.rawValue), blocked by \(stuck.blockingDependencies)")
+        }
+        return violation
+    }
+}
