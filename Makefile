@@ -42,6 +42,7 @@ test: deps
 	TASKLOOP_FUZZ_SECONDS=$(FUZZ_SECONDS) $(SWIFT) test --skip-build
 
 bench: bench-deps
+	bash Benchmarks/engine/run.sh
 	bash Benchmarks/http/run.sh
 
 clean:

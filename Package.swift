@@ -60,6 +60,12 @@ let package = Package(
             dependencies: ["TaskloopHTTP", "TaskloopJSON"],
             path: "Benchmarks/http/Server"
         ),
+        .executableTarget(
+            name: "engine-bench",
+            dependencies: ["TaskloopEngine", "TaskloopJSON"],
+            path: "Benchmarks/engine",
+            exclude: ["run.sh"]
+        ),
         .target(
             name: "TaskloopTestSupport",
             dependencies: ["TaskloopHTTP"],
