@@ -72,15 +72,4 @@ public final class VirtualScheduler: EngineScheduler {
         while let next = pending.min, next.action.body == nil { _ = pending.removeMin() }
         return pending.min?.deadline
     }
-
-    /// Advances to each next deadline until nothing is scheduled (or `limit` steps pass).
-    /// Returns false if actions remained after `limit` steps.
-    @discardableResult
-    public func runUntilIdle(limit: Int = 1_000_000) -> Bool {
-        for _ in 0..<limit {
-            guard let deadline = nextDeadline else { return true }
-            advance(by: deadline - now)
-        }
-        return nextDeadline == nil
-    }
 }

@@ -17,9 +17,6 @@ struct ReadyHeap {
 
     private var heap = Heap<Entry>()
 
-    var isEmpty: Bool { heap.isEmpty }
-    var count: Int { heap.count }
-
     mutating func insert(_ record: TaskRecord) {
         heap.insert(Entry(priority: record.priority, sequence: record.sequence, record: record))
     }
@@ -28,15 +25,6 @@ struct ReadyHeap {
     mutating func popBest() -> TaskRecord? {
         while let entry = heap.popMax() {
             if entry.record.state == .queued { return entry.record }
-        }
-        return nil
-    }
-
-    /// The best task that is still queued, left in place.
-    mutating func peekBest() -> TaskRecord? {
-        while let entry = heap.max {
-            if entry.record.state == .queued { return entry.record }
-            _ = heap.popMax()
         }
         return nil
     }

@@ -21,6 +21,4 @@ public struct UVError: Error, Equatable, CustomStringConvertible {
         if status < 0 { throw UVError(code: status, operation: operation) }
         return status
     }
-
-    public static let addressInUse = UVError(code: UV_EADDRINUSE.rawValue, operation: "bind")
 }
