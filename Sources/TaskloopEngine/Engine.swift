@@ -200,7 +200,7 @@ public final class Engine {
             guard TaskSpec.priorities.contains(spec.priority) else {
                 throw EngineError(.invalid, "priority must be from -8 to 8.", field: "\(at)priority")
             }
-            guard Self.isValidQueueName(spec.queue) else {
+            guard queues[spec.queue] != nil || Self.isValidQueueName(spec.queue) else {
                 throw EngineError(.invalid, "queue must be 1 to 64 letters, digits, '-', '_' or '.'.", field: "\(at)queue")
             }
             if let timeout = spec.timeoutMilliseconds, !(1...86_400_000 * 7).contains(timeout) {
@@ -213,8 +213,19 @@ public final class Engine {
                 throw EngineError(.invalid, "retry.backoff_factor must be from 1 to 10.", field: "\(at)retry.backoff_factor")
             }
             var dependencies: [ResolvedDependency] = []
+            dependencies.reserveCapacity(spec.dependencies.count)
+            // Short lists (the usual case) are checked for repeats by scanning; long ones by hashing.
+            let hashRepeats = spec.dependencies.count > 16
             var seenIDs = Set<TaskID>()
             var seenSiblings = Set<Int>()
+            func isRepeat(_ id: TaskID) -> Bool {
+                if hashRepeats { return !seenIDs.insert(id).inserted }
+                return dependencies.contains { if case .existing(let record) = $0 { record.id == id } else { false } }
+            }
+            func isRepeat(_ sibling: Int) -> Bool {
+                if hashRepeats { return !seenSiblings.insert(sibling).inserted }
+                return dependencies.contains { if case .sibling(let position) = $0 { position == sibling } else { false } }
+            }
             for (position, reference) in spec.dependencies.enumerated() {
                 let field = "\(at)dependencies[\(position)]"
                 switch reference {
@@ -222,7 +233,7 @@ public final class Engine {
                     guard let record = tasks[id] else {
                         throw EngineError(.unknownDependency, "No task \(id).", field: field)
                     }
-                    guard seenIDs.insert(id).inserted else {
+                    guard !isRepeat(id) else {
                         throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: field)
                     }
                     dependencies.append(.existing(record))
@@ -233,7 +244,7 @@ public final class Engine {
                     guard sibling != index else {
                         throw EngineError(.selfDependency, "A task cannot depend on itself.", field: field)
                     }
-                    guard seenSiblings.insert(sibling).inserted else {
+                    guard !isRepeat(sibling) else {
                         throw EngineError(.duplicateDependency, "Key \(key) is listed twice.", field: field)
                     }
                     dependencies.append(.sibling(sibling))

@@ -10,6 +10,12 @@ public struct TaskID: Hashable, Comparable, Sendable, CustomStringConvertible {
         self.low = low
     }
 
+    /// The low half alone: it is random per millisecond and counts up within one, so it
+    /// spreads well, and hashing one word instead of two is measurably cheaper.
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(low)
+    }
+
     public static func < (lhs: TaskID, rhs: TaskID) -> Bool {
         (lhs.high, lhs.low) < (rhs.high, rhs.low)
     }
