@@ -41,7 +41,7 @@ public final class Engine {
     public let configuration: EngineConfiguration
     public let scheduler: EngineScheduler
     private var executors: [String: TaskExecutor]
-    private var tasks: [TaskID: TaskRecord] = [:]
+    private var tasks = TaskTable()
     public private(set) var queues: [String: TaskQueue] = [:]
     private var workflows: [TaskID: WorkflowRecord] = [:]
     private var ids = TaskIDGenerator()
@@ -54,6 +54,10 @@ public final class Engine {
     private var dispatching = false
     private var observers: [(id: Int, observer: (EngineEvent) -> Void)] = []
     private var nextObserverID = 0
+    /// Submissions come in runs of one kind and one queue: one-entry caches spare hashing the
+    /// names (a small string compares in one step).
+    private var lastKind: (kind: String, executor: TaskExecutor)?
+    private var lastQueue: TaskQueue?
 
     public init(configuration: EngineConfiguration, scheduler: EngineScheduler, executors: [String: TaskExecutor]) {
         self.configuration = configuration
@@ -84,15 +88,27 @@ public final class Engine {
 
     public var taskCount: Int { tasks.count }
 
-    /// Every known task, in no particular order.
-    public var allTasks: Dictionary<TaskID, TaskRecord>.Values { tasks.values }
+    /// Every known task, oldest first.
+    public var allTasks: some Sequence<TaskRecord> { tasks.entries.lazy.compactMap { $0 } }
 
     /// The queue, created with the default limit if it does not exist yet.
     public func queue(named name: String) -> TaskQueue {
-        if let queue = queues[name] { return queue }
+        if let lastQueue, lastQueue.name == name { return lastQueue }
+        if let queue = queues[name] {
+            lastQueue = queue
+            return queue
+        }
         let queue = TaskQueue(name: name, maxConcurrency: configuration.defaultConcurrency)
         queues[name] = queue
+        lastQueue = queue
         return queue
+    }
+
+    private func executor(of kind: String) -> TaskExecutor? {
+        if let lastKind, lastKind.kind == kind { return lastKind.executor }
+        guard let executor = executors[kind] else { return nil }
+        lastKind = (kind, executor)
+        return executor
     }
 
     // MARK: observers
@@ -118,54 +134,93 @@ public final class Engine {
     /// the unfinished-task limit would be exceeded.
     @discardableResult
     public func submit(_ spec: TaskSpec) throws(EngineError) -> TaskRecord {
-        try insert([(key: nil, spec: spec)], workflow: nil)[0]
+        let executor = try check(spec, at: "")
+        var dependencies: [TaskRecord] = []
+        if !spec.dependencies.isEmpty {
+            dependencies.reserveCapacity(spec.dependencies.count)
+            var seen = Set<TaskID>()
+            let hashRepeats = spec.dependencies.count > Self.scannedDependencies
+            for (position, reference) in spec.dependencies.enumerated() {
+                guard case .task(let id) = reference else {
+                    throw EngineError(.unknownDependency, "Keys name sibling tasks only inside a workflow.",
+                                      field: "dependencies[\(position)]")
+                }
+                guard let dependency = tasks[id] else {
+                    throw EngineError(.unknownDependency, "No task \(id).", field: "dependencies[\(position)]")
+                }
+                let isRepeat = hashRepeats ? !seen.insert(id).inserted : dependencies.contains { $0 === dependency }
+                guard !isRepeat else {
+                    throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: "dependencies[\(position)]")
+                }
+                dependencies.append(dependency)
+            }
+        }
+        try admit(1)
+        let now = scheduler.wallClock
+        let record = makeRecord(spec, executor: executor, dependencies: dependencies.map(\.id), createdAt: now)
+        let wasDispatching = dispatching
+        dispatching = true
+        register(record)
+        for dependency in dependencies { link(record, to: dependency) }
+        if record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
+        dispatching = wasDispatching
+        dispatch()
+        return record
     }
 
-    /// Validates and inserts a batch atomically: all tasks or none.
-    func insert(_ batch: [(key: String?, spec: TaskSpec)], workflow: WorkflowRecord?) throws(EngineError) -> [TaskRecord] {
-        let resolved = try validate(batch)
-        guard unfinishedCount + batch.count <= configuration.maxUnfinishedTasks else {
+    /// Dependency lists up to this long are checked for repeats by scanning, longer ones by hashing.
+    private static let scannedDependencies = 16
+
+    /// Refuses a submission that would exceed the unfinished-task limit.
+    private func admit(_ count: Int) throws(EngineError) {
+        guard unfinishedCount + count <= configuration.maxUnfinishedTasks else {
             throw EngineError(.tooManyUnfinishedTasks,
                               "The server already holds \(unfinishedCount) unfinished tasks (limit \(configuration.maxUnfinishedTasks)).")
         }
-        let now = scheduler.wallClock
-        var records: [TaskRecord] = []
-        records.reserveCapacity(batch.count)
-        for (index, entry) in batch.enumerated() {
-            sequence += 1
-            let id = ids.next(wallClockMilliseconds: now)
-            let dependencyIDs = resolved[index].map { reference -> TaskID in
-                switch reference {
-                case .existing(let record): record.id
-                case .sibling(let position): records[position].id
-                }
-            }
-            let record = TaskRecord(id: id, sequence: sequence, spec: entry.spec, queue: queue(named: entry.spec.queue),
-                                    dependencies: dependencyIDs, createdAt: now)
-            record.workflow = workflow
-            records.append(record)
+    }
+
+    private func makeRecord(_ spec: TaskSpec, executor: TaskExecutor, dependencies: [TaskID], createdAt: Int64) -> TaskRecord {
+        sequence += 1
+        return TaskRecord(id: ids.next(wallClockMilliseconds: createdAt), sequence: sequence, spec: spec,
+                          executor: executor, queue: queue(named: spec.queue), dependencies: dependencies,
+                          createdAt: createdAt)
+    }
+
+    private func register(_ record: TaskRecord) {
+        tasks.append(record)
+        unfinishedCount += 1
+        record.queue.count(.pending, 1)
+    }
+
+    /// Checks a spec's own fields (not its dependencies) and finds its executor. `at` prefixes
+    /// field paths (`tasks[3].`).
+    private func check(_ spec: TaskSpec, at: @autoclosure () -> String) throws(EngineError) -> TaskExecutor {
+        guard let executor = executor(of: spec.kind) else {
+            throw EngineError(.unknownKind, "Unknown kind \(spec.kind); known kinds: \(kinds.joined(separator: ", ")).",
+                              field: "\(at())kind")
         }
-        // Nothing may start until the whole batch is linked.
-        let wasDispatching = dispatching
-        dispatching = true
-        for (index, record) in records.enumerated() {
-            tasks[record.id] = record
-            unfinishedCount += 1
-            record.queue.count(.pending, 1)
-            for reference in resolved[index] {
-                let dependency = switch reference {
-                case .existing(let existing): existing
-                case .sibling(let position): records[position]
-                }
-                link(record, to: dependency)
-            }
+        do {
+            try executor.validate(spec.params)
+        } catch {
+            let field = error.field.map { $0.isEmpty ? "\(at())params" : "\(at())params.\($0)" }
+            throw EngineError(error.code, error.message, field: field)
         }
-        for record in records where record.state == .pending && record.blockingDependencies == 0 {
-            makeReady(record)
+        guard TaskSpec.priorities.contains(spec.priority) else {
+            throw EngineError(.invalid, "priority must be from -8 to 8.", field: "\(at())priority")
         }
-        dispatching = wasDispatching
-        dispatch()
-        return records
+        guard lastQueue?.name == spec.queue || queues[spec.queue] != nil || Self.isValidQueueName(spec.queue) else {
+            throw EngineError(.invalid, "queue must be 1 to 64 letters, digits, '-', '_' or '.'.", field: "\(at())queue")
+        }
+        if let timeout = spec.timeoutMilliseconds, !(1...86_400_000 * 7).contains(timeout) {
+            throw EngineError(.invalid, "timeout_ms must be from 1 to 604800000.", field: "\(at())timeout_ms")
+        }
+        guard (1...100).contains(spec.retry.maxAttempts) else {
+            throw EngineError(.invalid, "retry.max_attempts must be from 1 to 100.", field: "\(at())retry.max_attempts")
+        }
+        guard spec.retry.backoffFactor.isFinite, (1...10).contains(spec.retry.backoffFactor) else {
+            throw EngineError(.invalid, "retry.backoff_factor must be from 1 to 10.", field: "\(at())retry.backoff_factor")
+        }
+        return executor
     }
 
     private enum ResolvedDependency {
@@ -173,67 +228,37 @@ public final class Engine {
         case sibling(Int)
     }
 
-    private func validate(_ batch: [(key: String?, spec: TaskSpec)]) throws(EngineError) -> [[ResolvedDependency]] {
-        let prefix: (Int) -> String = { batch.count == 1 && batch[0].key == nil ? "" : "tasks[\($0)]." }
+    /// A workflow member that passed its checks.
+    private struct CheckedMember {
+        let executor: TaskExecutor
+        let dependencies: [ResolvedDependency]
+    }
+
+    /// Validates a workflow's tasks (keys, fields, dependencies, cycles) without changing anything.
+    private func check(_ batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> [CheckedMember] {
         var positions: [String: Int] = [:]
-        for (index, entry) in batch.enumerated() {
-            guard let key = entry.key else { continue }
-            guard !key.isEmpty else { throw EngineError(.invalid, "key must not be empty.", field: "\(prefix(index))key") }
-            guard positions.updateValue(index, forKey: key) == nil else {
-                throw EngineError(.invalid, "Key \(key) is used twice.", field: "\(prefix(index))key")
+        for (index, member) in batch.enumerated() {
+            guard !member.key.isEmpty else { throw EngineError(.invalid, "key must not be empty.", field: "tasks[\(index)].key") }
+            guard positions.updateValue(index, forKey: member.key) == nil else {
+                throw EngineError(.invalid, "Key \(member.key) is used twice.", field: "tasks[\(index)].key")
             }
         }
-        var resolved: [[ResolvedDependency]] = []
-        for (index, entry) in batch.enumerated() {
-            let spec = entry.spec
-            let at = prefix(index)
-            guard let executor = executors[spec.kind] else {
-                throw EngineError(.unknownKind, "Unknown kind \(spec.kind); known kinds: \(kinds.joined(separator: ", ")).",
-                                  field: "\(at)kind")
-            }
-            do {
-                try executor.validate(spec.params)
-            } catch {
-                let field = error.field.map { $0.isEmpty ? "\(at)params" : "\(at)params.\($0)" }
-                throw EngineError(error.code, error.message, field: field)
-            }
-            guard TaskSpec.priorities.contains(spec.priority) else {
-                throw EngineError(.invalid, "priority must be from -8 to 8.", field: "\(at)priority")
-            }
-            guard queues[spec.queue] != nil || Self.isValidQueueName(spec.queue) else {
-                throw EngineError(.invalid, "queue must be 1 to 64 letters, digits, '-', '_' or '.'.", field: "\(at)queue")
-            }
-            if let timeout = spec.timeoutMilliseconds, !(1...86_400_000 * 7).contains(timeout) {
-                throw EngineError(.invalid, "timeout_ms must be from 1 to 604800000.", field: "\(at)timeout_ms")
-            }
-            guard (1...100).contains(spec.retry.maxAttempts) else {
-                throw EngineError(.invalid, "retry.max_attempts must be from 1 to 100.", field: "\(at)retry.max_attempts")
-            }
-            guard spec.retry.backoffFactor.isFinite, (1...10).contains(spec.retry.backoffFactor) else {
-                throw EngineError(.invalid, "retry.backoff_factor must be from 1 to 10.", field: "\(at)retry.backoff_factor")
-            }
+        var checked: [CheckedMember] = []
+        checked.reserveCapacity(batch.count)
+        for (index, member) in batch.enumerated() {
+            let executor = try check(member.spec, at: "tasks[\(index)].")
             var dependencies: [ResolvedDependency] = []
-            dependencies.reserveCapacity(spec.dependencies.count)
-            // Short lists (the usual case) are checked for repeats by scanning; long ones by hashing.
-            let hashRepeats = spec.dependencies.count > 16
+            dependencies.reserveCapacity(member.spec.dependencies.count)
             var seenIDs = Set<TaskID>()
             var seenSiblings = Set<Int>()
-            func isRepeat(_ id: TaskID) -> Bool {
-                if hashRepeats { return !seenIDs.insert(id).inserted }
-                return dependencies.contains { if case .existing(let record) = $0 { record.id == id } else { false } }
-            }
-            func isRepeat(_ sibling: Int) -> Bool {
-                if hashRepeats { return !seenSiblings.insert(sibling).inserted }
-                return dependencies.contains { if case .sibling(let position) = $0 { position == sibling } else { false } }
-            }
-            for (position, reference) in spec.dependencies.enumerated() {
-                let field = "\(at)dependencies[\(position)]"
+            for (position, reference) in member.spec.dependencies.enumerated() {
+                let field = "tasks[\(index)].dependencies[\(position)]"
                 switch reference {
                 case .task(let id):
                     guard let record = tasks[id] else {
                         throw EngineError(.unknownDependency, "No task \(id).", field: field)
                     }
-                    guard !isRepeat(id) else {
+                    guard seenIDs.insert(id).inserted else {
                         throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: field)
                     }
                     dependencies.append(.existing(record))
@@ -244,20 +269,20 @@ public final class Engine {
                     guard sibling != index else {
                         throw EngineError(.selfDependency, "A task cannot depend on itself.", field: field)
                     }
-                    guard !isRepeat(sibling) else {
+                    guard seenSiblings.insert(sibling).inserted else {
                         throw EngineError(.duplicateDependency, "Key \(key) is listed twice.", field: field)
                     }
                     dependencies.append(.sibling(sibling))
                 }
             }
-            resolved.append(dependencies)
+            checked.append(CheckedMember(executor: executor, dependencies: dependencies))
         }
-        if let cycle = Self.findCycle(resolved) {
-            let keys = cycle.map { batch[$0].key ?? "#\($0)" }
+        if let cycle = Self.findCycle(checked.map(\.dependencies)) {
+            let keys = cycle.map { batch[$0].key }
             throw EngineError(.cycle, "The tasks depend on each other in a circle: \(keys.joined(separator: " -> ")).",
                               field: "tasks", keys: keys)
         }
-        return resolved
+        return checked
     }
 
     static func isValidQueueName(_ name: String) -> Bool {
@@ -348,7 +373,7 @@ public final class Engine {
                 attemptFailed(run, error: .timeout(after: timeout))
             }
         }
-        executors[record.kind]!.start(run)
+        record.executor.start(run)
     }
 
     // MARK: reports from executors
@@ -453,11 +478,19 @@ public final class Engine {
     @discardableResult
     public func cancelAll(inQueue name: String) -> Int {
         guard let queue = queues[name] else { return 0 }
-        return cancelAll(tasks.values.filter { $0.queue === queue })
+        let counts = queue.counts
+        guard counts[.pending] + counts[.queued] + counts[.running] > 0 else { return 0 }
+        var count = 0
+        // Newest first: a dependent is cancelled as such, not as a cascade of its dependency.
+        for case let record? in tasks.entries.reversed() where record.queue === queue && !record.state.isTerminal {
+            _ = requestCancel(record)
+            count += 1
+        }
+        dispatch()
+        return count
     }
 
     func cancelAll(_ records: [TaskRecord]) -> Int {
-        // Later submissions first: a dependent is cancelled as such, not as a cascade.
         var count = 0
         for record in records.sorted(by: { $0.sequence > $1.sequence }) where !record.state.isTerminal {
             _ = requestCancel(record)
@@ -520,41 +553,47 @@ public final class Engine {
     }
 
     /// Makes a task terminal and releases its dependents (cascading cancellations through a
-    /// work list, not recursion).
+    /// work list, not recursion; the list stays unallocated unless something cascades).
     private func finish(_ record: TaskRecord, as state: TaskState, result: JSONValue? = nil, error: TaskError? = nil) {
-        var work: [(TaskRecord, TaskState, JSONValue?, TaskError?)] = [(record, state, result, error)]
-        while let (record, state, result, error) = work.popLast() {
-            guard !record.state.isTerminal else { continue }
-            let wasRunning = record.state == .running
-            record.attemptTimer?.cancel()
-            record.graceTimer?.cancel()
-            record.attemptTimer = nil
-            record.graceTimer = nil
-            if let run = record.run {
-                record.run = nil
-                run.requestStop()
-            }
-            record.result = result
-            if let error { record.error = error } else if state == .succeeded { record.error = nil }
-            record.finishedAt = scheduler.wallClock
-            record.finishedAtMonotonic = scheduler.now
-            transition(record, to: state)
-            unfinishedCount -= 1
-            if wasRunning { needsDispatch(record.queue) }
-            let dependents = record.dependents
-            record.dependents = []
-            for dependent in dependents where !dependent.state.isTerminal {
-                if state != .succeeded && dependent.onDependencyFailure == .cancel {
-                    work.append((dependent, .cancelled, nil, .dependencyFailed(record.id, state: state)))
-                } else {
-                    dependent.blockingDependencies -= 1
-                    if dependent.blockingDependencies == 0 && dependent.state == .pending && dependent.attemptTimer == nil {
-                        makeReady(dependent)
-                    }
+        var cascade: [(dependent: TaskRecord, error: TaskError)] = []
+        settle(record, as: state, result: result, error: error, cascade: &cascade)
+        while let (dependent, error) = cascade.popLast() {
+            settle(dependent, as: .cancelled, result: nil, error: error, cascade: &cascade)
+        }
+    }
+
+    private func settle(_ record: TaskRecord, as state: TaskState, result: JSONValue?, error: TaskError?,
+                        cascade: inout [(dependent: TaskRecord, error: TaskError)]) {
+        guard !record.state.isTerminal else { return }
+        let wasRunning = record.state == .running
+        record.attemptTimer?.cancel()
+        record.graceTimer?.cancel()
+        record.attemptTimer = nil
+        record.graceTimer = nil
+        if let run = record.run {
+            record.run = nil
+            run.requestStop()
+        }
+        record.result = result
+        if let error { record.error = error } else if state == .succeeded { record.error = nil }
+        record.finishedAt = scheduler.wallClock
+        record.finishedAtMonotonic = scheduler.now
+        transition(record, to: state)
+        unfinishedCount -= 1
+        if wasRunning { needsDispatch(record.queue) }
+        let dependents = record.dependents
+        record.dependents = []
+        for dependent in dependents where !dependent.state.isTerminal {
+            if state != .succeeded && dependent.onDependencyFailure == .cancel {
+                cascade.append((dependent, .dependencyFailed(record.id, state: state)))
+            } else {
+                dependent.blockingDependencies -= 1
+                if dependent.blockingDependencies == 0 && dependent.state == .pending && dependent.attemptTimer == nil {
+                    makeReady(dependent)
                 }
             }
-            retain(record)
         }
+        retain(record)
     }
 
     // MARK: retention
@@ -583,7 +622,7 @@ public final class Engine {
     }
 
     private func evict(_ record: TaskRecord) {
-        tasks.removeValue(forKey: record.id)
+        tasks.remove(record.id)
         record.queue.count(record.state, -1)
         if let workflow = record.workflow {
             workflow.evicted(record)
@@ -593,14 +632,45 @@ public final class Engine {
 
     // MARK: workflows
 
-    /// Submits tasks that may depend on each other by key, atomically.
+    /// Submits tasks that may depend on each other by key, atomically: all or none.
     public func submitWorkflow(name: String?, tasks batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> WorkflowRecord {
         guard !batch.isEmpty else { throw EngineError(.invalid, "A workflow needs at least one task.", field: "tasks") }
-        let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: scheduler.wallClock), name: name,
-                                      createdAt: scheduler.wallClock)
-        let records = try insert(batch.map { (key: $0.key, spec: $0.spec) }, workflow: workflow)
+        let checked = try check(batch)
+        try admit(batch.count)
+        let now = scheduler.wallClock
+        let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: now), name: name, createdAt: now)
+        var records: [TaskRecord] = []
+        records.reserveCapacity(batch.count)
+        for (member, checked) in zip(batch, checked) {
+            let dependencyIDs = checked.dependencies.map { reference -> TaskID in
+                switch reference {
+                case .existing(let record): record.id
+                case .sibling(let position): records[position].id
+                }
+            }
+            let record = makeRecord(member.spec, executor: checked.executor, dependencies: dependencyIDs, createdAt: now)
+            record.workflow = workflow
+            records.append(record)
+        }
         workflow.attach(zip(batch.map(\.key), records).map { ($0, $1) })
         workflows[workflow.id] = workflow
+        // Nothing may start until the whole batch is linked.
+        let wasDispatching = dispatching
+        dispatching = true
+        for (record, checked) in zip(records, checked) {
+            register(record)
+            for reference in checked.dependencies {
+                switch reference {
+                case .existing(let dependency): link(record, to: dependency)
+                case .sibling(let position): link(record, to: records[position])
+                }
+            }
+        }
+        for record in records where record.state == .pending && record.blockingDependencies == 0 {
+            makeReady(record)
+        }
+        dispatching = wasDispatching
+        dispatch()
         return workflow
     }
 

@@ -22,7 +22,9 @@ public final class TaskRun {
     public let kind: String
     public let params: JSONValue
     public let attempt: Int
-    weak var engine: Engine?
+    /// Unowned, not weak: the engine outlives every attempt it starts, and a weak reference
+    /// costs a side-table round trip per report.
+    unowned let engine: Engine
     let record: TaskRecord
     /// Called (once) when the engine wants this attempt to stop: cancellation or timeout.
     public var onCancel: (() -> Void)?
@@ -44,20 +46,20 @@ public final class TaskRun {
     /// if the engine no longer listens to this attempt.
     @discardableResult
     public func progress(fraction: Double? = nil, message: String? = nil, details: JSONValue? = nil) -> Bool {
-        engine?.attemptProgressed(self, fraction: fraction, message: message, details: details) ?? false
+        engine.attemptProgressed(self, fraction: fraction, message: message, details: details)
     }
 
     public func succeed(_ result: JSONValue? = nil) {
-        engine?.attemptSucceeded(self, result: result)
+        engine.attemptSucceeded(self, result: result)
     }
 
     public func fail(_ error: TaskError) {
-        engine?.attemptFailed(self, error: error)
+        engine.attemptFailed(self, error: error)
     }
 
     /// Confirms that the work stopped after `onCancel`.
     public func cancelled() {
-        engine?.attemptCancelled(self)
+        engine.attemptCancelled(self)
     }
 
     func requestStop() {

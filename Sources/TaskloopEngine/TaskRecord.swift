@@ -8,6 +8,7 @@ public final class TaskRecord {
     /// Submission order, for FIFO among equal priorities.
     let sequence: UInt64
     public let kind: String
+    let executor: TaskExecutor
     public let params: JSONValue
     public let name: String?
     public let queue: TaskQueue
@@ -46,10 +47,12 @@ public final class TaskRecord {
     /// Monotonic milliseconds at the terminal transition, for retention.
     var finishedAtMonotonic: UInt64 = 0
 
-    init(id: TaskID, sequence: UInt64, spec: TaskSpec, queue: TaskQueue, dependencies: [TaskID], createdAt: Int64) {
+    init(id: TaskID, sequence: UInt64, spec: TaskSpec, executor: TaskExecutor, queue: TaskQueue, dependencies: [TaskID],
+         createdAt: Int64) {
         self.id = id
         self.sequence = sequence
         kind = spec.kind
+        self.executor = executor
         params = spec.params
         name = spec.name
         self.queue = queue
@@ -92,25 +95,30 @@ public final class TaskQueue {
 
 /// Counts indexed by state.
 public struct StateCounts: Sendable, Equatable {
-    private var values = [Int](repeating: 0, count: TaskState.allCases.count)
+    public private(set) var pending = 0, queued = 0, running = 0, succeeded = 0, failed = 0, cancelled = 0
 
     public subscript(state: TaskState) -> Int {
-        get { values[state.index] }
-        set { values[state.index] = newValue }
-    }
-
-    public var total: Int { values.reduce(0, +) }
-}
-
-extension TaskState {
-    var index: Int {
-        switch self {
-        case .pending: 0
-        case .queued: 1
-        case .running: 2
-        case .succeeded: 3
-        case .failed: 4
-        case .cancelled: 5
+        get {
+            switch state {
+            case .pending: pending
+            case .queued: queued
+            case .running: running
+            case .succeeded: succeeded
+            case .failed: failed
+            case .cancelled: cancelled
+            }
+        }
+        set {
+            switch state {
+            case .pending: pending = newValue
+            case .queued: queued = newValue
+            case .running: running = newValue
+            case .succeeded: succeeded = newValue
+            case .failed: failed = newValue
+            case .cancelled: cancelled = newValue
+            }
         }
     }
+
+    public var total: Int { pending + queued + running + succeeded + failed + cancelled }
 }

@@ -1,0 +1,104 @@
+/// The engine's tasks by id, in creation order: an insertion-ordered open-addressing table in
+/// the manner of CPython's compact dict.
+///
+/// `entries` holds the records in creation order (so sorted by id), with nil where one was
+/// removed; `slots` maps a hash of the id to an entry index. Removing leaves a hole that
+/// lookups step over; holes are squeezed out when the table next grows, so removal is O(1)
+/// and memory stays within a constant factor of the live tasks.
+///
+/// Why not `Dictionary`: ids are made by the engine, never chosen by clients, and their low
+/// word is random or counting, so a multiplicative hash spreads them without SipHash; growing
+/// re-inserts without rehashing through `Hasher`; and creation order comes for free, for
+/// listings and cursors. Measured on the engine benchmark it halves the cost of keeping tasks.
+///
+/// Threading: engine thread only.
+struct TaskTable {
+    /// Records in creation order; nil where one was removed.
+    private(set) var entries: [TaskRecord?] = []
+    /// Indexes into `entries`, or `empty`. At most half are in use, so probes stay short.
+    private var slots: [Int32]
+    private(set) var count = 0
+
+    private static let empty: Int32 = -1
+
+    init() {
+        slots = [Int32](repeating: Self.empty, count: 16)
+    }
+
+    private var mask: Int { slots.count - 1 }
+
+    private static func hash(_ id: TaskID) -> Int {
+        Int(truncatingIfNeeded: ((id.low ^ id.high) &* 0x9E37_79B9_7F4A_7C15) >> 32)
+    }
+
+    subscript(id: TaskID) -> TaskRecord? {
+        var slot = Self.hash(id) & mask
+        while true {
+            let entry = slots[slot]
+            if entry == Self.empty { return nil }
+            if let record = entries[Int(entry)], record.id == id { return record }
+            slot = (slot + 1) & mask
+        }
+    }
+
+    /// Adds a record whose id is greater than every id in the table.
+    mutating func append(_ record: TaskRecord) {
+        assert((entries.last ?? nil).map { $0.id < record.id } ?? true, "ids must increase")
+        if (entries.count + 1) * 2 > slots.count { rebuild() }
+        insertSlot(Self.hash(record.id), entry: Int32(entries.count))
+        entries.append(record)
+        count += 1
+    }
+
+    /// Removes a record; returns false if it was not there.
+    @discardableResult
+    mutating func remove(_ id: TaskID) -> Bool {
+        var slot = Self.hash(id) & mask
+        while true {
+            let entry = slots[slot]
+            if entry == Self.empty { return false }
+            if let record = entries[Int(entry)], record.id == id {
+                entries[Int(entry)] = nil
+                count -= 1
+                return true
+            }
+            slot = (slot + 1) & mask
+        }
+    }
+
+    private mutating func insertSlot(_ hash: Int, entry: Int32) {
+        var slot = hash & mask
+        while slots[slot] != Self.empty { slot = (slot + 1) & mask }
+        slots[slot] = entry
+    }
+
+    /// Squeezes out holes and sizes the slots for the live records with room to grow.
+    private mutating func rebuild() {
+        entries.removeAll { $0 == nil }
+        var size = 16
+        while size < (count + 1) * 4 { size *= 2 }
+        slots = [Int32](repeating: Self.empty, count: size)
+        for (index, record) in entries.enumerated() {
+            insertSlot(Self.hash(record!.id), entry: Int32(index))
+        }
+    }
+
+    /// The position in `entries` just past every record whose id is below `id` (ids ascend).
+    func endIndex(below id: TaskID) -> Int {
+        var low = 0, high = entries.count
+        while low < high {
+            let middle = (low + high) / 2
+            // Compare with the nearest record at or before `middle`; holes carry no id.
+            var probe = middle
+            while probe >= low, entries[probe] == nil { probe -= 1 }
+            if probe < low {
+                low = middle + 1
+            } else if entries[probe]!.id < id {
+                low = middle + 1
+            } else {
+                high = probe
+            }
+        }
+        return low
+    }
+}

@@ -1,0 +1,57 @@
+import Testing
+import TaskloopTestSupport
+@testable import TaskloopEngine
+
+@Suite struct TaskTableTests {
+    private let queue = TaskQueue(name: "default", maxConcurrency: 1)
+    private let executor = NoopExecutor()
+
+    private func record(_ id: TaskID) -> TaskRecord {
+        TaskRecord(id: id, sequence: 0, spec: TaskSpec(kind: "noop"), executor: executor, queue: queue, dependencies: [],
+                   createdAt: 0)
+    }
+
+    /// Random appends and removals against a plain model: lookups, counts, creation order and
+    /// cursor positions must agree after every step, across many rebuilds.
+    @Test func agreesWithAModelUnderRandomAppendsAndRemovals() {
+        var random = SplitMix64(seed: 7)
+        var table = TaskTable()
+        var model: [TaskID] = []
+        var generator = TaskIDGenerator(random: SplitMix64(seed: 11))
+        var clock: Int64 = 1_795_000_000_000
+        for step in 0..<20_000 {
+            if model.isEmpty || random.below(3) > 0 {
+                clock += Int64(random.below(2))
+                let id = generator.next(wallClockMilliseconds: clock)
+                table.append(record(id))
+                model.append(id)
+            } else {
+                let victim = model.remove(at: random.below(model.count))
+                let removed = table.remove(victim), removedAgain = table.remove(victim)
+                #expect(removed && !removedAgain)
+                #expect(table[victim] == nil)
+            }
+            #expect(table.count == model.count)
+            if step % 997 == 0 {
+                #expect(table.entries.compactMap { $0?.id } == model)
+                for id in model { #expect(table[id]?.id == id) }
+                for probe in model.prefix(50) {
+                    let position = table.endIndex(below: probe)
+                    #expect(table.entries[..<position].allSatisfy { $0.map { $0.id < probe } ?? true })
+                    #expect(table.entries[position...].allSatisfy { $0.map { $0.id >= probe } ?? true })
+                }
+            }
+        }
+    }
+
+    @Test func unknownIdsAreNotFound() {
+        var table = TaskTable()
+        var generator = TaskIDGenerator(random: SplitMix64(seed: 3))
+        for _ in 0..<100 { table.append(record(generator.next(wallClockMilliseconds: 5))) }
+        #expect(table[TaskID(high: 1, low: 2)] == nil)
+        let removed = table.remove(TaskID(high: 1, low: 2))
+        #expect(!removed)
+        #expect(table.endIndex(below: TaskID(high: 0, low: 0)) == 0)
+        #expect(table.endIndex(below: TaskID(high: .max, low: .max)) == 100)
+    }
+}
