@@ -22,16 +22,14 @@ public final class TaskRun {
     public let kind: String
     public let params: JSONValue
     public let attempt: Int
-    /// Unowned, not weak: the engine outlives every attempt it starts, and a weak reference
-    /// costs a side-table round trip per report.
-    unowned let engine: Engine
+    let link: EngineLink
     let record: TaskRecord
     /// Called (once) when the engine wants this attempt to stop: cancellation or timeout.
     public var onCancel: (() -> Void)?
     public private(set) var stopRequested = false
 
-    init(engine: Engine, record: TaskRecord) {
-        self.engine = engine
+    init(link: EngineLink, record: TaskRecord) {
+        self.link = link
         self.record = record
         taskID = record.id
         kind = record.kind
@@ -46,20 +44,20 @@ public final class TaskRun {
     /// if the engine no longer listens to this attempt.
     @discardableResult
     public func progress(fraction: Double? = nil, message: String? = nil, details: JSONValue? = nil) -> Bool {
-        engine.attemptProgressed(self, fraction: fraction, message: message, details: details)
+        link.engine?.attemptProgressed(self, fraction: fraction, message: message, details: details) ?? false
     }
 
     public func succeed(_ result: JSONValue? = nil) {
-        engine.attemptSucceeded(self, result: result)
+        link.engine?.attemptSucceeded(self, result: result)
     }
 
     public func fail(_ error: TaskError) {
-        engine.attemptFailed(self, error: error)
+        link.engine?.attemptFailed(self, error: error)
     }
 
     /// Confirms that the work stopped after `onCancel`.
     public func cancelled() {
-        engine.attemptCancelled(self)
+        link.engine?.attemptCancelled(self)
     }
 
     func requestStop() {

@@ -44,6 +44,8 @@ public final class TaskRecord {
     var attemptTimer: ScheduledAction?
     /// Ends a cancellation the executor does not confirm.
     var graceTimer: ScheduledAction?
+    /// The engine's duplicate-dependency check marks records it has seen in one list.
+    var duplicateStamp: UInt64 = 0
     /// Monotonic milliseconds at the terminal transition, for retention.
     var finishedAtMonotonic: UInt64 = 0
 

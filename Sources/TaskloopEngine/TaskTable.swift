@@ -17,6 +17,8 @@ struct TaskTable {
     private(set) var entries: [TaskRecord?] = []
     /// Indexes into `entries`, or `empty`. At most half are in use, so probes stay short.
     private var slots: [Int32]
+    /// 64 - log2(slots.count): the hash is the top bits of a multiplicative mix.
+    private var shift: UInt64 = 60
     private(set) var count = 0
 
     private static let empty: Int32 = -1
@@ -27,12 +29,13 @@ struct TaskTable {
 
     private var mask: Int { slots.count - 1 }
 
-    private static func hash(_ id: TaskID) -> Int {
-        Int(truncatingIfNeeded: ((id.low ^ id.high) &* 0x9E37_79B9_7F4A_7C15) >> 32)
+    /// Fibonacci hashing: consecutive ids (the common case) land far apart.
+    private func hash(_ id: TaskID) -> Int {
+        Int(truncatingIfNeeded: ((id.low ^ id.high) &* 0x9E37_79B9_7F4A_7C15) >> shift)
     }
 
     subscript(id: TaskID) -> TaskRecord? {
-        var slot = Self.hash(id) & mask
+        var slot = hash(id) & mask
         while true {
             let entry = slots[slot]
             if entry == Self.empty { return nil }
@@ -45,7 +48,7 @@ struct TaskTable {
     mutating func append(_ record: TaskRecord) {
         assert((entries.last ?? nil).map { $0.id < record.id } ?? true, "ids must increase")
         if (entries.count + 1) * 2 > slots.count { rebuild() }
-        insertSlot(Self.hash(record.id), entry: Int32(entries.count))
+        insertSlot(hash(record.id), entry: Int32(entries.count))
         entries.append(record)
         count += 1
     }
@@ -53,7 +56,7 @@ struct TaskTable {
     /// Removes a record; returns false if it was not there.
     @discardableResult
     mutating func remove(_ id: TaskID) -> Bool {
-        var slot = Self.hash(id) & mask
+        var slot = hash(id) & mask
         while true {
             let entry = slots[slot]
             if entry == Self.empty { return false }
@@ -76,10 +79,14 @@ struct TaskTable {
     private mutating func rebuild() {
         entries.removeAll { $0 == nil }
         var size = 16
-        while size < (count + 1) * 4 { size *= 2 }
+        shift = 60
+        while size < (count + 1) * 4 {
+            size *= 2
+            shift -= 1
+        }
         slots = [Int32](repeating: Self.empty, count: size)
         for (index, record) in entries.enumerated() {
-            insertSlot(Self.hash(record!.id), entry: Int32(index))
+            insertSlot(hash(record!.id), entry: Int32(index))
         }
     }
 
