@@ -17,6 +17,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
     ],
     targets: [
         .systemLibrary(
@@ -45,7 +46,10 @@ let package = Package(
         ),
         .target(
             name: "TaskloopService",
-            dependencies: ["TaskloopHTTP"]
+            dependencies: [
+                "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .executableTarget(
             name: "taskloop",
@@ -53,6 +57,7 @@ let package = Package(
                 "TaskloopService",
                 "TaskloopHTTP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(
@@ -73,7 +78,10 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopServiceTests",
-            dependencies: ["TaskloopService", "TaskloopHTTP", "TaskloopTestSupport"]
+            dependencies: [
+                "TaskloopService", "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .testTarget(
             name: "TaskloopEngineTests",

@@ -39,6 +39,8 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
     public var headers: HTTPHeaders
     /// Validation failures, rendered as `errors: [{field, message}]`.
     public var fieldErrors: [FieldError]
+    /// Further members of the problem object (RFC 9457 extensions), e.g. a machine-readable `code`.
+    public var extensions: JSONObject
 
     public struct FieldError: Sendable, Equatable {
         public var field: String
@@ -51,13 +53,14 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
 
     public init(
         _ status: HTTPStatus, detail: String, type: String = "about:blank",
-        headers: HTTPHeaders = [:], fieldErrors: [FieldError] = []
+        headers: HTTPHeaders = [:], fieldErrors: [FieldError] = [], extensions: JSONObject = [:]
     ) {
         self.status = status
         self.detail = detail
         self.type = type
         self.headers = headers
         self.fieldErrors = fieldErrors
+        self.extensions = extensions
     }
 
     public func response() -> HTTPResponse {
@@ -78,6 +81,7 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
             }
             json.endArray()
         }
+        for member in extensions { json.field(member.key, member.value) }
         json.endObject()
         var headers = self.headers
         headers.add("Content-Type", "application/problem+json")
@@ -86,6 +90,6 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
 
     public static func == (lhs: HTTPProblem, rhs: HTTPProblem) -> Bool {
         lhs.status == rhs.status && lhs.detail == rhs.detail && lhs.type == rhs.type
-            && lhs.fieldErrors == rhs.fieldErrors
+            && lhs.fieldErrors == rhs.fieldErrors && lhs.extensions == rhs.extensions
     }
 }

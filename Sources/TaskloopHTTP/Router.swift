@@ -108,30 +108,40 @@ public struct Router<Handler> {
 /// may throw an `HTTPResponseError` instead.
 public typealias HTTPHandler = (HTTPRequest, HTTPResponder) throws -> Void
 
+extension Router {
+    /// The problem answer for a request no route takes: 400 for a malformed percent-encoding,
+    /// 404, or 405 with `Allow`. Nil when `match` found a route.
+    public static func problem(for match: Match?, _ request: HTTPRequest) -> HTTPProblem? {
+        switch match {
+        case nil:
+            HTTPProblem(.badRequest, detail: "The path has a malformed percent-encoding.")
+        case .notFound:
+            HTTPProblem(.notFound, detail: "No resource at \(request.path).")
+        case .methodNotAllowed(let allowed):
+            HTTPProblem(.methodNotAllowed, detail: "\(request.method) is not allowed on \(request.path).",
+                        headers: ["Allow": allowed.map(\.description).joined(separator: ", ")])
+        case .found:
+            nil
+        }
+    }
+}
+
 extension Router where Handler == HTTPHandler {
     /// Dispatches a request: 404 and 405 (with `Allow`) as problem responses, path parameters
     /// filled in, and thrown errors turned into their responses (anything unknown is a 500).
     public func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
+        let match = match(request.method, rawPath: request.rawPath)
+        guard case .found(let handler, let parameters, _) = match else {
+            return responder.respond(Self.problem(for: match, request)!.response())
+        }
         var request = request
-        switch match(request.method, rawPath: request.rawPath) {
-        case nil:
-            responder.respond(HTTPProblem(.badRequest, detail: "The path has a malformed percent-encoding.").response())
-        case .notFound:
-            responder.respond(HTTPProblem(.notFound, detail: "No resource at \(request.path).").response())
-        case .methodNotAllowed(let allowed):
-            let allow = allowed.map(\.description).joined(separator: ", ")
-            responder.respond(HTTPProblem(
-                .methodNotAllowed, detail: "\(request.method) is not allowed on \(request.path).",
-                headers: ["Allow": allow]).response())
-        case .found(let handler, let parameters, _):
-            request.parameters = parameters
-            do {
-                try handler(request, responder)
-            } catch let error as HTTPResponseError {
-                responder.respond(error.response())
-            } catch {
-                responder.respond(HTTPProblem(.internalServerError, detail: "The server failed to answer.").response())
-            }
+        request.parameters = parameters
+        do {
+            try handler(request, responder)
+        } catch let error as HTTPResponseError {
+            responder.respond(error.response())
+        } catch {
+            responder.respond(HTTPProblem(.internalServerError, detail: "The server failed to answer.").response())
         }
     }
 }

@@ -1,54 +1,179 @@
+import Glibc
+import Logging
+import TaskloopEngine
 import TaskloopHTTP
+import TaskloopJSON
 
-/// Settings of a running service; `taskloop`'s flags fill it.
-public struct ServiceConfiguration: Sendable {
-    public var http = HTTPServerConfiguration()
-    public var shutdownGraceMilliseconds: UInt64 = 10_000
-
-    public init() {}
-}
-
-/// The service on one event loop: the HTTP server and its routes.
+/// The service on one event loop: the HTTP server, the engine on the loop's clock, the routes
+/// between them.
 ///
-/// Start and stop are one ordered story: `start()` binds and serves; `stop(completion:)`
-/// stops accepting, answers what is in flight within the grace period and calls back once
-/// every handle is closed, after which the loop can finish.
+/// Start and stop are one ordered story. `start()`: loop clock, engine, routes, then bind.
+/// `stop(completion:)`: refuse new submissions (503), cancel unfinished work, answer long polls
+/// with what they have, stop accepting and let in-flight requests finish within the grace
+/// period, close the clock's timer, call back; then the loop can finish.
 ///
-/// Threading: loop thread only.
+/// Threading: loop thread only, like everything it owns. The engine lives on the loop thread;
+/// executors that block run their work elsewhere and hop back with `EventLoop.execute`.
 public final class TaskloopApplication {
     public let loop: EventLoop
     public let configuration: ServiceConfiguration
+    let logger: Logger
+    private(set) var engine: Engine!
+    private var scheduler: LoopScheduler?
     private var server: HTTPServer?
+    private(set) var waiters: TaskWaiters!
+    private var router = Router<ServiceHandler>()
+    /// Set once stopping: submissions are refused with 503.
+    private(set) var isDraining = false
+    private let authorization: [UInt8]?
 
-    public init(loop: EventLoop, configuration: ServiceConfiguration) {
+    public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
         self.loop = loop
         self.configuration = configuration
+        self.logger = logger
+        authorization = configuration.authToken.map { Array("Bearer \($0)".utf8) }
     }
 
-    public static func makeRouter() -> Router<HTTPHandler> {
-        var router = Router<HTTPHandler>()
-        router.add(.GET, "/healthz") { _, responder in
-            responder.respond(.json(.ok, Array(#"{"status":"ok"}"#.utf8)))
+    /// Builds the engine on the loop's clock and binds; returns the bound address.
+    public func start() throws -> SocketAddress {
+        let scheduler = try LoopScheduler(loop: loop)
+        self.scheduler = scheduler
+        let engine = Engine(configuration: configuration.engine, scheduler: scheduler)
+        self.engine = engine
+        waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
+        engine.addObserver { [unowned self] event in observe(event) }
+        router = makeRouter()
+        let server = HTTPServer(loop: loop, configuration: configuration.http) { [unowned self] request, responder in
+            handle(request, responder)
         }
-        return router
-    }
-
-    /// Binds and starts serving; returns the bound address.
-    public func start() throws(HTTPServerError) -> SocketAddress {
-        let router = Self.makeRouter()
-        let server = HTTPServer(loop: loop, configuration: configuration.http) { request, responder in
-            router.handle(request, responder)
+        do {
+            let address = try server.start()
+            self.server = server
+            return address
+        } catch {
+            scheduler.close()
+            self.scheduler = nil
+            throw error
         }
-        let address = try server.start()
-        self.server = server
-        return address
     }
 
     public func stop(completion: @escaping () -> Void) {
-        guard let server else { return completion() }
-        server.shutdown(gracePeriodMilliseconds: configuration.shutdownGraceMilliseconds) { [weak self] in
-            self?.server = nil
+        guard !isDraining else { return }
+        isDraining = true
+        if let engine {
+            for name in engine.queues.keys.sorted() { engine.cancelAll(inQueue: name) }
+            waiters.answerAll()
+        }
+        let finish = { [weak self] in
+            self?.scheduler?.close()
+            self?.scheduler = nil
             completion()
         }
+        guard let server else { return finish() }
+        server.shutdown(gracePeriodMilliseconds: configuration.shutdownGraceMilliseconds) { [weak self] in
+            self?.server = nil
+            finish()
+        }
+    }
+
+    // MARK: requests
+
+    private func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
+        let match = router.match(request.method, rawPath: request.rawPath)
+        var route = "unmatched"
+        if case .found(_, _, let pattern) = match { route = pattern }
+        let reply = Reply(responder: responder, method: request.method, path: request.path, route: route,
+                          started: Self.monotonicNanoseconds(), application: self)
+        if let authorization, !(route == "/healthz" && (request.method == .GET || request.method == .HEAD)) {
+            guard let given = request.headers["Authorization"], Self.constantTimeEqual(Array(given.utf8), authorization) else {
+                return reply.send(HTTPProblem(.unauthorized, detail: "This server requires a bearer token.",
+                                              headers: ["WWW-Authenticate": "Bearer"]).response())
+            }
+        }
+        guard case .found(let handler, let parameters, _) = match else {
+            return reply.send(Router<ServiceHandler>.problem(for: match, request)!.response())
+        }
+        var request = request
+        request.parameters = parameters
+        do {
+            try handler(request, reply)
+        } catch let error as HTTPResponseError {
+            reply.send(error.response())
+        } catch {
+            logger.error("unexpected error", metadata: ["error": "\(error)", "route": "\(route)"])
+            reply.send(HTTPProblem(.internalServerError, detail: "The server failed to answer.").response())
+        }
+    }
+
+    /// Called once per answered request.
+    func answered(_ reply: Reply, status: HTTPStatus) {
+        guard logger.logLevel <= .debug else { return }
+        let microseconds = (Self.monotonicNanoseconds() - reply.started) / 1_000
+        let fraction = String(microseconds % 1_000)
+        logger.debug("\(reply.method) \(reply.path) \(status.code)", metadata: [
+            "route": "\(reply.route)", "status": "\(status.code)",
+            "ms": "\(microseconds / 1_000).\(String(repeating: "0", count: 3 - fraction.count))\(fraction)",
+        ])
+    }
+
+    private func observe(_ event: EngineEvent) {
+        switch event {
+        case .stateChanged(let task, let from):
+            if logger.logLevel <= .info {
+                logger.info("task \(task.id) \(from.rawValue) -> \(task.state.rawValue)", metadata: [
+                    "task": "\(task.id)", "kind": "\(task.kind)", "queue": "\(task.queue.name)", "state": "\(task.state.rawValue)",
+                ])
+            }
+            if task.state.isTerminal { waiters.finished(task.id) }
+        case .progressed, .cancelRequested:
+            break
+        }
+    }
+
+    /// The task as JSON, or 404 if it is gone.
+    func taskResponse(_ id: TaskID, status: HTTPStatus = .ok) -> HTTPResponse {
+        guard let task = engine.task(id) else {
+            return HTTPProblem(.notFound, detail: "No task \(id).").response()
+        }
+        return .json(status, Representation.task(task))
+    }
+
+    static func monotonicNanoseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+    }
+
+    /// Compares without an early exit, so the time taken says nothing about the token.
+    static func constantTimeEqual(_ given: [UInt8], _ expected: [UInt8]) -> Bool {
+        var difference = UInt8(given.count == expected.count ? 0 : 1)
+        for index in expected.indices {
+            difference |= expected[index] ^ (index < given.count ? given[index] : 0)
+        }
+        return difference == 0
+    }
+}
+
+/// A route's handler: answers through the reply, now or later, or throws an
+/// `HTTPResponseError` (anything else is a 500).
+typealias ServiceHandler = (HTTPRequest, Reply) throws -> Void
+
+/// One request's answer channel: sends once, and tells the application (logs, metrics).
+struct Reply {
+    let responder: HTTPResponder
+    let method: HTTPMethod
+    let path: String
+    let route: String
+    let started: UInt64
+    unowned let application: TaskloopApplication
+
+    func send(_ response: HTTPResponse) {
+        guard responder.isOpen else { return }
+        application.answered(self, status: response.status)
+        responder.respond(response)
+    }
+
+    func onClose(_ observer: @escaping () -> Void) {
+        responder.onClose(observer)
     }
 }

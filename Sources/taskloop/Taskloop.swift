@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import Logging
 import TaskloopHTTP
 import TaskloopService
 
@@ -35,6 +36,36 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Seconds to finish in-flight work on SIGTERM/SIGINT. [env: TASKLOOP_SHUTDOWN_GRACE_SECONDS]")
     var shutdownGraceSeconds: Double = Environment.double("SHUTDOWN_GRACE_SECONDS") ?? 10
 
+    @Option(help: "Require `Authorization: Bearer <token>` on every endpoint but /healthz. [env: TASKLOOP_AUTH_TOKEN]")
+    var authToken: String?
+
+    /// The flag, else the environment; empty means none.
+    private var effectiveAuthToken: String? {
+        (authToken ?? Environment.string("AUTH_TOKEN")).flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    @Flag(inversion: .prefixedNo,
+          help: "Accept `exec` tasks; API clients then run programs with this server user's rights. [env: TASKLOOP_ALLOW_EXEC]")
+    var allowExec: Bool = Environment.bool("ALLOW_EXEC") ?? false
+
+    @Option(help: "max_concurrency of queues created on first use; default: the number of cores. [env: TASKLOOP_DEFAULT_CONCURRENCY]")
+    var defaultConcurrency: Int = Environment.int("DEFAULT_CONCURRENCY") ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+
+    @Option(help: "Most unfinished tasks held; submissions beyond are refused with 429. [env: TASKLOOP_MAX_UNFINISHED_TASKS]")
+    var maxUnfinishedTasks: Int = Environment.int("MAX_UNFINISHED_TASKS") ?? 100_000
+
+    @Option(help: "Seconds a finished task stays readable. [env: TASKLOOP_RETENTION_SECONDS]")
+    var retentionSeconds: Double = Environment.double("RETENTION_SECONDS") ?? 3_600
+
+    @Option(help: "Most finished tasks kept; the oldest are forgotten first. [env: TASKLOOP_MAX_RETAINED_TASKS]")
+    var maxRetainedTasks: Int = Environment.int("MAX_RETAINED_TASKS") ?? 100_000
+
+    @Option(help: "trace, debug, info, notice, warning, error or critical. [env: TASKLOOP_LOG_LEVEL]")
+    var logLevel: String = Environment.string("LOG_LEVEL") ?? "info"
+
+    @Option(help: "text or json (one object per line), on standard error. [env: TASKLOOP_LOG_FORMAT]")
+    var logFormat: String = Environment.string("LOG_FORMAT") ?? "text"
+
     func validate() throws {
         guard (0...65535).contains(port) else { throw ValidationError("--port must be 0...65535") }
         guard maxBodyBytes >= 0 else { throw ValidationError("--max-body-bytes must not be negative") }
@@ -43,6 +74,21 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("--max-header-bytes must be 256...81920")
         }
         guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
+        guard (1...10_000).contains(defaultConcurrency) else {
+            throw ValidationError("--default-concurrency must be 1...10000")
+        }
+        guard maxUnfinishedTasks >= 1 else { throw ValidationError("--max-unfinished-tasks must be at least 1") }
+        guard maxRetainedTasks >= 0 else { throw ValidationError("--max-retained-tasks must not be negative") }
+        guard retentionSeconds >= 0 && retentionSeconds.isFinite else {
+            throw ValidationError("--retention-seconds must be a non-negative number")
+        }
+        guard Logger.Level(rawValue: logLevel) != nil else {
+            throw ValidationError("--log-level must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("--log-format must be text or json") }
+        if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
+            throw ValidationError("--auth-token must be printable ASCII without spaces")
+        }
         for (name, value) in [("--header-timeout-seconds", headerTimeoutSeconds),
                               ("--idle-timeout-seconds", idleTimeoutSeconds),
                               ("--shutdown-grace-seconds", shutdownGraceSeconds)] where !(value >= 0) {
@@ -60,9 +106,21 @@ struct Taskloop: ParsableCommand {
         configuration.http.idleTimeoutMilliseconds = UInt64(idleTimeoutSeconds * 1000)
         configuration.http.maxConnections = maxConnections
         configuration.shutdownGraceMilliseconds = UInt64(shutdownGraceSeconds * 1000)
+        configuration.authToken = effectiveAuthToken
+        configuration.allowExec = allowExec
+        configuration.engine.defaultConcurrency = defaultConcurrency
+        configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks
+        configuration.engine.maxRetainedTasks = maxRetainedTasks
+        configuration.engine.retentionMilliseconds = UInt64(retentionSeconds * 1000)
+        configuration.engine.cancelGraceMilliseconds = configuration.shutdownGraceMilliseconds
+
+        let level = Logger.Level(rawValue: logLevel)!
+        let format = LogFormat(rawValue: logFormat)!
+        LoggingSystem.bootstrap { label in format.makeHandler(label: label, level: level) }
+        let logger = Logger(label: "taskloop")
 
         let loop = try EventLoop()
-        let application = TaskloopApplication(loop: loop, configuration: configuration)
+        let application = TaskloopApplication(loop: loop, configuration: configuration, logger: logger)
         let address: SocketAddress
         do {
             address = try application.start()
@@ -95,4 +153,12 @@ enum Environment {
     static func int(_ name: String) -> Int? { string(name).flatMap { Int($0) } }
 
     static func double(_ name: String) -> Double? { string(name).flatMap { Double($0) } }
+
+    static func bool(_ name: String) -> Bool? {
+        switch string(name)?.lowercased() {
+        case "1", "true", "yes", "on": true
+        case "0", "false", "no", "off", "": false
+        default: nil
+        }
+    }
 }

@@ -1,0 +1,192 @@
+import TaskloopEngine
+import TaskloopHTTP
+import TaskloopJSON
+
+/// Reads request bodies into engine values, field by field. Every problem found is reported at
+/// once as `errors[{field, message}]` (422); bodies that are not JSON are 400, bodies that are
+/// not declared JSON are 415. Nothing here changes state.
+struct BodyReader {
+    private(set) var errors: [HTTPProblem.FieldError] = []
+
+    /// The JSON document of a request, or nil for an empty body when `optional`.
+    static func document(_ request: HTTPRequest, optional: Bool = false) throws(HTTPProblem) -> JSONValue? {
+        if request.body.isEmpty && optional { return nil }
+        let contentType = request.headers["Content-Type"] ?? ""
+        guard isJSON(contentType) else {
+            throw HTTPProblem(.unsupportedMediaType,
+                              detail: contentType.isEmpty ? "Send the body as application/json (Content-Type is missing)."
+                                  : "Send the body as application/json, not \(contentType).")
+        }
+        do {
+            return try JSONParser.parse(request.body)
+        } catch {
+            throw HTTPProblem(.badRequest, detail: "The body is not valid JSON: \(error).")
+        }
+    }
+
+    private static func isJSON(_ contentType: String) -> Bool {
+        let mediaType = (contentType.split(separator: ";", maxSplits: 1).first ?? "")
+            .filter { $0 != " " && $0 != "\t" }.lowercased()
+        return mediaType == "application/json" || (mediaType.hasPrefix("application/") && mediaType.hasSuffix("+json"))
+    }
+
+    mutating func fail(_ field: String, _ message: String) {
+        errors.append(HTTPProblem.FieldError(field: field, message: message))
+    }
+
+    /// Throws the collected errors, if any, as one 422.
+    func check() throws(HTTPProblem) {
+        guard !errors.isEmpty else { return }
+        let detail = errors.count == 1 ? "\(errors[0].field): \(errors[0].message)"
+            : "The request has \(errors.count) invalid fields."
+        throw HTTPProblem(.unprocessableContent, detail: detail, type: ProblemType.validation, fieldErrors: errors)
+    }
+
+    /// The body's object, or a 422 naming `field` (empty for the whole body).
+    mutating func object(_ value: JSONValue?, _ field: String) -> JSONObject? {
+        guard let value else { return nil }
+        guard let object = value.objectValue else {
+            fail(field.isEmpty ? "body" : field, "must be an object, not \(value.kindDescription).")
+            return nil
+        }
+        return object
+    }
+
+    mutating func rejectUnknown(_ object: JSONObject, allowed: Set<String>, prefix: String) {
+        for key in object.keys where !allowed.contains(key) {
+            fail(prefix + key, "is not a known field.")
+        }
+    }
+
+    mutating func string(_ object: JSONObject, _ key: String, prefix: String, maxLength: Int = 256) -> String?? {
+        guard let value = object[key] else { return .none }
+        if value.isNull { return .some(nil) }
+        guard let text = value.stringValue else {
+            fail(prefix + key, "must be a string, not \(value.kindDescription).")
+            return .none
+        }
+        guard text.utf8.count <= maxLength else {
+            fail(prefix + key, "must be at most \(maxLength) bytes.")
+            return .none
+        }
+        return .some(text)
+    }
+
+    mutating func integer(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Int64>) -> Int64?? {
+        guard let value = object[key] else { return .none }
+        if value.isNull { return .some(nil) }
+        guard let number = value.intValue else {
+            fail(prefix + key, "must be an integer, not \(value.kindDescription).")
+            return .none
+        }
+        guard range.contains(number) else {
+            fail(prefix + key, "must be from \(range.lowerBound) to \(range.upperBound).")
+            return .none
+        }
+        return .some(number)
+    }
+
+    mutating func number(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Double>) -> Double?? {
+        guard let value = object[key] else { return .none }
+        if value.isNull { return .some(nil) }
+        guard let number = value.doubleValue, range.contains(number) else {
+            fail(prefix + key, "must be a number from \(range.lowerBound) to \(range.upperBound).")
+            return .none
+        }
+        return .some(number)
+    }
+
+    mutating func boolean(_ object: JSONObject, _ key: String, prefix: String) -> Bool?? {
+        guard let value = object[key] else { return .none }
+        if value.isNull { return .some(nil) }
+        guard let flag = value.boolValue else {
+            fail(prefix + key, "must be true or false, not \(value.kindDescription).")
+            return .none
+        }
+        return .some(flag)
+    }
+
+    static let taskFields: Set<String> = [
+        "kind", "params", "name", "queue", "priority", "dependencies", "on_dependency_failure", "timeout_ms", "retry",
+        "metadata",
+    ]
+
+    /// A task submission. Inside a workflow (`siblingKeys` non-nil), dependencies may name
+    /// sibling keys and `key` is allowed.
+    mutating func taskSpec(_ object: JSONObject, prefix: String, siblingKeys: Set<String>? = nil) -> TaskSpec? {
+        let errorsBefore = errors.count
+        rejectUnknown(object, allowed: siblingKeys == nil ? Self.taskFields : Self.taskFields.union(["key"]), prefix: prefix)
+        var spec = TaskSpec(kind: "")
+        if let kind = object["kind"], !kind.isNull {
+            if case .some(let kind?) = string(object, "kind", prefix: prefix, maxLength: 64) { spec.kind = kind }
+        } else {
+            fail(prefix + "kind", "is required.")
+        }
+        if let params = object["params"] {
+            if params.objectValue != nil { spec.params = params } else {
+                fail(prefix + "params", "must be an object, not \(params.kindDescription).")
+            }
+        }
+        if case .some(let name) = string(object, "name", prefix: prefix) { spec.name = name }
+        if case .some(let queue?) = string(object, "queue", prefix: prefix, maxLength: 64) { spec.queue = queue }
+        if case .some(let priority?) = integer(object, "priority", prefix: prefix, in: -8...8) { spec.priority = Int(priority) }
+        if let dependencies = object["dependencies"], !dependencies.isNull {
+            if let list = dependencies.arrayValue {
+                spec.dependencies.reserveCapacity(list.count)
+                for (index, element) in list.enumerated() {
+                    guard let text = element.stringValue else {
+                        let expected = siblingKeys == nil ? "a task id" : "a task id or a key"
+                        fail("\(prefix)dependencies[\(index)]", "must be \(expected), not \(element.kindDescription).")
+                        continue
+                    }
+                    if let siblingKeys, siblingKeys.contains(text) {
+                        spec.dependencies.append(.sibling(key: text))
+                    } else if let id = TaskID(text) {
+                        spec.dependencies.append(.task(id))
+                    } else if siblingKeys != nil {
+                        // The engine names it: no task with this key in the workflow.
+                        spec.dependencies.append(.sibling(key: text))
+                    } else {
+                        fail("\(prefix)dependencies[\(index)]", "is not a task id.")
+                    }
+                }
+            } else {
+                fail(prefix + "dependencies", "must be an array, not \(dependencies.kindDescription).")
+            }
+        }
+        if case .some(let policy?) = string(object, "on_dependency_failure", prefix: prefix) {
+            if let value = DependencyFailurePolicy(rawValue: policy) { spec.onDependencyFailure = value } else {
+                fail(prefix + "on_dependency_failure", "must be \"cancel\" or \"run\".")
+            }
+        }
+        if case .some(let timeout?) = integer(object, "timeout_ms", prefix: prefix, in: 1...604_800_000) {
+            spec.timeoutMilliseconds = UInt64(timeout)
+        }
+        if let retry = object["retry"], !retry.isNull {
+            if let retryObject = self.object(retry, prefix + "retry") {
+                let at = prefix + "retry."
+                rejectUnknown(retryObject, allowed: ["max_attempts", "backoff_ms", "backoff_factor"], prefix: at)
+                if case .some(let attempts?) = integer(retryObject, "max_attempts", prefix: at, in: 1...100) {
+                    spec.retry.maxAttempts = Int(attempts)
+                }
+                if case .some(let backoff?) = integer(retryObject, "backoff_ms", prefix: at, in: 0...86_400_000) {
+                    spec.retry.backoffMilliseconds = UInt64(backoff)
+                }
+                if case .some(let factor?) = number(retryObject, "backoff_factor", prefix: at, in: 1...10) {
+                    spec.retry.backoffFactor = factor
+                }
+            }
+        }
+        if let metadata = object["metadata"], !metadata.isNull {
+            if metadata.objectValue != nil { spec.metadata = metadata } else {
+                fail(prefix + "metadata", "must be an object, not \(metadata.kindDescription).")
+            }
+        }
+        return errors.count == errorsBefore ? spec : nil
+    }
+}
+
+/// `type` URIs of the problems this service defines; others are `about:blank`.
+enum ProblemType {
+    static let validation = "https://taskloop.dev/problems/validation"
+}

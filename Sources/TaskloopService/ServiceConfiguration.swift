@@ -1,0 +1,15 @@
+import TaskloopEngine
+import TaskloopHTTP
+
+/// Settings of a running service; `taskloop`'s flags fill it.
+public struct ServiceConfiguration: Sendable {
+    public var http = HTTPServerConfiguration()
+    public var engine = EngineConfiguration()
+    public var shutdownGraceMilliseconds: UInt64 = 10_000
+    /// When set, every endpoint but `GET /healthz` requires `Authorization: Bearer <token>`.
+    public var authToken: String?
+    /// Whether `exec` tasks may be submitted (they run with the server user's rights).
+    public var allowExec = false
+
+    public init() {}
+}

@@ -1,0 +1,295 @@
+import TaskloopEngine
+import TaskloopHTTP
+import TaskloopJSON
+
+/// The REST API of the contract: each route reads its input, asks the engine, and renders.
+/// Validation problems are 422 with `errors[].field`; engine errors map in `ServiceErrors`.
+extension TaskloopApplication {
+    func makeRouter() -> Router<ServiceHandler> {
+        var router = Router<ServiceHandler>()
+        router.add(.GET, "/healthz") { [unowned self] _, reply in
+            reply.send(isDraining
+                ? HTTPProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
+                : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
+        }
+        router.add(.GET, "/openapi.yaml") { _, reply in
+            reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: OpenAPISpec.bytes))
+        }
+        router.add(.POST, "/tasks") { [unowned self] request, reply in try submitTask(request, reply) }
+        router.add(.GET, "/tasks") { [unowned self] request, reply in try listTasks(request, reply) }
+        router.add(.GET, "/tasks/{id}") { [unowned self] request, reply in try getTask(request, reply) }
+        router.add(.DELETE, "/tasks/{id}") { [unowned self] request, reply in
+            let task = try existingTask(request)
+            let outcome = try engine.cancel(task.id)
+            reply.send(.json(outcome == .cancelled ? .ok : .accepted, Representation.task(task)))
+        }
+        router.add(.POST, "/tasks/{id}/progress") { [unowned self] request, reply in try reportProgress(request, reply) }
+        router.add(.POST, "/tasks/{id}/complete") { [unowned self] request, reply in try reportCompletion(request, reply) }
+        router.add(.POST, "/tasks/{id}/fail") { [unowned self] request, reply in try reportFailure(request, reply) }
+        router.add(.POST, "/workflows") { [unowned self] request, reply in try submitWorkflow(request, reply) }
+        router.add(.GET, "/workflows/{id}") { [unowned self] request, reply in
+            reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request))))
+        }
+        router.add(.DELETE, "/workflows/{id}") { [unowned self] request, reply in
+            let workflow = try existingWorkflow(request)
+            try engine.cancelWorkflow(workflow.id)
+            reply.send(.json(.ok, Representation.workflow(workflow)))
+        }
+        router.add(.GET, "/queues") { [unowned self] _, reply in
+            var json = JSONWriter(capacity: 1_024)
+            json.beginObject()
+            json.key("queues")
+            json.beginArray()
+            for name in engine.queues.keys.sorted() { Representation.write(engine.queues[name]!, into: &json) }
+            json.endArray()
+            json.endObject()
+            reply.send(.json(.ok, json.bytes))
+        }
+        router.add(.GET, "/queues/{name}") { [unowned self] request, reply in
+            reply.send(.json(.ok, Representation.queue(try existingQueue(request))))
+        }
+        router.add(.PATCH, "/queues/{name}") { [unowned self] request, reply in try updateQueue(request, reply) }
+        router.add(.POST, "/queues/{name}/cancel") { [unowned self] request, reply in
+            let queue = try existingQueue(request)
+            let count = engine.cancelAll(inQueue: queue.name)
+            reply.send(.json(.ok, Array(#"{"cancelled":\#(count)}"#.utf8)))
+        }
+        return router
+    }
+
+    // MARK: tasks
+
+    private func submitTask(_ request: HTTPRequest, _ reply: Reply) throws {
+        try refuseWhileDraining()
+        let document = try BodyReader.document(request)!
+        var reader = BodyReader()
+        let spec = reader.object(document, "").flatMap { reader.taskSpec($0, prefix: "") }
+        try reader.check()
+        try checkKindAllowed(spec!.kind, field: "kind")
+        let task = try engine.submit(spec!)
+        reply.send(.json(.created, Representation.task(task), headers: ["Location": "/tasks/\(task.id)"]))
+    }
+
+    private func getTask(_ request: HTTPRequest, _ reply: Reply) throws {
+        let task = try existingTask(request)
+        var wait: UInt64 = 0
+        if let text = request.query("wait") {
+            guard let seconds = Double(text), seconds.isFinite, (0...60).contains(seconds) else {
+                throw HTTPProblem(.badRequest, detail: "wait must be a number of seconds from 0 to 60.",
+                                  type: ProblemType.validation, fieldErrors: [.init(field: "wait", message: "must be 0 to 60.")])
+            }
+            wait = UInt64(seconds * 1_000)
+        }
+        if wait == 0 || task.state.isTerminal || isDraining {
+            return reply.send(.json(.ok, Representation.task(task)))
+        }
+        waiters.wait(for: task.id, reply: reply, milliseconds: wait)
+    }
+
+    private func listTasks(_ request: HTTPRequest, _ reply: Reply) throws {
+        var errors: [HTTPProblem.FieldError] = []
+        var state: TaskState?
+        var queue: TaskQueue?
+        var workflow: WorkflowRecord?
+        var limit = 100
+        var after: TaskID?
+        var empty = false
+        if let text = request.query("state") {
+            state = TaskState(rawValue: text)
+            if state == nil {
+                errors.append(.init(field: "state", message: "must be one of \(TaskState.allCases.map(\.rawValue).joined(separator: ", ")).")) }
+        }
+        if let text = request.query("queue") {
+            queue = engine.queues[text]
+            if queue == nil { empty = true }
+        }
+        if let text = request.query("workflow") {
+            workflow = TaskID(text).flatMap { engine.workflow($0) }
+            if workflow == nil { empty = true }
+        }
+        if let text = request.query("limit") {
+            if let value = Int(text), (1...1_000).contains(value) { limit = value } else {
+                errors.append(.init(field: "limit", message: "must be an integer from 1 to 1000."))
+            }
+        }
+        if let text = request.query("after"), !text.isEmpty {
+            after = TaskID(text)
+            if after == nil { errors.append(.init(field: "after", message: "is not a cursor this server gave out.")) }
+        }
+        guard errors.isEmpty else {
+            throw HTTPProblem(.badRequest, detail: "The query has \(errors.count) invalid parameter(s).",
+                              type: ProblemType.validation, fieldErrors: errors)
+        }
+        let page = empty ? (tasks: [], next: nil) : engine.listTasks(before: after, limit: limit, in: workflow) { task in
+            (state == nil || task.state == state) && (queue == nil || task.queue === queue)
+        }
+        var json = JSONWriter(capacity: 512 * (page.tasks.count + 1))
+        json.beginObject()
+        json.key("tasks")
+        json.beginArray()
+        for task in page.tasks { Representation.write(task, into: &json) }
+        json.endArray()
+        json.field("next", page.next?.description)
+        json.endObject()
+        reply.send(.json(.ok, json.bytes))
+    }
+
+    private func reportProgress(_ request: HTTPRequest, _ reply: Reply) throws {
+        let task = try existingTask(request)
+        let document = try BodyReader.document(request)!
+        var reader = BodyReader()
+        var fraction: Double?, message: String?, details: JSONValue?
+        if let object = reader.object(document, "") {
+            reader.rejectUnknown(object, allowed: ["fraction", "message", "details"], prefix: "")
+            if case .some(let value) = reader.number(object, "fraction", prefix: "", in: 0...1) { fraction = value }
+            if case .some(let value) = reader.string(object, "message", prefix: "", maxLength: 4_096) { message = value }
+            if let value = object["details"], !value.isNull {
+                if value.objectValue != nil { details = value } else {
+                    reader.fail("details", "must be an object, not \(value.kindDescription).")
+                }
+            }
+        }
+        try reader.check()
+        try engine.report(.progress(fraction: fraction, message: message, details: details), for: task.id)
+        reply.send(.json(.ok, Representation.task(task)))
+    }
+
+    private func reportCompletion(_ request: HTTPRequest, _ reply: Reply) throws {
+        let task = try existingTask(request)
+        var result: JSONValue?
+        if let document = try BodyReader.document(request, optional: true) {
+            var reader = BodyReader()
+            if let object = reader.object(document, "") {
+                reader.rejectUnknown(object, allowed: ["result"], prefix: "")
+                result = object["result"]
+            }
+            try reader.check()
+        }
+        try engine.report(.complete(result: result), for: task.id)
+        reply.send(.json(.ok, Representation.task(task)))
+    }
+
+    private func reportFailure(_ request: HTTPRequest, _ reply: Reply) throws {
+        let task = try existingTask(request)
+        let document = try BodyReader.document(request)!
+        var reader = BodyReader()
+        var failure: TaskError?
+        if let object = reader.object(document, "") {
+            reader.rejectUnknown(object, allowed: ["error"], prefix: "")
+            if let error = reader.object(object["error"], "error") {
+                var code = "failed"
+                if case .some(let value?) = reader.string(error, "code", prefix: "error.", maxLength: 64) { code = value }
+                var details = JSONObject()
+                for member in error where member.key != "code" && member.key != "message" { details[member.key] = member.value }
+                switch reader.string(error, "message", prefix: "error.", maxLength: 4_096) {
+                case .some(let message?): failure = TaskError(code: code, message: message, details: details)
+                case .some(nil): reader.fail("error.message", "is required.")
+                case .none: if error["message"] == nil { reader.fail("error.message", "is required.") }
+                }
+            } else if object["error"] == nil {
+                reader.fail("error", "is required.")
+            }
+        }
+        try reader.check()
+        try engine.report(.fail(failure!), for: task.id)
+        reply.send(.json(.ok, Representation.task(task)))
+    }
+
+    // MARK: workflows
+
+    private func submitWorkflow(_ request: HTTPRequest, _ reply: Reply) throws {
+        try refuseWhileDraining()
+        let document = try BodyReader.document(request)!
+        var reader = BodyReader()
+        var name: String?
+        var members: [(key: String, spec: TaskSpec)] = []
+        if let object = reader.object(document, "") {
+            reader.rejectUnknown(object, allowed: ["name", "tasks"], prefix: "")
+            if case .some(let value) = reader.string(object, "name", prefix: "") { name = value }
+            if let list = object["tasks"]?.arrayValue {
+                if list.isEmpty { reader.fail("tasks", "must list at least one task.") }
+                let keys = Set(list.compactMap { $0.objectValue?["key"]?.stringValue })
+                for (index, element) in list.enumerated() {
+                    let prefix = "tasks[\(index)]."
+                    guard let task = reader.object(element, "tasks[\(index)]") else { continue }
+                    let key: String?
+                    switch reader.string(task, "key", prefix: prefix, maxLength: 128) {
+                    case .some(let value?) where !value.isEmpty: key = value
+                    case .some: reader.fail(prefix + "key", "is required and must not be empty."); key = nil
+                    case .none:
+                        if task["key"] == nil { reader.fail(prefix + "key", "is required.") }
+                        key = nil
+                    }
+                    if let spec = reader.taskSpec(task, prefix: prefix, siblingKeys: keys), let key {
+                        members.append((key, spec))
+                    }
+                }
+            } else {
+                reader.fail("tasks", object["tasks"] == nil ? "is required." : "must be an array of tasks.")
+            }
+        }
+        try reader.check()
+        for (index, member) in members.enumerated() { try checkKindAllowed(member.spec.kind, field: "tasks[\(index)].kind") }
+        let workflow = try engine.submitWorkflow(name: name, tasks: members)
+        reply.send(.json(.created, Representation.workflow(workflow), headers: ["Location": "/workflows/\(workflow.id)"]))
+    }
+
+    // MARK: queues
+
+    private func updateQueue(_ request: HTTPRequest, _ reply: Reply) throws {
+        let name = request.parameters["name"] ?? ""
+        let document = try BodyReader.document(request)!
+        var reader = BodyReader()
+        var maxConcurrency: Int?, paused: Bool?
+        if let object = reader.object(document, "") {
+            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused"], prefix: "")
+            if case .some(let value?) = reader.integer(object, "max_concurrency", prefix: "", in: 1...10_000) {
+                maxConcurrency = Int(value)
+            }
+            if case .some(let value?) = reader.boolean(object, "paused", prefix: "") { paused = value }
+        }
+        try reader.check()
+        let queue = try engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused)
+        reply.send(.json(.ok, Representation.queue(queue)))
+    }
+
+    // MARK: helpers
+
+    private func refuseWhileDraining() throws(HTTPProblem) {
+        guard !isDraining else {
+            throw HTTPProblem(.serviceUnavailable, detail: "The server is shutting down and accepts no new tasks.",
+                              headers: ["Retry-After": "5"])
+        }
+    }
+
+    private func checkKindAllowed(_ kind: String, field: String) throws(HTTPProblem) {
+        guard kind != "exec" || configuration.allowExec else {
+            throw HTTPProblem(.unprocessableContent,
+                              detail: "exec tasks are disabled; the server must be started with --allow-exec.",
+                              type: ProblemType.validation, fieldErrors: [.init(field: field, message: "exec is not allowed here.")],
+                              extensions: ["code": "exec_not_allowed"])
+        }
+    }
+
+    private func existingTask(_ request: HTTPRequest) throws(HTTPProblem) -> TaskRecord {
+        let text = request.parameters["id"] ?? ""
+        guard let id = TaskID(text), let task = engine.task(id) else {
+            throw HTTPProblem(.notFound, detail: "No task \(text).")
+        }
+        return task
+    }
+
+    private func existingWorkflow(_ request: HTTPRequest) throws(HTTPProblem) -> WorkflowRecord {
+        let text = request.parameters["id"] ?? ""
+        guard let id = TaskID(text), let workflow = engine.workflow(id) else {
+            throw HTTPProblem(.notFound, detail: "No workflow \(text).")
+        }
+        return workflow
+    }
+
+    private func existingQueue(_ request: HTTPRequest) throws(HTTPProblem) -> TaskQueue {
+        let name = request.parameters["name"] ?? ""
+        guard let queue = engine.queues[name] else { throw HTTPProblem(.notFound, detail: "No queue \(name).") }
+        return queue
+    }
+}

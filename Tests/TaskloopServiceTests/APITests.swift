@@ -1,0 +1,322 @@
+import Foundation
+import Testing
+import TaskloopTestSupport
+@testable import TaskloopService
+
+/// The contract's endpoints end to end: a real service on a real socket.
+@Suite(.serialized) struct TaskAPITests {
+    @Test func healthzSpecAndUnknownPaths() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        #expect(try client.call("GET", "/healthz").json["status"] as? String == "ok")
+        let head = try client.call("HEAD", "/healthz")
+        #expect(head.status == 200 && head.body.isEmpty)
+        let spec = try client.call("GET", "/openapi.yaml")
+        #expect(spec.status == 200 && spec.text.hasPrefix("openapi: 3.1"))
+        let missing = try client.call("GET", "/nothing")
+        #expect(missing.status == 404 && missing.header("Content-Type") == "application/problem+json")
+        let wrongMethod = try client.call("PUT", "/tasks")
+        #expect(wrongMethod.status == 405 && wrongMethod.header("Allow")?.contains("POST") == true)
+        try service.stop()
+    }
+
+    @Test func submitReturnsTheTaskAndItsLocation() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let response = try client.call("POST", "/tasks", json: #"""
+            {"kind":"noop","name":"join","priority":3,"queue":"q-1","metadata":{"b":1,"a":[true]},"timeout_ms":500,
+             "retry":{"max_attempts":2,"backoff_ms":10,"backoff_factor":1.5}}
+            """#)
+        #expect(response.status == 201)
+        let task = response.json
+        let id = try #require(task["id"] as? String)
+        #expect(response.header("Location") == "/tasks/\(id)")
+        #expect(id.count == 26)
+        #expect(task["name"] as? String == "join" && task["priority"] as? Int == 3 && task["queue"] as? String == "q-1")
+        #expect(response.text.contains(#""metadata":{"b":1,"a":[true]}"#), "metadata comes back as given")
+        #expect(task["max_attempts"] as? Int == 2 && task["timeout_ms"] as? Int == 500)
+        let done = try client.waitForState(id, "succeeded")
+        #expect((done["progress"] as? [String: Any])?["fraction"] as? Double == 1)
+        #expect(done["attempt"] as? Int == 1 && done["started_at"] is String && done["finished_at"] is String)
+        for field in ["id", "name", "kind", "params", "queue", "priority", "state", "cancel_requested", "dependencies",
+                      "on_dependency_failure", "progress", "attempt", "max_attempts", "timeout_ms", "created_at",
+                      "started_at", "finished_at", "result", "error", "metadata", "workflow"] {
+            #expect(done.keys.contains(field), "task has \(field)")
+        }
+        let created = try #require(done["created_at"] as? String)
+        #expect(created.count == 24 && created.hasSuffix("Z"), "RFC 3339 with milliseconds: \(created)")
+        try service.stop()
+    }
+
+    @Test func badSubmissionsAreRefusedAndChangeNothing() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let invalid = try client.call("POST", "/tasks", json: #"{"kind":"sleep","params":{"duration_ms":-1},"priority":9,"extra":1}"#)
+        #expect(invalid.status == 422)
+        let fields = (invalid.json["errors"] as? [[String: Any]])?.compactMap { $0["field"] as? String } ?? []
+        #expect(fields.contains("priority") && fields.contains("extra"), "\(invalid.text)")
+        let params = try client.call("POST", "/tasks", json: #"{"kind":"sleep","params":{"duration_ms":-1}}"#)
+        #expect(params.status == 422 && params.text.contains(#""field":"params.duration_ms""#), "\(params.text)")
+        let unknownKind = try client.call("POST", "/tasks", json: #"{"kind":"teleport"}"#)
+        #expect(unknownKind.status == 422 && unknownKind.json["code"] as? String == "unknown_kind")
+        let exec = try client.call("POST", "/tasks", json: #"{"kind":"exec","params":{"argv":["true"]}}"#)
+        #expect(exec.status == 422 && exec.json["code"] as? String == "exec_not_allowed")
+        let malformed = try client.call("POST", "/tasks", json: #"{"kind":"#)
+        #expect(malformed.status == 400 && malformed.header("Content-Type") == "application/problem+json")
+        let notJSON = try client.call("POST", "/tasks", json: "kind=noop", contentType: "application/x-www-form-urlencoded")
+        #expect(notJSON.status == 415)
+        let notObject = try client.call("POST", "/tasks", json: "[1]")
+        #expect(notObject.status == 422)
+        let unknownDependency = try client.call("POST", "/tasks", json: #"{"kind":"noop","dependencies":["01M828BSW3R7M430WYJG0ZMMW5"]}"#)
+        #expect(unknownDependency.status == 422 && unknownDependency.text.contains(#""field":"dependencies[0]""#))
+        let list = try client.call("GET", "/tasks")
+        #expect((list.json["tasks"] as? [Any])?.isEmpty == true, "nothing was created")
+        try service.stop()
+    }
+
+    @Test func waitHoldsTheAnswerUntilTheTaskEnds() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let id = try #require(try client.submit(#"{"kind":"sleep","params":{"duration_ms":300,"steps":3}}"#)["id"] as? String)
+        let started = Date()
+        let answer = try client.call("GET", "/tasks/\(id)?wait=20", timeout: 10)
+        #expect(answer.json["state"] as? String == "succeeded")
+        #expect(Date().timeIntervalSince(started) < 10)
+        let immediate = try client.call("GET", "/tasks/\(id)?wait=0")
+        #expect(immediate.status == 200)
+        let bad = try client.call("GET", "/tasks/\(id)?wait=61")
+        #expect(bad.status == 400)
+        #expect(try client.call("GET", "/tasks/nope").status == 404)
+        try service.stop()
+    }
+
+    @Test func waitTimesOutWithTheCurrentState() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let id = try #require(try client.submit(#"{"kind":"external"}"#)["id"] as? String)
+        let answer = try client.call("GET", "/tasks/\(id)?wait=0.2")
+        #expect(answer.json["state"] as? String == "running")
+        try service.stop()
+    }
+
+    @Test func cancellingCascadesToDependents() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let root = try #require(try client.submit(#"{"kind":"sleep","params":{"duration_ms":60000}}"#)["id"] as? String)
+        let child = try #require(try client.submit(#"{"kind":"noop","dependencies":["\#(root)"]}"#)["id"] as? String)
+        let tolerant = try #require(try client.submit(
+            #"{"kind":"noop","dependencies":["\#(root)"],"on_dependency_failure":"run"}"#)["id"] as? String)
+        #expect(try client.task(child)["state"] as? String == "pending")
+        let cancel = try client.call("DELETE", "/tasks/\(root)")
+        #expect(cancel.status == 200 && cancel.json["state"] as? String == "cancelled")
+        let cascaded = try client.waitForState(child, "cancelled")
+        let error = try #require(cascaded["error"] as? [String: Any])
+        #expect(error["code"] as? String == "dependency_failed" && error["dependency"] as? String == root)
+        _ = try client.waitForState(tolerant, "succeeded")
+        #expect(try client.call("DELETE", "/tasks/\(root)").status == 409)
+        #expect(try client.call("DELETE", "/tasks/01M828BSW3R7M430WYJG0ZMMW5").status == 404)
+        let late = try client.call("POST", "/tasks", json: #"{"kind":"noop","dependencies":["\#(root)"]}"#)
+        #expect(late.status == 201)
+        #expect(try client.waitForState(late.json["id"] as! String, "cancelled")["state"] as? String == "cancelled")
+        try service.stop()
+    }
+
+    @Test func externalWorkersReportAndLearnOfCancellationByConflict() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let id = try #require(try client.submit(#"{"kind":"external"}"#)["id"] as? String)
+        let progress = try client.call("POST", "/tasks/\(id)/progress", json: #"{"fraction":0.5,"message":"half","details":{"n":1}}"#)
+        #expect(progress.status == 200)
+        #expect((progress.json["progress"] as? [String: Any])?["fraction"] as? Double == 0.5)
+        #expect(try client.call("POST", "/tasks/\(id)/progress", json: #"{"fraction":2}"#).status == 422)
+        let done = try client.call("POST", "/tasks/\(id)/complete", json: #"{"result":{"rows":3}}"#)
+        #expect(done.status == 200 && done.json["state"] as? String == "succeeded")
+        #expect((done.json["result"] as? [String: Any])?["rows"] as? Int == 3)
+        #expect(try client.call("POST", "/tasks/\(id)/complete").status == 409)
+
+        let failing = try #require(try client.submit(#"{"kind":"external"}"#)["id"] as? String)
+        #expect(try client.call("POST", "/tasks/\(failing)/fail", json: #"{"error":{}}"#).status == 422)
+        let failed = try client.call("POST", "/tasks/\(failing)/fail", json: #"{"error":{"code":"disk_full","message":"no space"}}"#)
+        #expect(failed.json["state"] as? String == "failed")
+        #expect((failed.json["error"] as? [String: Any])?["code"] as? String == "disk_full")
+
+        let cancelled = try #require(try client.submit(#"{"kind":"external"}"#)["id"] as? String)
+        let request = try client.call("DELETE", "/tasks/\(cancelled)")
+        #expect(request.status == 202 && request.json["cancel_requested"] as? Bool == true)
+        #expect(try client.call("POST", "/tasks/\(cancelled)/progress", json: #"{"fraction":0.1}"#).status == 409)
+        #expect(try client.task(cancelled)["state"] as? String == "cancelled")
+
+        let noop = try #require(try client.submit(#"{"kind":"noop"}"#)["id"] as? String)
+        #expect(try client.call("POST", "/tasks/\(noop)/complete").status == 409)
+        try service.stop()
+    }
+
+    @Test func listingFiltersAndPagesNewestFirst() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        #expect(try client.call("PATCH", "/queues/held", json: #"{"paused":true}"#).status == 200)
+        var held: [String] = []
+        for _ in 0..<5 { held.append(try client.submit(#"{"kind":"noop","queue":"held"}"#)["id"] as! String) }
+        for _ in 0..<3 { _ = try client.submit(#"{"kind":"noop"}"#) }
+        var seen: [String] = []
+        var cursor: String?
+        repeat {
+            let page = try client.call("GET", "/tasks?queue=held&limit=2" + (cursor.map { "&after=\($0)" } ?? "")).json
+            seen += (page["tasks"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
+            cursor = page["next"] as? String
+        } while cursor != nil
+        #expect(seen == held.reversed())
+        let queued = try client.call("GET", "/tasks?state=queued").json["tasks"] as? [[String: Any]]
+        #expect(queued?.count == 5)
+        let succeeded = try client.call("GET", "/tasks?state=succeeded&limit=1000").json["tasks"] as? [[String: Any]]
+        #expect(succeeded?.count == 3)
+        #expect(try client.call("GET", "/tasks?state=sleeping").status == 400)
+        #expect(try client.call("GET", "/tasks?limit=0").status == 400)
+        #expect(try client.call("GET", "/tasks?after=garbage").status == 400)
+        #expect((try client.call("GET", "/tasks?queue=none").json["tasks"] as? [Any])?.isEmpty == true)
+        try service.stop()
+    }
+
+    @Test func tooManyUnfinishedTasksIs429WithRetryAfter() throws {
+        let service = try ServiceHarness { $0.engine.maxUnfinishedTasks = 2 }
+        let client = try service.client()
+        _ = try client.submit(#"{"kind":"external"}"#)
+        _ = try client.submit(#"{"kind":"external"}"#)
+        let refused = try client.call("POST", "/tasks", json: #"{"kind":"noop"}"#)
+        #expect(refused.status == 429 && refused.header("Retry-After") != nil)
+        #expect(refused.json["code"] as? String == "too_many_unfinished_tasks")
+        try service.stop()
+    }
+
+    @Test func bearerTokenGuardsEverythingButHealthz() throws {
+        let service = try ServiceHarness { $0.authToken = "s3cret" }
+        let client = try service.client()
+        #expect(try client.call("GET", "/healthz").status == 200)
+        let refused = try client.call("GET", "/tasks")
+        #expect(refused.status == 401 && refused.header("WWW-Authenticate") == "Bearer")
+        #expect(try client.call("GET", "/openapi.yaml").status == 401)
+        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Bearer s3creT"]).status == 401)
+        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Bearer s3cret"]).status == 200)
+        try service.stop()
+    }
+
+    @Test func shutdownAnswersLongPollsAndStopsClean() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let id = try #require(try client.submit(#"{"kind":"sleep","params":{"duration_ms":60000}}"#)["id"] as? String)
+        let poller = try service.client()
+        let answer = Locked<RawResponse?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        let thread = Thread {
+            answer.withLock { $0 = try? poller.call("GET", "/tasks/\(id)?wait=60", timeout: 20) }
+            done.signal()
+        }
+        thread.start()
+        try service.waitUntil("the long poll to wait") { $0.waiters.count == 1 }
+        try service.stop()
+        #expect(done.wait(timeout: .now() + 20) == .success)
+        let state = answer.withLock { $0?.json["state"] as? String }
+        #expect(state == "cancelled", "the poll was answered at shutdown: \(String(describing: state))")
+    }
+}
+
+@Suite(.serialized) struct WorkflowAndQueueAPITests {
+    @Test func workflowsResolveKeysRunInOrderAndCancelTogether() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let response = try client.call("POST", "/workflows", json: #"""
+            {"name":"build","tasks":[
+              {"key":"fetch","kind":"noop"},
+              {"key":"compile","kind":"noop","dependencies":["fetch"]},
+              {"key":"wait","kind":"sleep","params":{"duration_ms":60000},"dependencies":["compile"]},
+              {"key":"ship","kind":"noop","dependencies":["wait","fetch"]}]}
+            """#)
+        #expect(response.status == 201, "\(response.text)")
+        let workflow = response.json
+        let id = try #require(workflow["id"] as? String)
+        #expect(response.header("Location") == "/workflows/\(id)")
+        let keys = try #require(workflow["keys"] as? [String: String])
+        let tasks = try #require(workflow["tasks"] as? [[String: Any]])
+        #expect(tasks.count == 4 && Set(keys.keys) == ["fetch", "compile", "wait", "ship"])
+        let ship = try #require(tasks.first { $0["id"] as? String == keys["ship"] })
+        #expect(ship["dependencies"] as? [String] == [keys["wait"]!, keys["fetch"]!])
+        #expect(ship["workflow"] as? String == id)
+        _ = try client.waitForState(keys["wait"]!, "running")
+        let running = try client.call("GET", "/workflows/\(id)").json
+        #expect(running["state"] as? String == "running")
+        #expect(((running["progress"] as? [String: Any])?["fraction"] as? Double) == 0.5)
+        let listed = try client.call("GET", "/tasks?workflow=\(id)").json["tasks"] as? [[String: Any]]
+        #expect(listed?.count == 4)
+        let cancelled = try client.call("DELETE", "/workflows/\(id)")
+        #expect(cancelled.status == 200)
+        _ = try client.waitForState(keys["ship"]!, "cancelled")
+        #expect(try client.call("GET", "/workflows/\(id)").json["state"] as? String == "cancelled")
+        #expect(try client.call("GET", "/workflows/\(keys["fetch"]!)").status == 404)
+        try service.stop()
+    }
+
+    @Test func badWorkflowsAreRefusedWhole() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let cycle = try client.call("POST", "/workflows", json: #"""
+            {"tasks":[{"key":"a","kind":"noop","dependencies":["c"]},{"key":"b","kind":"noop","dependencies":["a"]},
+                      {"key":"c","kind":"noop","dependencies":["b"]}]}
+            """#)
+        #expect(cycle.status == 422 && cycle.json["code"] as? String == "cycle")
+        #expect(Set(cycle.json["keys"] as? [String] ?? []) == ["a", "b", "c"])
+        let unknown = try client.call("POST", "/workflows", json: #"{"tasks":[{"key":"a","kind":"noop","dependencies":["zzz"]}]}"#)
+        #expect(unknown.status == 422 && unknown.text.contains(#""field":"tasks[0].dependencies[0]""#))
+        let twice = try client.call("POST", "/workflows", json: #"{"tasks":[{"key":"a","kind":"noop"},{"key":"a","kind":"noop"}]}"#)
+        #expect(twice.status == 422)
+        let keyless = try client.call("POST", "/workflows", json: #"{"tasks":[{"kind":"noop"}]}"#)
+        #expect(keyless.status == 422 && keyless.text.contains("tasks[0].key"))
+        #expect(try client.call("POST", "/workflows", json: #"{"tasks":[]}"#).status == 422)
+        #expect((try client.call("GET", "/tasks").json["tasks"] as? [Any])?.isEmpty == true)
+        try service.stop()
+    }
+
+    @Test func queuesAreCreatedChangedAndCancelled() throws {
+        let service = try ServiceHarness { $0.engine.defaultConcurrency = 3 }
+        let client = try service.client()
+        let queues = try client.call("GET", "/queues").json["queues"] as? [[String: Any]]
+        #expect(queues?.map { $0["name"] as? String } == ["default"])
+        #expect(try client.call("GET", "/queues/ingest").status == 404)
+        let created = try client.call("PATCH", "/queues/ingest", json: #"{"max_concurrency":1,"paused":true}"#)
+        #expect(created.status == 200 && created.json["max_concurrency"] as? Int == 1 && created.json["paused"] as? Bool == true)
+        #expect(try client.call("PATCH", "/queues/ingest", json: #"{"max_concurrency":0}"#).status == 422)
+        #expect(try client.call("PATCH", "/queues/bad%20name", json: #"{"paused":false}"#).status == 422)
+        for _ in 0..<3 { _ = try client.submit(#"{"kind":"noop","queue":"ingest"}"#) }
+        let counts = try client.call("GET", "/queues/ingest").json["counts"] as? [String: Int]
+        #expect(counts?["queued"] == 3)
+        let cancelled = try client.call("POST", "/queues/ingest/cancel")
+        #expect(cancelled.json["cancelled"] as? Int == 3)
+        #expect((try client.call("GET", "/queues/ingest").json["counts"] as? [String: Int])?["cancelled"] == 3)
+        let fresh = try client.submit(#"{"kind":"noop","queue":"fresh"}"#)
+        #expect(fresh["queue"] as? String == "fresh")
+        #expect(try client.call("GET", "/queues/fresh").json["max_concurrency"] as? Int == 3)
+        try service.stop()
+    }
+
+    @Test func tenThousandSubmissionsFromSeveralConnectionsAllFinish() throws {
+        let service = try ServiceHarness()
+        let connections = 8, each = 1_250
+        let failures = Locked(0)
+        let group = DispatchGroup()
+        for _ in 0..<connections {
+            group.enter()
+            Thread {
+                defer { group.leave() }
+                guard let client = try? service.client() else { return failures.withLock { $0 += 1 } }
+                for _ in 0..<each {
+                    let response = try? client.call("POST", "/tasks", json: #"{"kind":"noop"}"#)
+                    if response?.status != 201 { failures.withLock { $0 += 1 } }
+                }
+            }.start()
+        }
+        #expect(group.wait(timeout: .now() + 120) == .success)
+        #expect(failures.withLock { $0 } == 0)
+        let counts = try service.client().call("GET", "/queues/default").json["counts"] as? [String: Int]
+        #expect(counts?["succeeded"] == connections * each)
+        try service.stop()
+    }
+}

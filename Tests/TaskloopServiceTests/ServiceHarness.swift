@@ -1,0 +1,123 @@
+import Foundation
+import Logging
+import TaskloopHTTP
+@testable import TaskloopService
+import TaskloopTestSupport
+
+/// The whole service on 127.0.0.1 and a free port, its loop on a thread of its own. `stop()`
+/// runs the real shutdown story and checks the loop closed clean.
+final class ServiceHarness: @unchecked Sendable {
+    let loop: EventLoop
+    let port: Int
+    private let application: LoopBound<TaskloopApplication>
+    private let finished = DispatchSemaphore(value: 0)
+    private let outcome = Locked<Result<Void, EventLoopError>?>(nil)
+
+    init(_ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
+        var configuration = ServiceConfiguration()
+        configuration.http.host = "127.0.0.1"
+        configuration.http.port = 0
+        configuration.shutdownGraceMilliseconds = 2_000
+        configure(&configuration)
+        let loop = try EventLoop()
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        let application = TaskloopApplication(loop: loop, configuration: configuration, logger: logger)
+        port = try application.start().port
+        self.loop = loop
+        self.application = LoopBound(application, loop: loop)
+        let thread = Thread { [finished, outcome] in
+            let result = Result { () throws(EventLoopError) in try loop.run() }
+            outcome.withLock { $0 = result }
+            finished.signal()
+        }
+        thread.name = "service-loop"
+        thread.start()
+    }
+
+    func stop(timeout: Double = 10) throws {
+        let application = self.application
+        let loop = self.loop
+        loop.execute { application.value.stop { loop.finish() } }
+        guard finished.wait(timeout: .now() + timeout) == .success else { throw TestTimeout(what: "service to stop") }
+        finished.signal()
+        try outcome.withLock { $0 }!.get()
+    }
+
+    /// Starts the shutdown without waiting for it.
+    func beginStop() {
+        let application = self.application
+        let loop = self.loop
+        loop.execute { application.value.stop { loop.finish() } }
+    }
+
+    func client() throws -> APIClient { try APIClient(port: port) }
+
+    /// Runs `body` on the loop thread with the application and returns its result.
+    func onLoop<T: Sendable>(_ body: @escaping @Sendable (TaskloopApplication) -> T) -> T {
+        let done = DispatchSemaphore(value: 0)
+        let result = Locked<T?>(nil)
+        let application = self.application
+        loop.execute {
+            result.withLock { $0 = body(application.value) }
+            done.signal()
+        }
+        done.wait()
+        return result.withLock { $0! }
+    }
+
+    /// Waits until `condition` holds on the loop, or throws at the deadline.
+    func waitUntil(_ what: String, timeout: Double = 10, _ condition: @escaping @Sendable (TaskloopApplication) -> Bool) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        while !onLoop(condition) {
+            guard Date() < deadline else { throw TestTimeout(what: what) }
+            usleep(1_000)
+        }
+    }
+}
+
+/// A keep-alive JSON client over a raw socket; one thread at a time.
+final class APIClient: @unchecked Sendable {
+    private let connection: RawClient
+    var headers: [String: String] = [:]
+
+    init(port: Int) throws {
+        connection = try RawClient(port: port)
+    }
+
+    @discardableResult
+    func call(_ method: String, _ path: String, json: String? = nil, contentType: String = "application/json",
+              headers extra: [String: String] = [:], timeout: Double = 5) throws -> RawResponse {
+        var request = "\(method) \(path) HTTP/1.1\r\nHost: test\r\n"
+        for (name, value) in headers.merging(extra, uniquingKeysWith: { $1 }) { request += "\(name): \(value)\r\n" }
+        let body = Array((json ?? "").utf8)
+        if json != nil { request += "Content-Type: \(contentType)\r\nContent-Length: \(body.count)\r\n" }
+        request += "\r\n"
+        try connection.send(Array(request.utf8) + body)
+        return try connection.readResponse(timeout: timeout, head: method == "HEAD")
+    }
+
+    /// Submits and returns the task object.
+    func submit(_ json: String) throws -> [String: Any] {
+        let response = try call("POST", "/tasks", json: json)
+        guard response.status == 201 else { throw ClientError.malformed("submit answered \(response.status): \(response.text)") }
+        return response.json
+    }
+
+    func task(_ id: String) throws -> [String: Any] { try call("GET", "/tasks/\(id)").json }
+
+    /// Waits for the task to reach `state`: terminal states through `?wait=`, others by polling
+    /// the state with a deadline.
+    func waitForState(_ id: String, _ state: String, timeout: Double = 10) throws -> [String: Any] {
+        let terminal = ["succeeded", "failed", "cancelled"]
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            let task = try call("GET", "/tasks/\(id)\(terminal.contains(state) ? "?wait=1" : "")", timeout: 3).json
+            if task["state"] as? String == state { return task }
+            if let current = task["state"] as? String, terminal.contains(current) {
+                throw ClientError.malformed("task \(id) ended \(current), expected \(state)")
+            }
+        }
+        throw TestTimeout(what: "task \(id) to be \(state)")
+    }
+}
