@@ -9,7 +9,7 @@ BENCH_PACKAGES := wrk util-linux
 FUZZ_SECONDS ?= 20
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench build release deps bench-deps fuzz clean
+.PHONY: run test bench build release deps bench-deps fuzz clean openapi
 
 # Installs whichever of the listed Debian packages are missing (apt-get update only if needed).
 define ensure_packages
@@ -40,6 +40,11 @@ run: release
 test: deps
 	$(SWIFT) build --build-tests
 	TASKLOOP_FUZZ_SECONDS=$(FUZZ_SECONDS) $(SWIFT) test --skip-build
+	bash scripts/check-openapi.sh
+
+# After editing openapi.yaml: regenerate the copy the binary serves.
+openapi:
+	bash scripts/embed-openapi.sh
 
 bench: bench-deps
 	bash Benchmarks/engine/run.sh

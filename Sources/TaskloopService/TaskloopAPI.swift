@@ -15,6 +15,10 @@ extension TaskloopApplication {
         router.add(.GET, "/openapi.yaml") { _, reply in
             reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: OpenAPISpec.bytes))
         }
+        router.add(.GET, "/metrics") { [unowned self] _, reply in
+            reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
+                                    body: renderMetrics()))
+        }
         router.add(.POST, "/tasks") { [unowned self] request, reply in try submitTask(request, reply) }
         router.add(.GET, "/tasks") { [unowned self] request, reply in try listTasks(request, reply) }
         router.add(.GET, "/tasks/{id}") { [unowned self] request, reply in try getTask(request, reply) }
@@ -67,6 +71,7 @@ extension TaskloopApplication {
         try reader.check()
         try checkKindAllowed(spec!.kind, field: "kind")
         let task = try engine.submit(spec!)
+        metrics.taskSubmitted(kind: task.kind)
         reply.send(.json(.created, Representation.task(task), headers: ["Location": "/tasks/\(task.id)"]))
     }
 
@@ -231,6 +236,7 @@ extension TaskloopApplication {
         try reader.check()
         for (index, member) in members.enumerated() { try checkKindAllowed(member.spec.kind, field: "tasks[\(index)].kind") }
         let workflow = try engine.submitWorkflow(name: name, tasks: members)
+        for task in workflow.tasks { metrics.taskSubmitted(kind: task.kind) }
         reply.send(.json(.created, Representation.workflow(workflow), headers: ["Location": "/workflows/\(workflow.id)"]))
     }
 

@@ -26,6 +26,7 @@ public final class TaskloopApplication {
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
     private let authorization: [UInt8]?
+    let metrics = ServiceMetrics()
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
         self.loop = loop
@@ -107,8 +108,9 @@ public final class TaskloopApplication {
 
     /// Called once per answered request.
     func answered(_ reply: Reply, status: HTTPStatus) {
-        guard logger.logLevel <= .debug else { return }
         let microseconds = (Self.monotonicNanoseconds() - reply.started) / 1_000
+        metrics.requestAnswered(route: reply.route, method: reply.method, status: status, seconds: Double(microseconds) / 1e6)
+        guard logger.logLevel <= .debug else { return }
         let fraction = String(microseconds % 1_000)
         logger.debug("\(reply.method) \(reply.path) \(status.code)", metadata: [
             "route": "\(reply.route)", "status": "\(status.code)",
@@ -124,10 +126,17 @@ public final class TaskloopApplication {
                     "task": "\(task.id)", "kind": "\(task.kind)", "queue": "\(task.queue.name)", "state": "\(task.state.rawValue)",
                 ])
             }
-            if task.state.isTerminal { waiters.finished(task.id) }
+            if task.state.isTerminal {
+                metrics.taskFinished(task)
+                waiters.finished(task.id)
+            }
         case .progressed, .cancelRequested:
             break
         }
+    }
+
+    func renderMetrics() -> [UInt8] {
+        metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count)
     }
 
     /// The task as JSON, or 404 if it is gone.

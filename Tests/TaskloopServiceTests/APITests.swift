@@ -177,6 +177,28 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    @Test func metricsCountTasksRequestsAndConnections() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        _ = try client.submit(#"{"kind":"noop","queue":"side"}"#)
+        _ = try client.call("POST", "/tasks", json: #"{"kind":"bogus"}"#)
+        let metrics = try client.call("GET", "/metrics")
+        #expect(metrics.status == 200 && metrics.header("Content-Type")?.hasPrefix("text/plain") == true)
+        let text = metrics.text
+        for line in [#"taskloop_tasks_submitted_total{kind="noop"} 2"#,
+                     #"taskloop_tasks_finished_total{kind="noop",state="succeeded"} 2"#,
+                     #"taskloop_tasks{queue="side",state="succeeded"} 1"#,
+                     #"taskloop_http_requests_total{route="/tasks",method="POST",status="422"} 1"#,
+                     #"taskloop_http_requests_total{route="/tasks",method="POST",status="201"} 2"#,
+                     "taskloop_http_open_connections 1",
+                     #"taskloop_task_run_seconds_count{kind="noop"} 2"#,
+                     #"taskloop_http_request_duration_seconds_count{route="/tasks"} 3"#] {
+            #expect(text.contains(line), "metrics show \(line)")
+        }
+        try service.stop()
+    }
+
     @Test func tooManyUnfinishedTasksIs429WithRetryAfter() throws {
         let service = try ServiceHarness { $0.engine.maxUnfinishedTasks = 2 }
         let client = try service.client()
