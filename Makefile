@@ -41,6 +41,7 @@ test: deps
 	$(SWIFT) build --build-tests
 	TASKLOOP_FUZZ_SECONDS=$(FUZZ_SECONDS) $(SWIFT) test --skip-build
 	bash scripts/check-openapi.sh
+	bash scripts/check-container.sh
 
 # After editing openapi.yaml: regenerate the copy the binary serves.
 openapi:

@@ -66,6 +66,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "text or json (one object per line), on standard error. [env: TASKLOOP_LOG_FORMAT]")
     var logFormat: String = Environment.string("LOG_FORMAT") ?? "text"
 
+    @Flag(help: "Ask the server at --host/--port for /healthz and exit 0 if it answers 200, else 1 (for container health checks).")
+    var healthCheck = false
+
     func validate() throws {
         guard (0...65535).contains(port) else { throw ValidationError("--port must be 0...65535") }
         guard maxBodyBytes >= 0 else { throw ValidationError("--max-body-bytes must not be negative") }
@@ -97,6 +100,9 @@ struct Taskloop: ParsableCommand {
     }
 
     func run() throws {
+        if healthCheck {
+            throw ExitCode(HealthProbe.check(host: host, port: port) ? 0 : 1)
+        }
         var configuration = ServiceConfiguration()
         configuration.http.host = host
         configuration.http.port = port

@@ -1,0 +1,31 @@
+# Taskloop in a container: built with the official Swift image on Debian bookworm, run on
+# bookworm-slim with only the two C libraries the binary links (the Swift runtime is static).
+#   docker build -t taskloop . && docker run --rm -p 8080:8080 taskloop
+
+FROM swift:6.3-bookworm AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libuv1-dev libhttp-parser-dev pkg-config \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Manifest first: the dependency fetch stays cached while only sources change.
+COPY Package.swift ./
+COPY Sources ./Sources
+COPY Tests ./Tests
+COPY Benchmarks ./Benchmarks
+RUN swift build -c release --static-swift-stdlib --product taskloop \
+    && install -D -m 0755 "$(swift build -c release --show-bin-path)/taskloop" /out/taskloop
+
+FROM debian:bookworm-slim AS runtime
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin taskloop
+COPY --from=build /out/taskloop /usr/local/bin/taskloop
+USER taskloop:taskloop
+ENV TASKLOOP_HOST=0.0.0.0 \
+    TASKLOOP_PORT=8080
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=5s --start-period=5s --retries=3 \
+    CMD ["/usr/local/bin/taskloop", "--health-check"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/local/bin/taskloop"]
