@@ -6,6 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 BUILD_PACKAGES := libuv1-dev libhttp-parser-dev pkg-config
 BENCH_PACKAGES := wrk util-linux
+TEST_PACKAGES := curl jq
 FUZZ_SECONDS ?= 20
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -38,6 +39,7 @@ run: release
 	$$($(SWIFT) build -c release --show-bin-path)/taskloop --host $(HOST) --port $(PORT)
 
 test: deps
+	$(call ensure_packages,$(TEST_PACKAGES))
 	$(SWIFT) build --build-tests
 	TASKLOOP_FUZZ_SECONDS=$(FUZZ_SECONDS) $(SWIFT) test --skip-build
 	bash scripts/check-openapi.sh

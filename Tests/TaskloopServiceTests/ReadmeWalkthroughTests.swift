@@ -1,0 +1,53 @@
+import Foundation
+import Testing
+import TaskloopTestSupport
+
+/// Runs the README's curl walkthrough (the `sh` block after `<!-- walkthrough -->`) with bash,
+/// curl and jq against a real service, so the documentation cannot go stale.
+@Suite struct ReadmeWalkthroughTests {
+    static let readme = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().appendingPathComponent("README.md")
+
+    static func walkthrough() throws -> String {
+        let text = try String(contentsOf: readme, encoding: .utf8)
+        guard let marker = text.range(of: "<!-- walkthrough -->\n```sh\n"),
+              let end = text.range(of: "\n```", range: marker.upperBound..<text.endIndex) else {
+            throw ClientError.malformed("README has no walkthrough block")
+        }
+        return String(text[marker.upperBound..<end.lowerBound])
+    }
+
+    @Test func readmeWalkthroughRunsAsDocumented() throws {
+        let script = try Self.walkthrough()
+        let service = try ServiceHarness()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("walkthrough-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/bash")
+        process.arguments = ["-euo", "pipefail", "-c", script]
+        process.currentDirectoryURL = directory
+        process.environment = ProcessInfo.processInfo.environment.merging(["TASKLOOP": "http://127.0.0.1:\(service.port)"]) { $1 }
+        let output = Pipe(), errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        let finished = DispatchSemaphore(value: 0)
+        process.terminationHandler = { _ in finished.signal() }
+        let printed = output.fileHandleForReading.readDataToEndOfFile()
+        if finished.wait(timeout: .now() + 60) != .success { process.terminate() }
+        let lines = String(decoding: printed, as: UTF8.self).split(separator: "\n").map(String.init)
+        let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(process.terminationStatus == 0, "walkthrough failed: \(stderr)")
+        try #require(lines.count == 7, "printed: \(lines)")
+        #expect(lines[0].contains(#""state":"running""#) && lines[0].contains(#""publish":"#))
+        #expect(lines[1].hasPrefix(#"{"state":"running""#))
+        #expect(lines[2] == #"{"state":"succeeded","progress":1}"#)
+        #expect(lines[3] == #"{"state":"running"}"#)
+        #expect(lines[4] == #"{"state":"cancelled","error":"cancelled"}"#)
+        #expect(lines[5].hasPrefix(#"{"state":"cancelled","error":"dependency_failed","cause":""#))
+        #expect(lines[6] == #"{"state":"cancelled","progress":1}"#)
+        try service.stop()
+    }
+}
