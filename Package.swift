@@ -51,7 +51,8 @@ let package = Package(
                 "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
-            ]
+            ],
+            swiftSettings: hotPathSettings
         ),
         .executableTarget(
             name: "taskloop",

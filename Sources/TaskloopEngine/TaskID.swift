@@ -24,38 +24,54 @@ public struct TaskID: Hashable, Comparable, Sendable, CustomStringConvertible {
     public var timestamp: Int64 { Int64(high >> 16) }
 
     public var description: String {
-        var characters = [UInt8](repeating: 0, count: 26)
+        String(unsafeUninitializedCapacity: 26) { write(to: $0.baseAddress!) }
+    }
+
+    /// Writes the 26 characters of the text form at `output`; returns 26.
+    public func write(to output: UnsafeMutablePointer<UInt8>) -> Int {
         // 130 bits of output for 128 bits of id: the first character carries the top 3 bits.
         var high = high, low = low
-        for index in stride(from: 25, through: 0, by: -1) {
-            characters[index] = crockfordAlphabet[Int(low & 31)]
-            low = (low >> 5) | ((high & 31) << 59)
-            high >>= 5
+        crockfordAlphabet.withUnsafeBufferPointer { alphabet in
+            for index in stride(from: 25, through: 0, by: -1) {
+                output[index] = alphabet[Int(low & 31)]
+                low = (low >> 5) | ((high & 31) << 59)
+                high >>= 5
+            }
         }
-        return String(decoding: characters, as: UTF8.self)
+        return 26
     }
 
     /// Parses the 26-character text form; case-insensitive. Nil for anything else.
     public init?(_ text: String) {
-        let utf8 = text.utf8
+        var text = text
+        guard let (high, low) = text.withUTF8({ Self.parse($0) }) else { return nil }
+        self.init(high: high, low: low)
+    }
+
+    private static func parse(_ utf8: UnsafeBufferPointer<UInt8>) -> (UInt64, UInt64)? {
         guard utf8.count == 26 else { return nil }
         var high: UInt64 = 0, low: UInt64 = 0
-        for (index, byte) in utf8.enumerated() {
-            guard let value = crockfordValue(byte), index > 0 || value < 8 else { return nil }
+        for index in 0..<26 {
+            let value = crockfordValues[Int(utf8[index])]
+            guard value < 32, index > 0 || value < 8 else { return nil }
             high = (high << 5) | (low >> 59)
             low = (low << 5) | UInt64(value)
         }
-        self.init(high: high, low: low)
+        return (high, low)
     }
 }
 
 private let crockfordAlphabet: [UInt8] = Array("0123456789ABCDEFGHJKMNPQRSTVWXYZ".utf8)
 
-private func crockfordValue(_ byte: UInt8) -> UInt8? {
-    let upper = byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z") ? byte - 32 : byte
-    guard let index = crockfordAlphabet.firstIndex(of: upper) else { return nil }
-    return UInt8(index)
-}
+/// Each byte's value in Crockford base32 (either case), or 0xFF.
+private let crockfordValues: [UInt8] = {
+    var table = [UInt8](repeating: 0xFF, count: 256)
+    for (value, character) in crockfordAlphabet.enumerated() {
+        table[Int(character)] = UInt8(value)
+        if character >= UInt8(ascii: "A") { table[Int(character) + 32] = UInt8(value) }
+    }
+    return table
+}()
 
 /// Makes ids that increase strictly, even within one millisecond or when the wall clock steps
 /// back. Engine thread only.

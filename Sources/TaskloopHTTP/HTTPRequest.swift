@@ -61,6 +61,10 @@ public struct PathParameters: Sendable {
         storage.append(HTTPHeaders.Field(name: name, value: value))
     }
 
+    mutating func removeLast() {
+        storage.removeLast()
+    }
+
     public var isEmpty: Bool { storage.isEmpty }
 }
 

@@ -71,7 +71,7 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
         json.field("status", status.code)
         json.field("detail", detail)
         if !fieldErrors.isEmpty {
-            json.key("errors")
+            json.key(static: "errors")
             json.beginArray()
             for error in fieldErrors {
                 json.beginObject()
@@ -81,7 +81,10 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
             }
             json.endArray()
         }
-        for member in extensions { json.field(member.key, member.value) }
+        for member in extensions {
+            json.key(member.key)
+            json.value(member.value)
+        }
         json.endObject()
         var headers = self.headers
         headers.add("Content-Type", "application/problem+json")

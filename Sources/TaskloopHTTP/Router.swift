@@ -1,20 +1,13 @@
 /// Routes as plain data: a method and a path pattern map to a handler. A pattern is literal
 /// segments and `{name}` segments (`/tasks/{id}/cancel`). Literal segments win over parameters.
 /// Matching decodes each segment on its own, so `%2F` inside a parameter stays part of it.
+///
+/// The generic part is only the handler array; matching runs in the non-generic `RouteTable`,
+/// which the compiler optimises fully even when the router is used from another module
+/// (generic code across modules runs unspecialised, through metadata at every step).
 public struct Router<Handler> {
-    private struct Route {
-        var method: HTTPMethod
-        var pattern: String
-        var handler: Handler
-    }
-
-    private struct Node {
-        var literals: [String: Int] = [:]
-        var parameter: (name: String, child: Int)?
-        var routes: [Route] = []
-    }
-
-    private var nodes: [Node] = [Node()]
+    private var table = RouteTable()
+    private var handlers: [Handler] = []
 
     public init() {}
 
@@ -26,6 +19,51 @@ public struct Router<Handler> {
     }
 
     public mutating func add(_ method: HTTPMethod, _ pattern: String, _ handler: Handler) {
+        table.add(method, pattern, handler: handlers.count)
+        handlers.append(handler)
+    }
+
+    /// Finds the handler for `method` on `rawPath` (still percent-encoded). Returns nil when a
+    /// segment has a malformed escape.
+    public func match(_ method: HTTPMethod, rawPath: String) -> Match? {
+        switch table.match(method, rawPath: rawPath) {
+        case nil: nil
+        case .found(let handler, let parameters, let pattern): .found(handlers[handler], parameters: parameters, pattern: pattern)
+        case .methodNotAllowed(let allowed): .methodNotAllowed(allowed: allowed)
+        case .notFound: .notFound
+        }
+    }
+}
+
+/// The path trie behind `Router`: handlers are indexes.
+struct RouteTable {
+    private struct Route {
+        var method: HTTPMethod
+        var pattern: String
+        var handler: Int
+    }
+
+    private struct Node {
+        /// Literal children. A node has a handful, and comparing short strings beats hashing them.
+        var literals: [Literal] = []
+        var parameter: (name: String, child: Int)?
+        var routes: [Route] = []
+    }
+
+    private struct Literal {
+        var segment: String
+        var child: Int
+    }
+
+    private var nodes: [Node] = [Node()]
+
+    enum Match {
+        case found(Int, parameters: PathParameters, pattern: String)
+        case methodNotAllowed(allowed: [HTTPMethod])
+        case notFound
+    }
+
+    mutating func add(_ method: HTTPMethod, _ pattern: String, handler: Int) {
         precondition(pattern.hasPrefix("/"), "route pattern must start with /: \(pattern)")
         var current = 0
         for segment in pattern.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
@@ -39,11 +77,11 @@ public struct Router<Handler> {
                     nodes[current].parameter = (name, nodes.count - 1)
                     current = nodes.count - 1
                 }
-            } else if let child = nodes[current].literals[String(segment)] {
-                current = child
+            } else if let literal = nodes[current].literals.first(where: { $0.segment == segment }) {
+                current = literal.child
             } else {
                 nodes.append(Node())
-                nodes[current].literals[String(segment)] = nodes.count - 1
+                nodes[current].literals.append(Literal(segment: String(segment), child: nodes.count - 1))
                 current = nodes.count - 1
             }
         }
@@ -51,9 +89,7 @@ public struct Router<Handler> {
         nodes[current].routes.append(Route(method: method, pattern: pattern, handler: handler))
     }
 
-    /// Finds the handler for `method` on `rawPath` (still percent-encoded). Returns nil when a
-    /// segment has a malformed escape.
-    public func match(_ method: HTTPMethod, rawPath: String) -> Match? {
+    func match(_ method: HTTPMethod, rawPath: String) -> Match? {
         var rawPath = rawPath
         guard let decoded = rawPath.withUTF8(Self.decodedSegments) else { return nil }
         var parameters = PathParameters()
@@ -89,16 +125,13 @@ public struct Router<Handler> {
             return nodes[node].routes.isEmpty ? nil : node
         }
         let rest = segments.dropFirst()
-        if let child = nodes[node].literals[segment], let found = find(rest, from: child, parameters: &parameters) {
-            return found
+        for literal in nodes[node].literals where literal.segment == segment {
+            if let found = find(rest, from: literal.child, parameters: &parameters) { return found }
         }
         if let (name, child) = nodes[node].parameter, !segment.isEmpty {
-            var attempt = parameters
-            attempt.append(name, segment)
-            if let found = find(rest, from: child, parameters: &attempt) {
-                parameters = attempt
-                return found
-            }
+            parameters.append(name, segment)
+            if let found = find(rest, from: child, parameters: &parameters) { return found }
+            parameters.removeLast()
         }
         return nil
     }

@@ -13,7 +13,8 @@ enum Representation {
 
     static func write(_ task: TaskRecord, into json: inout JSONWriter) {
         json.beginObject()
-        json.field("id", task.id.description)
+        json.key(static: "id")
+        write(task.id, into: &json)
         json.field("name", task.name)
         json.field("kind", task.kind)
         json.field("params", task.params)
@@ -21,38 +22,42 @@ enum Representation {
         json.field("priority", task.priority)
         json.field("state", task.state.rawValue)
         json.field("cancel_requested", task.cancelRequested)
-        json.key("dependencies")
+        json.key(static: "dependencies")
         json.beginArray()
-        for dependency in task.dependencies { json.string(dependency.description) }
+        for dependency in task.dependencies { write(dependency, into: &json) }
         json.endArray()
         json.field("on_dependency_failure", task.onDependencyFailure.rawValue)
-        json.key("progress")
+        json.key(static: "progress")
         write(task.progress, into: &json)
         json.field("attempt", task.attempt)
         json.field("max_attempts", task.maxAttempts)
-        json.key("timeout_ms")
+        json.key(static: "timeout_ms")
         if let timeout = task.timeoutMilliseconds { json.int(Int64(timeout)) } else { json.null() }
-        json.key("retry")
+        json.key(static: "retry")
         json.beginObject()
         json.field("max_attempts", task.retry.maxAttempts)
         json.field("backoff_ms", Int(task.retry.backoffMilliseconds))
-        json.key("backoff_factor")
+        json.key(static: "backoff_factor")
         json.double(task.retry.backoffFactor)
         json.endObject()
         timestamp("created_at", task.createdAt, into: &json)
         timestamp("started_at", task.startedAt, into: &json)
         timestamp("finished_at", task.finishedAt, into: &json)
         json.field("result", task.result ?? .null)
-        json.key("error")
+        json.key(static: "error")
         if let error = task.error { write(error, into: &json) } else { json.null() }
         json.field("metadata", task.metadata ?? .null)
         json.field("workflow", task.workflow?.id.description)
         json.endObject()
     }
 
+    static func write(_ id: TaskID, into json: inout JSONWriter) {
+        json.asciiString(maxLength: 26) { id.write(to: $0) }
+    }
+
     static func write(_ progress: TaskProgress, into json: inout JSONWriter) {
         json.beginObject()
-        json.key("fraction")
+        json.key(static: "fraction")
         if let fraction = progress.fraction { json.double(fraction) } else { json.null() }
         json.field("message", progress.message)
         json.field("details", progress.details ?? .null)
@@ -65,7 +70,8 @@ enum Representation {
         json.field("code", error.code)
         json.field("message", error.message)
         for member in error.details where member.key != "code" && member.key != "message" {
-            json.field(member.key, member.value)
+            json.key(member.key)
+            json.value(member.value)
         }
         json.endObject()
     }
@@ -76,19 +82,22 @@ enum Representation {
         json.field("id", workflow.id.description)
         json.field("name", workflow.name)
         json.field("state", workflow.state.rawValue)
-        json.key("progress")
+        json.key(static: "progress")
         json.beginObject()
-        json.key("fraction")
+        json.key(static: "fraction")
         json.double(workflow.fraction)
         json.endObject()
         timestamp("created_at", workflow.createdAt, into: &json)
-        json.key("tasks")
+        json.key(static: "tasks")
         json.beginArray()
         for task in workflow.tasks { write(task, into: &json) }
         json.endArray()
-        json.key("keys")
+        json.key(static: "keys")
         json.beginObject()
-        for entry in workflow.keys { json.field(entry.key, entry.id.description) }
+        for entry in workflow.keys {
+            json.key(entry.key)
+            json.string(entry.id.description)
+        }
         json.endObject()
         json.endObject()
         return json.bytes
@@ -99,9 +108,12 @@ enum Representation {
         json.field("name", queue.name)
         json.field("max_concurrency", queue.maxConcurrency)
         json.field("paused", queue.paused)
-        json.key("counts")
+        json.key(static: "counts")
         json.beginObject()
-        for state in TaskState.allCases { json.field(state.rawValue, queue.counts[state]) }
+        for state in TaskState.allCases {
+            json.key(state.rawValue)
+            json.int(queue.counts[state])
+        }
         json.endObject()
         json.endObject()
     }
@@ -112,14 +124,23 @@ enum Representation {
         return json.bytes
     }
 
-    private static func timestamp(_ name: String, _ milliseconds: Int64?, into json: inout JSONWriter) {
-        json.key(name)
-        if let milliseconds { json.string(rfc3339(milliseconds)) } else { json.null() }
+    private static func timestamp(_ name: StaticString, _ milliseconds: Int64?, into json: inout JSONWriter) {
+        json.key(static: name)
+        if let milliseconds {
+            json.asciiString(maxLength: 24) { writeRFC3339(milliseconds, to: $0) }
+        } else {
+            json.null()
+        }
     }
 
-    /// `2026-11-22T14:50:00.123Z` from milliseconds since the Unix epoch (UTC, proleptic
-    /// Gregorian; Howard Hinnant's days-to-civil).
+    /// `2026-11-22T14:50:00.123Z` from milliseconds since the Unix epoch.
     static func rfc3339(_ milliseconds: Int64) -> String {
+        String(unsafeUninitializedCapacity: 24) { writeRFC3339(milliseconds, to: $0.baseAddress!) }
+    }
+
+    /// Writes the 24 bytes of `2026-11-22T14:50:00.123Z` (UTC, proleptic Gregorian; Howard
+    /// Hinnant's days-to-civil) and returns 24.
+    static func writeRFC3339(_ milliseconds: Int64, to output: UnsafeMutablePointer<UInt8>) -> Int {
         let millisecondsPerDay: Int64 = 86_400_000
         var days = milliseconds / millisecondsPerDay
         var rest = milliseconds % millisecondsPerDay
@@ -135,33 +156,34 @@ enum Representation {
         let monthIndex = (5 * dayOfYear + 2) / 153
         let day = dayOfYear - (153 * monthIndex + 2) / 5 + 1
         let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
-        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(24)
+        let year = min(9_999, max(0, yearOfEra + era * 400 + (month <= 2 ? 1 : 0)))
+        var position = 0
         func digits(_ value: Int64, _ width: Int) {
-            var divisor: Int64 = 1
-            for _ in 1..<width { divisor *= 10 }
             var value = value
-            while divisor > 0 {
-                bytes.append(UInt8(ascii: "0") + UInt8(value / divisor % 10))
-                value %= divisor
-                divisor /= 10
+            for offset in stride(from: width - 1, through: 0, by: -1) {
+                output[position + offset] = UInt8(ascii: "0") + UInt8(value % 10)
+                value /= 10
             }
+            position += width
+        }
+        func separator(_ character: Unicode.Scalar) {
+            output[position] = UInt8(ascii: character)
+            position += 1
         }
         digits(year, 4)
-        bytes.append(UInt8(ascii: "-"))
+        separator("-")
         digits(month, 2)
-        bytes.append(UInt8(ascii: "-"))
+        separator("-")
         digits(day, 2)
-        bytes.append(UInt8(ascii: "T"))
+        separator("T")
         digits(rest / 3_600_000, 2)
-        bytes.append(UInt8(ascii: ":"))
+        separator(":")
         digits(rest / 60_000 % 60, 2)
-        bytes.append(UInt8(ascii: ":"))
+        separator(":")
         digits(rest / 1_000 % 60, 2)
-        bytes.append(UInt8(ascii: "."))
+        separator(".")
         digits(rest % 1_000, 3)
-        bytes.append(UInt8(ascii: "Z"))
-        return String(decoding: bytes, as: UTF8.self)
+        separator("Z")
+        return position
     }
 }

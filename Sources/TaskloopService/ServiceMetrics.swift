@@ -14,11 +14,17 @@ final class ServiceMetrics {
     private var submitted: [String: Counter] = [:]
     private var finished: [String: Counter] = [:]
     private var runTime: [String: ValueHistogram] = [:]
-    private var requests: [String: Counter] = [:]
+    private var requests: [RequestKey: Counter] = [:]
     private var latency: [String: ValueHistogram] = [:]
     private var taskGauges: [String: Gauge] = [:]
     private let openConnections: Gauge
     private let waiting: Gauge
+
+    private struct RequestKey: Hashable {
+        let route: String
+        let method: HTTPMethod
+        let status: Int
+    }
 
     private static let runTimeBuckets: [Double] = [0.001, 0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3_600]
     private static let latencyBuckets: [Double] = [0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05, 0.25, 1, 10, 60]
@@ -62,7 +68,7 @@ final class ServiceMetrics {
     }
 
     func requestAnswered(route: String, method: HTTPMethod, status: HTTPStatus, seconds: Double) {
-        let key = "\(method) \(route) \(status.code)"
+        let key = RequestKey(route: route, method: method, status: status.code)
         let counter = requests[key] ?? {
             let counter = registry.makeCounter(
                 descriptor: Self.name("http_requests", "total", "Requests answered, by route, method and status."),

@@ -42,7 +42,7 @@ extension TaskloopApplication {
         router.add(.GET, "/queues") { [unowned self] _, reply in
             var json = JSONWriter(capacity: 1_024)
             json.beginObject()
-            json.key("queues")
+            json.key(static: "queues")
             json.beginArray()
             for name in engine.queues.keys.sorted() { Representation.write(engine.queues[name]!, into: &json) }
             json.endArray()
@@ -130,7 +130,7 @@ extension TaskloopApplication {
         }
         var json = JSONWriter(capacity: 512 * (page.tasks.count + 1))
         json.beginObject()
-        json.key("tasks")
+        json.key(static: "tasks")
         json.beginArray()
         for task in page.tasks { Representation.write(task, into: &json) }
         json.endArray()

@@ -40,11 +40,11 @@ func taskJSON(id: String, name: String?, kind: String, params: JSONValue, queue:
     json.field("kind", kind)
     json.field("params", params)
     json.field("queue", queue)
-    json.key("priority")
+    json.key(static: "priority")
     json.int(priority)
     json.field("state", state)
     json.field("cancel_requested", false)
-    json.key("dependencies")
+    json.key(static: "dependencies")
     json.beginArray()
     for dependency in dependencies { json.string(dependency) }
     json.endArray()

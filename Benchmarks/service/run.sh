@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Service benchmark: the whole `taskloop` (HTTP, routing, JSON, engine) under wrk, the server
+# pinned to core 0 and wrk to core 1; then a 10,000-task workflow from submission to success.
+#   BENCH_DURATION     seconds per wrk scenario (default 10)
+#   BENCH_CONNECTIONS  concurrent connections (default 64)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+duration=${BENCH_DURATION:-10}
+connections=${BENCH_CONNECTIONS:-64}
+swift build -c release --product taskloop >/dev/null
+binary="$(swift build -c release --show-bin-path)/taskloop"
+log=$(mktemp)
+# Finished noop tasks are kept up to 100,000 (the default), so memory stays bounded under load.
+taskset -c 0 "$binary" --port 0 --log-level warning --max-body-bytes 16777216 --max-unfinished-tasks 1000000 >"$log" 2>&1 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null || true; rm -f "$log"' EXIT
+for _ in $(seq 1 100); do
+    grep -q 'listening on' "$log" && break
+    kill -0 $server 2>/dev/null || { cat "$log"; exit 1; }
+    sleep 0.05
+done
+url=$(grep -o 'http://[^ ]*' "$log")
+[ -n "$url" ] || { echo "server did not start"; cat "$log"; exit 1; }
+
+task=$(curl -sf -X POST "$url/tasks" -H 'Content-Type: application/json' \
+    -d '{"kind":"sleep","params":{"duration_ms":1000},"name":"resize-images","metadata":{"owner":"bench"}}' \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])')
+
+run() {
+    local name=$1 path=$2; shift 2
+    taskset -c 1 wrk -t1 -c"$connections" -d2s "$@" "$url$path" >/dev/null
+    local out; out=$(taskset -c 1 wrk -t1 -c"$connections" -d"${duration}s" --latency "$@" "$url$path")
+    local rps p50 p99 errors
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+    p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+    errors=$(grep -E 'Non-2xx|Socket errors' <<<"$out" | tr -s ' ' | paste -sd';' - || true)
+    printf '%-34s %12s %10s %10s   %s\n' "$name" "$rps" "$p50" "$p99" "$errors"
+}
+
+echo "taskloop, wrk -t1 -c$connections -d${duration}s, server on core 0, wrk on core 1"
+printf '%-34s %12s %10s %10s\n' scenario "requests/s" p50 p99
+run "GET /tasks/{id} (~700 B JSON)" "/tasks/$task"
+run "POST /tasks (noop, 201)" /tasks -s Benchmarks/service/noop.lua
+echo "server RSS after both: $(awk '/VmRSS/ {print $2}' "/proc/$server/status") KiB"
+host_port=${url#http://}
+taskset -c 1 python3 Benchmarks/service/workflow.py "${host_port%:*}" "${host_port##*:}" 10000
