@@ -52,6 +52,7 @@ openapi:
 bench: bench-deps
 	bash Benchmarks/engine/run.sh
 	bash Benchmarks/http/run.sh
+	bash Benchmarks/service/run.sh
 
 clean:
 	rm -rf .build
