@@ -199,6 +199,27 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    @Test func cursorsStayCorrectWhileTasksAreAddedAndEvicted() throws {
+        let service = try ServiceHarness { $0.engine.maxRetainedTasks = 8 }
+        let client = try service.client()
+        for _ in 0..<6 { _ = try client.submit(#"{"kind":"noop"}"#) }
+        let first = try client.call("GET", "/tasks?limit=2").json
+        let firstIDs = (first["tasks"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
+        let cursor = try #require(first["next"] as? String)
+        // Four more: the two oldest are evicted, the cursor's task stays, newer ones sort above it.
+        for _ in 0..<4 { _ = try client.submit(#"{"kind":"noop"}"#) }
+        let second = try client.call("GET", "/tasks?limit=10&after=\(cursor)").json
+        let secondIDs = (second["tasks"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
+        #expect(secondIDs.count == 2, "only the two older survivors: \(secondIDs)")
+        #expect(secondIDs.allSatisfy { $0 < cursor } && Set(secondIDs).isDisjoint(with: firstIDs))
+        #expect(second["next"] is NSNull)
+        // Evicting the cursor's own task does not break the next page either.
+        for _ in 0..<6 { _ = try client.submit(#"{"kind":"noop"}"#) }
+        let third = try client.call("GET", "/tasks?after=\(cursor)")
+        #expect(third.status == 200 && (third.json["tasks"] as? [Any])?.isEmpty == true)
+        try service.stop()
+    }
+
     @Test func tooManyUnfinishedTasksIs429WithRetryAfter() throws {
         let service = try ServiceHarness { $0.engine.maxUnfinishedTasks = 2 }
         let client = try service.client()

@@ -13,6 +13,8 @@ import TaskloopTestSupport
         let process = Process()
         let output = Pipe()
         private var seen = ""
+        /// Everything read so far.
+        var printed: String { seen }
 
         init(arguments: [String], environment: [String: String] = [:]) throws {
             process.executableURL = BinaryTests.executable
@@ -114,7 +116,40 @@ import TaskloopTestSupport
 
     @Test func helpDocumentsEveryFlag() throws {
         let binary = try RunningBinary(arguments: ["--help"])
+        _ = try binary.waitForLine(containing: "--health-check")
         _ = try binary.waitForLine(containing: "--shutdown-grace-seconds")
         #expect(try binary.waitForExit() == 0)
+        for flag in ["--auth-token", "--allow-exec", "--default-concurrency", "--max-unfinished-tasks", "--retention-seconds",
+                     "--max-retained-tasks", "--log-level", "--log-format", "--max-body-bytes", "--max-header-bytes",
+                     "--header-timeout-seconds", "--idle-timeout-seconds", "--max-connections"] {
+            #expect(binary.printed.contains(flag), "--help lists \(flag)")
+        }
+    }
+
+    @Test func logsJSONLinesForRequestsAndTaskStates() throws {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--log-format", "json", "--log-level", "debug"])
+        let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
+        let client = try RawClient(port: port)
+        let body = #"{"kind":"noop"}"#
+        try client.send("POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+        #expect(try client.readResponse().status == 201)
+        let request = try binary.waitForLine(containing: "POST /tasks 201")
+        let object = try JSONSerialization.jsonObject(with: Data(request.utf8)) as? [String: Any]
+        #expect(object?["level"] as? String == "debug" && object?["route"] as? String == "/tasks")
+        let state = try binary.waitForLine(containing: "running -> succeeded")
+        #expect((try JSONSerialization.jsonObject(with: Data(state.utf8)) as? [String: Any])?["level"] as? String == "info")
+        kill(binary.process.processIdentifier, SIGTERM)
+        #expect(try binary.waitForExit() == 0)
+    }
+
+    @Test func healthCheckFlagAsksARunningServer() throws {
+        let server = try RunningBinary(arguments: ["--port", "0"])
+        let port = try #require(Self.port(from: try server.waitForLine(containing: "listening on")))
+        let probe = try RunningBinary(arguments: ["--health-check", "--port", String(port)])
+        #expect(try probe.waitForExit() == 0)
+        kill(server.process.processIdentifier, SIGTERM)
+        #expect(try server.waitForExit() == 0)
+        let refused = try RunningBinary(arguments: ["--health-check", "--port", String(port)])
+        #expect(try refused.waitForExit() == 1)
     }
 }
