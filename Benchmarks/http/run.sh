@@ -9,18 +9,8 @@ duration=${BENCH_DURATION:-10}
 connections=${BENCH_CONNECTIONS:-64}
 swift build -c release --product http-bench-server >/dev/null
 binary="$(swift build -c release --show-bin-path)/http-bench-server"
-log=$(mktemp)
-taskset -c 0 "$binary" >"$log" 2>&1 &
-server=$!
-trap 'kill -TERM $server 2>/dev/null || true; rm -f "$log"' EXIT
-
-for _ in $(seq 1 100); do
-    grep -q 'listening on' "$log" && break
-    kill -0 $server 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 0.05
-done
-url=$(grep -o 'http://[^ ]*' "$log")
-[ -n "$url" ] || { echo "server did not start"; cat "$log"; exit 1; }
+source scripts/serve-in-background.sh
+serve_in_background taskset -c 0 "$binary"
 
 rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$server/status"; }
 

@@ -10,18 +10,10 @@ duration=${BENCH_DURATION:-10}
 connections=${BENCH_CONNECTIONS:-64}
 swift build -c release --product taskloop >/dev/null
 binary="$(swift build -c release --show-bin-path)/taskloop"
-log=$(mktemp)
+source scripts/serve-in-background.sh
 # Finished noop tasks are kept up to 100,000 (the default), so memory stays bounded under load.
-taskset -c 0 "$binary" --port 0 --log-level warning --max-body-bytes 16777216 --max-unfinished-tasks 1000000 >"$log" 2>&1 &
-server=$!
-trap 'kill -TERM $server 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 100); do
-    grep -q 'listening on' "$log" && break
-    kill -0 $server 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 0.05
-done
-url=$(grep -o 'http://[^ ]*' "$log")
-[ -n "$url" ] || { echo "server did not start"; cat "$log"; exit 1; }
+serve_in_background taskset -c 0 "$binary" --port 0 --log-level warning --max-body-bytes 16777216 \
+    --max-unfinished-tasks 1000000
 
 task=$(curl -sf -X POST "$url/tasks" -H 'Content-Type: application/json' \
     -d '{"kind":"sleep","params":{"duration_ms":1000},"name":"resize-images","metadata":{"owner":"bench"}}' \

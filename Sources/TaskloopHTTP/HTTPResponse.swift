@@ -31,6 +31,12 @@ public protocol HTTPResponseError: Error {
     func response() -> HTTPResponse
 }
 
+/// The answer for an error a handler threw: its own response if it knows one, else a 500.
+public func errorResponse(for error: any Error) -> HTTPResponse {
+    (error as? HTTPResponseError)?.response()
+        ?? HTTPProblem(.internalServerError, detail: "The server failed to answer.").response()
+}
+
 /// An RFC 9457 problem: the body of every error response.
 public struct HTTPProblem: HTTPResponseError, Equatable {
     public var status: HTTPStatus

@@ -171,10 +171,8 @@ extension Router where Handler == HTTPHandler {
         request.parameters = parameters
         do {
             try handler(request, responder)
-        } catch let error as HTTPResponseError {
-            responder.respond(error.response())
         } catch {
-            responder.respond(HTTPProblem(.internalServerError, detail: "The server failed to answer.").response())
+            responder.respond(errorResponse(for: error))
         }
     }
 }

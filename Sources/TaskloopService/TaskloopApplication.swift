@@ -98,11 +98,11 @@ public final class TaskloopApplication {
         request.parameters = parameters
         do {
             try handler(request, reply)
-        } catch let error as HTTPResponseError {
-            reply.send(error.response())
         } catch {
-            logger.error("unexpected error", metadata: ["error": "\(error)", "route": "\(route)"])
-            reply.send(HTTPProblem(.internalServerError, detail: "The server failed to answer.").response())
+            if !(error is HTTPResponseError) {
+                logger.error("unexpected error", metadata: ["error": "\(error)", "route": "\(route)"])
+            }
+            reply.send(errorResponse(for: error))
         }
     }
 
