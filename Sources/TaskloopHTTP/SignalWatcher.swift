@@ -19,10 +19,7 @@ public final class SignalWatcher {
         }
         // A process may inherit the signal blocked (posix_spawn keeps the parent's mask, and
         // some supervisors block SIGTERM); a watched signal must be able to arrive.
-        var unblock = sigset_t()
-        sigemptyset(&unblock)
-        sigaddset(&unblock, signal)
-        pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
+        unblock(signal)
     }
 
     public func close() {
@@ -35,4 +32,13 @@ public final class SignalWatcher {
 
 private let deliverSignal: uv_signal_cb = { handle, _ in
     UVHandle.owner(handle, as: SignalWatcher.self).deliver()
+}
+
+/// Unblocks `signal` for the calling (loop) thread: a mask inherited from the parent process
+/// would otherwise keep it pending forever.
+func unblock(_ signal: Int32) {
+    var set = sigset_t()
+    sigemptyset(&set)
+    sigaddset(&set, signal)
+    pthread_sigmask(SIG_UNBLOCK, &set, nil)
 }

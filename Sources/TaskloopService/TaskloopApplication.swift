@@ -39,7 +39,8 @@ public final class TaskloopApplication {
     public func start() throws -> SocketAddress {
         let scheduler = try LoopScheduler(loop: loop)
         self.scheduler = scheduler
-        let engine = Engine(configuration: configuration.engine, scheduler: scheduler)
+        let extra: [String: TaskExecutor] = configuration.allowExec ? ["exec": ExecExecutor(loop: loop, scheduler: scheduler)] : [:]
+        let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
         engine.addObserver { [unowned self] event in observe(event) }

@@ -142,6 +142,45 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() == 0)
     }
 
+    /// A thousand short `exec` runs leave no zombie child and no open descriptor behind.
+    @Test func thousandExecRunsLeakNothing() throws {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--allow-exec", "--default-concurrency", "16",
+                                                   "--log-level", "warning"])
+        let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
+        let pid = binary.process.processIdentifier
+        func openDescriptors() -> Int {
+            (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
+        }
+        func children() -> [String] {
+            let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+            return entries.compactMap { entry -> String? in
+                guard Int32(entry) != nil, let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+                      let fields = stat.split(separator: ")").last?.split(separator: " "), fields.count > 2,
+                      Int32(fields[1]) == pid else { return nil }
+                return "\(entry) \(fields[0])"
+            }
+        }
+        let client = try APIClient(port: port)
+        _ = try client.call("GET", "/healthz")
+        let before = openDescriptors()
+        let tasks = (0..<1_000).map { #"{"key":"t\#($0)","kind":"exec","params":{"argv":["true"]}}"# }
+        let created = try client.call("POST", "/workflows", json: #"{"tasks":["# + tasks.joined(separator: ",") + "]}")
+        try #require(created.status == 201, "\(created.text.prefix(300))")
+        let last = try #require((created.json["keys"] as? [String: String])?["t999"])
+        let workflow = try #require(created.json["id"] as? String)
+        _ = try client.waitForState(last, "succeeded", timeout: 120)
+        let deadline = Date().addingTimeInterval(60)
+        while try client.call("GET", "/workflows/\(workflow)").json["state"] as? String == "running" {
+            guard Date() < deadline else { throw TestTimeout(what: "the workflow to finish") }
+            usleep(10_000)
+        }
+        #expect(try client.call("GET", "/workflows/\(workflow)").json["state"] as? String == "succeeded")
+        #expect(openDescriptors() == before, "descriptors before \(before), after \(openDescriptors())")
+        #expect(children().isEmpty, "children left: \(children())")
+        kill(pid, SIGTERM)
+        #expect(try binary.waitForExit() == 0)
+    }
+
     @Test func healthCheckFlagAsksARunningServer() throws {
         let server = try RunningBinary(arguments: ["--port", "0"])
         let port = try #require(Self.port(from: try server.waitForLine(containing: "listening on")))

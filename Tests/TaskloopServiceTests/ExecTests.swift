@@ -1,0 +1,118 @@
+import Foundation
+import Testing
+import TaskloopTestSupport
+
+/// `exec` tasks end to end: real child processes, their output, progress and exit, and
+/// cancellation that really stops them (checked by pid).
+@Suite(.serialized) struct ExecTests {
+    static func isGone(_ pid: Int32) -> Bool {
+        // A zombie is dead; it is reaped by whoever inherited it, not by us.
+        guard kill(pid, 0) == 0 else { return true }
+        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        return stat.split(separator: ")").last?.split(separator: " ").first == "Z"
+    }
+
+    static func waitUntilGone(_ pid: Int32, timeout: Double = 10) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        while !isGone(pid) {
+            guard Date() < deadline else { throw TestTimeout(what: "process \(pid) to end") }
+            usleep(2_000)
+        }
+    }
+
+    static func json(_ value: Any) -> String {
+        String(decoding: try! JSONSerialization.data(withJSONObject: value), as: UTF8.self)
+    }
+
+    func submit(_ client: APIClient, _ argv: [String], extra: [String: Any] = [:], params: [String: Any] = [:]) throws -> String {
+        var body: [String: Any] = ["kind": "exec", "params": params.merging(["argv": argv]) { $1 }]
+        body.merge(extra) { $1 }
+        return try #require(try client.submit(Self.json(body))["id"] as? String)
+    }
+
+    @Test func outputProgressAndExitStatus() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let ok = try submit(client, ["sh", "-c", "echo PROGRESS 25% a quarter; echo PROGRESS 0.5; echo out; echo err >&2; echo $GREETING"],
+                            params: ["env": ["GREETING": "hello"]])
+        let done = try client.waitForState(ok, "succeeded")
+        let result = try #require(done["result"] as? [String: Any])
+        #expect(result["exit_code"] as? Int == 0)
+        #expect((result["stdout"] as? String)?.contains("out\nhello\n") == true)
+        #expect(result["stderr"] as? String == "err\n")
+        #expect((done["progress"] as? [String: Any])?["message"] as? String == "a quarter")
+
+        let failing = try submit(client, ["sh", "-c", "echo broken >&2; exit 3"])
+        let failed = try client.waitForState(failing, "failed")
+        let error = try #require(failed["error"] as? [String: Any])
+        #expect(error["code"] as? String == "exit_status" && error["exit_code"] as? Int == 3)
+        #expect(error["stderr"] as? String == "broken\n")
+
+        let missing = try submit(client, ["/no/such/program"])
+        #expect((try client.waitForState(missing, "failed")["error"] as? [String: Any])?["code"] as? String == "spawn_failed")
+
+        let directory = FileManager.default.temporaryDirectory.path
+        let cwd = try submit(client, ["pwd"], params: ["cwd": directory])
+        let printed = (try client.waitForState(cwd, "succeeded")["result"] as? [String: Any])?["stdout"] as? String
+        #expect(printed?.trimmingCharacters(in: .newlines) == URL(fileURLWithPath: directory).resolvingSymlinksInPath().path
+            || printed?.trimmingCharacters(in: .newlines) == directory)
+        #expect(try client.call("POST", "/tasks", json: #"{"kind":"exec","params":{"argv":[]}}"#).status == 422)
+        try service.stop()
+    }
+
+    /// The child writes its pid and its background grandchild's pid, then waits.
+    func startFamily(_ client: APIClient, extra: [String: Any] = [:], params: [String: Any] = [:],
+                     trap: String = "") throws -> (task: String, child: Int32, grandchild: Int32) {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("family-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let script = "\(trap) sleep 300 & echo $$ $! > \(file).tmp; mv \(file).tmp \(file); echo PROGRESS 0.1 started; wait; sleep 300"
+        let task = try submit(client, ["sh", "-c", script], extra: extra, params: params)
+        let deadline = Date().addingTimeInterval(10)
+        while !FileManager.default.fileExists(atPath: file) {
+            guard Date() < deadline else { throw TestTimeout(what: "the child to start") }
+            usleep(2_000)
+        }
+        let pids = try String(contentsOfFile: file, encoding: .utf8).split(separator: " ").compactMap {
+            Int32($0.trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+        return (task, pids[0], pids[1])
+    }
+
+    @Test func cancelStopsTheChildAndItsGrandchild() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startFamily(client)
+        #expect(!Self.isGone(family.child) && !Self.isGone(family.grandchild))
+        let cancel = try client.call("DELETE", "/tasks/\(family.task)")
+        #expect(cancel.status == 202 || cancel.status == 200)
+        _ = try client.waitForState(family.task, "cancelled")
+        // Cancelled means reaped: the child is gone by now, not just signalled.
+        #expect(Self.isGone(family.child))
+        try Self.waitUntilGone(family.grandchild)
+        try service.stop()
+    }
+
+    @Test func aChildIgnoringSIGTERMIsKilledAfterTheGrace() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startFamily(client, params: ["grace_ms": 200], trap: "trap '' TERM;")
+        let started = Date()
+        #expect(try client.call("DELETE", "/tasks/\(family.task)").status == 202)
+        _ = try client.waitForState(family.task, "cancelled")
+        #expect(Date().timeIntervalSince(started) >= 0.2)
+        #expect(Self.isGone(family.child))
+        try Self.waitUntilGone(family.grandchild)
+        try service.stop()
+    }
+
+    @Test func aTimeoutFailsTheTaskAndStopsTheChild() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startFamily(client, extra: ["timeout_ms": 300])
+        let failed = try client.waitForState(family.task, "failed")
+        #expect((failed["error"] as? [String: Any])?["code"] as? String == "timeout")
+        try Self.waitUntilGone(family.child)
+        try Self.waitUntilGone(family.grandchild)
+        try service.stop()
+    }
+}
