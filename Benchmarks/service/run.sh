@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Service benchmark: the whole `taskloop` (HTTP, routing, JSON, engine) under wrk, the server
-# pinned to core 0 and wrk to core 1; then a 10,000-task workflow from submission to success.
+# pinned to core 0 and wrk to core 1; then a 10,000-task workflow from submission to success,
+# and 200 concurrent `exec` tasks of `true`.
 #   BENCH_DURATION     seconds per wrk scenario (default 10)
 #   BENCH_CONNECTIONS  concurrent connections (default 64)
 set -euo pipefail
@@ -13,7 +14,7 @@ binary="$(swift build -c release --show-bin-path)/taskloop"
 source scripts/serve-in-background.sh
 # Finished noop tasks are kept up to 100,000 (the default), so memory stays bounded under load.
 serve_in_background taskset -c 0 "$binary" --port 0 --log-level warning --max-body-bytes 16777216 \
-    --max-unfinished-tasks 1000000
+    --max-unfinished-tasks 1000000 --allow-exec
 
 task=$(curl -sf -X POST "$url/tasks" -H 'Content-Type: application/json' \
     -d '{"kind":"sleep","params":{"duration_ms":1000},"name":"resize-images","metadata":{"owner":"bench"}}' \
@@ -38,3 +39,4 @@ run "POST /tasks (noop, 201)" /tasks -s Benchmarks/service/noop.lua
 echo "server RSS after both: $(awk '/VmRSS/ {print $2}' "/proc/$server/status") KiB"
 host_port=${url#http://}
 taskset -c 1 python3 Benchmarks/service/workflow.py "${host_port%:*}" "${host_port##*:}" 10000
+taskset -c 1 python3 Benchmarks/service/exec.py "${host_port%:*}" "${host_port##*:}" 200
