@@ -12,13 +12,20 @@ import TaskloopHTTP
 final class ServiceMetrics {
     private let registry = PrometheusCollectorRegistry()
     private var submitted: [String: Counter] = [:]
-    private var finished: [String: Counter] = [:]
+    private var finished: [LabelPair: Counter] = [:]
     private var runTime: [String: ValueHistogram] = [:]
     private var requests: [RequestKey: Counter] = [:]
     private var latency: [String: ValueHistogram] = [:]
-    private var taskGauges: [String: Gauge] = [:]
+    private var taskGauges: [LabelPair: Gauge] = [:]
     private let openConnections: Gauge
     private let waiting: Gauge
+
+    /// Two label values (kind and state, queue and state): a struct, not a joined string, so a
+    /// lookup on the per-task path allocates nothing.
+    private struct LabelPair: Hashable {
+        let first: String
+        let state: TaskState
+    }
 
     private struct RequestKey: Hashable {
         let route: String
@@ -38,68 +45,59 @@ final class ServiceMetrics {
         MetricNameDescriptor(namespace: "taskloop", metricName: metric, unitName: unit, helpText: help)
     }
 
+    /// The collector kept under `key`, made (and registered) on first use.
+    private static func collector<Key: Hashable, Collector>(
+        _ key: Key, in table: inout [Key: Collector], make: () -> Collector
+    ) -> Collector {
+        if let collector = table[key] { return collector }
+        let collector = make()
+        table[key] = collector
+        return collector
+    }
+
     func taskSubmitted(kind: String) {
-        if let counter = submitted[kind] { return counter.increment() }
-        let counter = registry.makeCounter(descriptor: Self.name("tasks_submitted", "total", "Tasks accepted, by kind."),
-                                           labels: [("kind", kind)])
-        submitted[kind] = counter
-        counter.increment()
+        Self.collector(kind, in: &submitted) {
+            registry.makeCounter(descriptor: Self.name("tasks_submitted", "total", "Tasks accepted, by kind."),
+                                 labels: [("kind", kind)])
+        }.increment()
     }
 
     func taskFinished(_ task: TaskRecord) {
-        let key = task.kind + "\u{0}" + task.state.rawValue
-        let counter = finished[key] ?? {
-            let counter = registry.makeCounter(
+        Self.collector(LabelPair(first: task.kind, state: task.state), in: &finished) {
+            registry.makeCounter(
                 descriptor: Self.name("tasks_finished", "total", "Tasks that reached a terminal state, by kind and state."),
                 labels: [("kind", task.kind), ("state", task.state.rawValue)])
-            finished[key] = counter
-            return counter
-        }()
-        counter.increment()
+        }.increment()
         guard let started = task.startedAt, let ended = task.finishedAt else { return }
-        let histogram = runTime[task.kind] ?? {
-            let histogram = registry.makeValueHistogram(
+        Self.collector(task.kind, in: &runTime) {
+            registry.makeValueHistogram(
                 descriptor: Self.name("task_run", "seconds", "Time from a task's first start to its end, by kind."),
                 labels: [("kind", task.kind)], buckets: Self.runTimeBuckets)
-            runTime[task.kind] = histogram
-            return histogram
-        }()
-        histogram.record(Double(max(0, ended - started)) / 1_000)
+        }.record(Double(max(0, ended - started)) / 1_000)
     }
 
     func requestAnswered(route: String, method: HTTPMethod, status: HTTPStatus, seconds: Double) {
-        let key = RequestKey(route: route, method: method, status: status.code)
-        let counter = requests[key] ?? {
-            let counter = registry.makeCounter(
+        Self.collector(RequestKey(route: route, method: method, status: status.code), in: &requests) {
+            registry.makeCounter(
                 descriptor: Self.name("http_requests", "total", "Requests answered, by route, method and status."),
                 labels: [("route", route), ("method", method.description), ("status", String(status.code))])
-            requests[key] = counter
-            return counter
-        }()
-        counter.increment()
-        let histogram = latency[route] ?? {
-            let histogram = registry.makeValueHistogram(
+        }.increment()
+        Self.collector(route, in: &latency) {
+            registry.makeValueHistogram(
                 descriptor: Self.name("http_request_duration", "seconds", "Time from a request's arrival to its answer, by route."),
                 labels: [("route", route)], buckets: Self.latencyBuckets)
-            latency[route] = histogram
-            return histogram
-        }()
-        histogram.record(seconds)
+        }.record(seconds)
     }
 
     /// The text exposition, with the state gauges brought up to date first.
     func render(engine: Engine, connections: Int, longPolls: Int) -> [UInt8] {
         for (name, queue) in engine.queues {
             for state in TaskState.allCases {
-                let key = name + "\u{0}" + state.rawValue
-                let gauge = taskGauges[key] ?? {
-                    let gauge = registry.makeGauge(
+                Self.collector(LabelPair(first: name, state: state), in: &taskGauges) {
+                    registry.makeGauge(
                         descriptor: Self.name("tasks", "", "Tasks known now, by queue and state (finished ones until evicted)."),
                         labels: [("queue", name), ("state", state.rawValue)])
-                    taskGauges[key] = gauge
-                    return gauge
-                }()
-                gauge.set(Double(queue.counts[state]))
+                }.set(Double(queue.counts[state]))
             }
         }
         openConnections.set(Double(connections))
