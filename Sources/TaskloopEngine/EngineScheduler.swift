@@ -27,15 +27,15 @@ public protocol ScheduledAction: AnyObject {
 public struct TimerQueue {
     private final class Action: ScheduledAction {
         var body: (() -> Void)?
-        let onCancel: () -> Void
-        init(_ body: @escaping () -> Void, onCancel: @escaping () -> Void) {
+        let cancelled: Counter
+        init(_ body: @escaping () -> Void, cancelled: Counter) {
             self.body = body
-            self.onCancel = onCancel
+            self.cancelled = cancelled
         }
         func cancel() {
             guard body != nil else { return }
             body = nil
-            onCancel()
+            cancelled.value += 1
         }
     }
 
@@ -61,8 +61,7 @@ public struct TimerQueue {
     /// Queues `body` for `deadline`.
     public mutating func schedule(at deadline: UInt64, _ body: @escaping () -> Void) -> ScheduledAction {
         if cancelled.value > 1_024 && cancelled.value > pending.count / 2 { dropCancelled() }
-        let counter = cancelled
-        let action = Action(body) { counter.value += 1 }
+        let action = Action(body, cancelled: cancelled)
         sequence += 1
         pending.insert(Entry(deadline: deadline, sequence: sequence, action: action))
         return action
