@@ -197,13 +197,7 @@ public final class Engine {
                     throw EngineError(.unknownDependency, "Keys name sibling tasks only inside a workflow.",
                                       field: "dependencies[\(position)]")
                 }
-                guard let dependency = tasks[id] else {
-                    throw EngineError(.unknownDependency, "No task \(id).", field: "dependencies[\(position)]")
-                }
-                guard dependency.duplicateStamp != duplicateStamp else {
-                    throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: "dependencies[\(position)]")
-                }
-                dependency.duplicateStamp = duplicateStamp
+                try claimDependency(id) { "dependencies[\(position)]" }
                 dependencies.append(id)
             }
         }
@@ -218,6 +212,20 @@ public final class Engine {
         dispatching = wasDispatching
         dispatch()
         return record
+    }
+
+    /// The existing task `id` as a dependency of the list being checked (stamped with
+    /// `duplicateStamp`): throws if it does not exist or the list named it already.
+    @discardableResult
+    private func claimDependency(_ id: TaskID, field: () -> String) throws(EngineError) -> TaskRecord {
+        guard let dependency = tasks[id] else {
+            throw EngineError(.unknownDependency, "No task \(id).", field: field())
+        }
+        guard dependency.duplicateStamp != duplicateStamp else {
+            throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: field())
+        }
+        dependency.duplicateStamp = duplicateStamp
+        return dependency
     }
 
     /// Refuses a submission that would exceed the unfinished-task limit.
@@ -304,14 +312,7 @@ public final class Engine {
                 func field() -> String { "tasks[\(index)].dependencies[\(position)]" }
                 switch reference {
                 case .task(let id):
-                    guard let record = tasks[id] else {
-                        throw EngineError(.unknownDependency, "No task \(id).", field: field())
-                    }
-                    guard record.duplicateStamp != duplicateStamp else {
-                        throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: field())
-                    }
-                    record.duplicateStamp = duplicateStamp
-                    dependencies.append(.existing(record))
+                    dependencies.append(.existing(try claimDependency(id, field: field)))
                 case .sibling(let key):
                     guard let sibling = positions[key] else {
                         throw EngineError(.unknownDependency, "No task with key \(key) in this workflow.", field: field())
@@ -540,9 +541,10 @@ public final class Engine {
         return count
     }
 
+    /// Cancels `records` (in creation order) newest first, as `cancelAll(inQueue:)` does.
     func cancelAll(_ records: [TaskRecord]) -> Int {
         var count = 0
-        for record in records.sorted(by: { $0.sequence > $1.sequence }) where !record.state.isTerminal {
+        for record in records.reversed() where !record.state.isTerminal {
             _ = requestCancel(record)
             count += 1
         }

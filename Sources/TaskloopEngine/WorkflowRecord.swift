@@ -5,6 +5,7 @@ public final class WorkflowRecord {
     public let id: TaskID
     public let name: String?
     public let createdAt: Int64
+    /// Its tasks in submission (= creation) order, evicted ones removed.
     public private(set) var tasks: [TaskRecord] = []
     /// Each task's key, in submission order.
     public private(set) var keys: [(key: String, id: TaskID)] = []
