@@ -250,27 +250,10 @@ extension JSONValue {
 extension Array where Element == UInt8 {
     /// Appends the decimal digits of `value`, without going through `String`.
     public mutating func appendDecimal(_ value: Int64) {
-        if value < 0 {
-            append(UInt8(ascii: "-"))
-            if value == .min {
-                append(contentsOf: "9223372036854775808".utf8)
-                return
-            }
-        }
-        var rest = value.magnitude
-        if rest < 10 {
-            append(UInt8(ascii: "0") + UInt8(rest))
-            return
-        }
-        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes of scratch, no allocation
-        Swift.withUnsafeMutableBytes(of: &digits) { buffer in
-            var position = buffer.count
-            while rest > 0 {
-                position -= 1
-                buffer[position] = UInt8(ascii: "0") + UInt8(rest % 10)
-                rest /= 10
-            }
-            append(contentsOf: buffer[position...])
+        var scratch: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes, no allocation
+        Swift.withUnsafeMutableBytes(of: &scratch) { buffer in
+            let count = writeDecimal(value, to: buffer.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            append(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
         }
     }
 }
