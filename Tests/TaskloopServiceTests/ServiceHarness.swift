@@ -10,8 +10,7 @@ final class ServiceHarness: @unchecked Sendable {
     let loop: EventLoop
     let port: Int
     private let application: LoopBound<TaskloopApplication>
-    private let finished = DispatchSemaphore(value: 0)
-    private let outcome = Locked<Result<Void, EventLoopError>?>(nil)
+    private let thread: LoopThread
 
     init(_ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
         var configuration = ServiceConfiguration()
@@ -26,60 +25,34 @@ final class ServiceHarness: @unchecked Sendable {
         port = try application.start().port
         self.loop = loop
         self.application = LoopBound(application, loop: loop)
-        let thread = Thread { [finished, outcome] in
-            let result = Result { () throws(EventLoopError) in try loop.run() }
-            outcome.withLock { $0 = result }
-            finished.signal()
-        }
-        thread.name = "service-loop"
-        thread.start()
+        thread = LoopThread(loop, name: "service-loop")
     }
 
     func stop(timeout: Double = 10) throws {
         let application = self.application
         let loop = self.loop
         loop.execute { application.value.stop { loop.finish() } }
-        guard finished.wait(timeout: .now() + timeout) == .success else { throw TestTimeout(what: "service to stop") }
-        finished.signal()
-        try outcome.withLock { $0 }!.get()
-    }
-
-    /// Starts the shutdown without waiting for it.
-    func beginStop() {
-        let application = self.application
-        let loop = self.loop
-        loop.execute { application.value.stop { loop.finish() } }
+        try thread.waitForExit(timeout: timeout, what: "service to stop")
     }
 
     func client() throws -> APIClient { try APIClient(port: port) }
 
     /// Runs `body` on the loop thread with the application and returns its result.
     func onLoop<T: Sendable>(_ body: @escaping @Sendable (TaskloopApplication) -> T) -> T {
-        let done = DispatchSemaphore(value: 0)
-        let result = Locked<T?>(nil)
         let application = self.application
-        loop.execute {
-            result.withLock { $0 = body(application.value) }
-            done.signal()
-        }
-        done.wait()
-        return result.withLock { $0! }
+        return thread.run { body(application.value) }
     }
 
     /// Waits until `condition` holds on the loop, or throws at the deadline.
     func waitUntil(_ what: String, timeout: Double = 10, _ condition: @escaping @Sendable (TaskloopApplication) -> Bool) throws {
-        let deadline = Date().addingTimeInterval(timeout)
-        while !onLoop(condition) {
-            guard Date() < deadline else { throw TestTimeout(what: what) }
-            usleep(1_000)
-        }
+        let application = self.application
+        try thread.waitUntil(what, timeout: timeout) { condition(application.value) }
     }
 }
 
 /// A keep-alive JSON client over a raw socket; one thread at a time.
 final class APIClient: @unchecked Sendable {
     private let connection: RawClient
-    var headers: [String: String] = [:]
 
     init(port: Int) throws {
         connection = try RawClient(port: port)
@@ -89,7 +62,7 @@ final class APIClient: @unchecked Sendable {
     func call(_ method: String, _ path: String, json: String? = nil, contentType: String = "application/json",
               headers extra: [String: String] = [:], timeout: Double = 5) throws -> RawResponse {
         var request = "\(method) \(path) HTTP/1.1\r\nHost: test\r\n"
-        for (name, value) in headers.merging(extra, uniquingKeysWith: { $1 }) { request += "\(name): \(value)\r\n" }
+        for (name, value) in extra { request += "\(name): \(value)\r\n" }
         let body = Array((json ?? "").utf8)
         if json != nil { request += "Content-Type: \(contentType)\r\nContent-Length: \(body.count)\r\n" }
         request += "\r\n"

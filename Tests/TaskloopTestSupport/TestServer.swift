@@ -8,8 +8,7 @@ public final class TestServer: Sendable {
     public let loop: EventLoop
     public let port: Int
     private let server: LoopBound<HTTPServer>
-    private let finished = DispatchSemaphore(value: 0)
-    private let outcome = Locked<Result<Void, EventLoopError>?>(nil)
+    private let thread: LoopThread
 
     public convenience init(
         configure: (inout HTTPServerConfiguration) -> Void = { _ in },
@@ -34,13 +33,7 @@ public final class TestServer: Sendable {
         self.loop = loop
         self.port = address.port
         self.server = LoopBound(server, loop: loop)
-        let thread = Thread { [finished, outcome] in
-            let result = Result { () throws(EventLoopError) in try loop.run() }
-            outcome.withLock { $0 = result }
-            finished.signal()
-        }
-        thread.name = "test-loop"
-        thread.start()
+        thread = LoopThread(loop, name: "test-loop")
     }
 
     public convenience init(
@@ -51,16 +44,8 @@ public final class TestServer: Sendable {
 
     /// Runs `body` with the server on its loop thread and returns its result.
     public func onLoop<T: Sendable>(_ body: @escaping @Sendable (HTTPServer) -> T) -> T {
-        let done = DispatchSemaphore(value: 0)
-        let result = Locked<T?>(nil)
         let server = self.server
-        loop.execute {
-            let value = body(server.value)
-            result.withLock { $0 = value }
-            done.signal()
-        }
-        done.wait()
-        return result.withLock { $0! }
+        return thread.run { body(server.value) }
     }
 
     /// Waits until `condition` (evaluated on the loop) holds, or throws after `timeout` seconds.
@@ -68,11 +53,8 @@ public final class TestServer: Sendable {
         timeout: Double = 5, _ what: String = "condition",
         _ condition: @escaping @Sendable (HTTPServer) -> Bool
     ) throws {
-        let deadline = Date().addingTimeInterval(timeout)
-        while !onLoop(condition) {
-            guard Date() < deadline else { throw TestTimeout(what: what) }
-            usleep(1_000)
-        }
+        let server = self.server
+        try thread.waitUntil(what, timeout: timeout) { condition(server.value) }
     }
 
     /// Graceful shutdown; returns once the loop thread has ended. Throws if it did not end in
@@ -88,11 +70,7 @@ public final class TestServer: Sendable {
 
     /// Waits for the loop thread to end (after a shutdown someone else started).
     public func waitForExit(timeout: Double = 10) throws {
-        guard finished.wait(timeout: .now() + timeout) == .success else {
-            throw TestTimeout(what: "server loop to finish")
-        }
-        finished.signal()
-        try outcome.withLock { $0 }!.get()
+        try thread.waitForExit(timeout: timeout, what: "server loop to finish")
     }
 }
 
