@@ -75,52 +75,60 @@ struct BodyReader {
         }
     }
 
-    mutating func string(_ object: JSONObject, _ key: String, prefix: String, maxLength: Int = 256) -> String?? {
+    /// Why a field's value was refused, for `errors[].message`.
+    private struct Refusal: Error {
+        let message: String
+        init(_ message: String) { self.message = message }
+    }
+
+    /// A field's value: `.none` when it is absent or refused (the refusal recorded), `.some(nil)`
+    /// for null, else what `read` made of it.
+    private mutating func field<Value>(
+        _ object: JSONObject, _ key: String, prefix: String, _ read: (JSONValue) -> Result<Value, Refusal>
+    ) -> Value?? {
         guard let value = object[key] else { return .none }
         if value.isNull { return .some(nil) }
-        guard let text = value.stringValue else {
-            fail(prefix + key, "must be a string, not \(value.kindDescription).")
+        switch read(value) {
+        case .success(let converted): return .some(converted)
+        case .failure(let refusal):
+            fail(prefix + key, refusal.message)
             return .none
         }
-        guard text.utf8.count <= maxLength else {
-            fail(prefix + key, "must be at most \(maxLength) bytes.")
-            return .none
+    }
+
+    mutating func string(_ object: JSONObject, _ key: String, prefix: String, maxLength: Int = 256) -> String?? {
+        field(object, key, prefix: prefix) { value in
+            guard let text = value.stringValue else { return .failure(Refusal("must be a string, not \(value.kindDescription).")) }
+            guard text.utf8.count <= maxLength else { return .failure(Refusal("must be at most \(maxLength) bytes.")) }
+            return .success(text)
         }
-        return .some(text)
     }
 
     mutating func integer(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Int64>) -> Int64?? {
-        guard let value = object[key] else { return .none }
-        if value.isNull { return .some(nil) }
-        guard let number = value.intValue else {
-            fail(prefix + key, "must be an integer, not \(value.kindDescription).")
-            return .none
+        field(object, key, prefix: prefix) { value in
+            guard let number = value.intValue else {
+                return .failure(Refusal("must be an integer, not \(value.kindDescription)."))
+            }
+            guard range.contains(number) else {
+                return .failure(Refusal("must be from \(range.lowerBound) to \(range.upperBound)."))
+            }
+            return .success(number)
         }
-        guard range.contains(number) else {
-            fail(prefix + key, "must be from \(range.lowerBound) to \(range.upperBound).")
-            return .none
-        }
-        return .some(number)
     }
 
     mutating func number(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Double>) -> Double?? {
-        guard let value = object[key] else { return .none }
-        if value.isNull { return .some(nil) }
-        guard let number = value.doubleValue, range.contains(number) else {
-            fail(prefix + key, "must be a number from \(range.lowerBound) to \(range.upperBound).")
-            return .none
+        field(object, key, prefix: prefix) { value in
+            guard let number = value.doubleValue, range.contains(number) else {
+                return .failure(Refusal("must be a number from \(range.lowerBound) to \(range.upperBound)."))
+            }
+            return .success(number)
         }
-        return .some(number)
     }
 
     mutating func boolean(_ object: JSONObject, _ key: String, prefix: String) -> Bool?? {
-        guard let value = object[key] else { return .none }
-        if value.isNull { return .some(nil) }
-        guard let flag = value.boolValue else {
-            fail(prefix + key, "must be true or false, not \(value.kindDescription).")
-            return .none
+        field(object, key, prefix: prefix) { value in
+            value.boolValue.map { .success($0) } ?? .failure(Refusal("must be true or false, not \(value.kindDescription)."))
         }
-        return .some(flag)
     }
 
     static let taskFields: Set<String> = [
