@@ -420,8 +420,10 @@ public final class Engine {
         if let timeout = record.timeoutMilliseconds {
             record.attemptTimer = scheduler.schedule(after: timeout) { [link, weak run] in
                 guard let engine = link.engine, let run, run.isCurrent else { return }
-                run.requestStop()
+                // Fail first, then stop: an executor may confirm the stop from inside the
+                // request, and that confirmation would otherwise settle the task as cancelled.
                 engine.attemptFailed(run, error: .timeout(after: timeout))
+                run.requestStop()
             }
         }
         record.executor.start(run)

@@ -355,6 +355,16 @@ import TaskloopJSON
         #expect(manual.cancelRequests == 1)
     }
 
+    /// `sleep` confirms a stop at once, from inside the stop request; a timeout must still end
+    /// the task as failed with `timeout`, not as cancelled.
+    @Test func timeoutOfAnExecutorThatStopsAtOnceIsStillATimeout() throws {
+        let h = EngineHarness()
+        let task = try h.submit("s", "sleep", params: h.sleep(1_000, steps: 1, fail: false), timeout: 100)
+        h.clock.advance(by: 100)
+        #expect(task.state == .failed)
+        #expect(task.error?.code == "timeout")
+    }
+
     @Test func retriesBackOffExponentiallyAndCountAttempts() throws {
         let h = EngineHarness()
         let task = try h.submit("r", "sleep", params: h.sleep(10, steps: 1, fail: true),
