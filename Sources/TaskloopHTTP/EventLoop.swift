@@ -12,7 +12,7 @@ import Glibc
 /// - Values that must travel through `execute` but belong to the loop are wrapped in `LoopBound`,
 ///   which checks on every access that it is on the loop thread.
 public final class EventLoop: Sendable {
-    nonisolated(unsafe) let uvLoop: UnsafeMutablePointer<uv_loop_t>
+    nonisolated(unsafe) package let uvLoop: UnsafeMutablePointer<uv_loop_t>
     private let inbox: Inbox
     nonisolated(unsafe) private var wakeup: UnsafeMutablePointer<uv_async_t>?
     private let loopThread = PThreadLocked<pthread_t?>(nil)

@@ -17,7 +17,7 @@ public struct UVError: Error, Equatable, CustomStringConvertible {
 
     @inline(__always)
     @discardableResult
-    static func check(_ status: Int32, _ operation: StaticString) throws(UVError) -> Int32 {
+    package static func check(_ status: Int32, _ operation: StaticString) throws(UVError) -> Int32 {
         if status < 0 { throw UVError(code: status, operation: operation) }
         return status
     }

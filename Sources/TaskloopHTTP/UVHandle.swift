@@ -6,10 +6,10 @@ import CLibUV
 /// here, its `data` field holds a retained reference to the Swift object that owns it, and both
 /// are released only in `closeCallback`. So an owner can never be deinitialised while libuv
 /// still points at its handle, and every handle must be closed (`close`) to be freed.
-enum UVHandle {
+package enum UVHandle {
     /// Allocates a handle and runs its `uv_*_init`; on failure frees it again and throws.
     /// The owner is attached afterwards with `adopt`.
-    static func make<Handle>(
+    package static func make<Handle>(
         _: Handle.Type, _ operation: StaticString, initialize: (UnsafeMutablePointer<Handle>) -> Int32
     ) throws(UVError) -> UnsafeMutablePointer<Handle> {
         let handle = UnsafeMutablePointer<Handle>.allocate(capacity: 1)
@@ -26,20 +26,20 @@ enum UVHandle {
 
     /// Makes `owner` the handle's owner, retained until the close callback. `uv_*_init` leaves
     /// `data` alone, so this comes after it.
-    static func adopt<Handle>(_ handle: UnsafeMutablePointer<Handle>, owner: AnyObject) {
+    package static func adopt<Handle>(_ handle: UnsafeMutablePointer<Handle>, owner: AnyObject) {
         handle.withMemoryRebound(to: uv_handle_t.self, capacity: 1) {
             precondition($0.pointee.data == nil, "handle already owned")
             $0.pointee.data = Unmanaged.passRetained(owner).toOpaque()
         }
     }
 
-    static func close<Handle>(_ handle: UnsafeMutablePointer<Handle>) {
+    package static func close<Handle>(_ handle: UnsafeMutablePointer<Handle>) {
         handle.withMemoryRebound(to: uv_handle_t.self, capacity: 1) { raw in
             if uv_is_closing(raw) == 0 { uv_close(raw, closeCallback) }
         }
     }
 
-    static func owner<Owner: AnyObject>(_ handle: UnsafeMutableRawPointer?, as _: Owner.Type) -> Owner {
+    package static func owner<Owner: AnyObject>(_ handle: UnsafeMutableRawPointer?, as _: Owner.Type) -> Owner {
         let data = handle!.assumingMemoryBound(to: uv_handle_t.self).pointee.data!
         return Unmanaged<Owner>.fromOpaque(data).takeUnretainedValue()
     }

@@ -1,0 +1,226 @@
+import CCurl
+import CLibUV
+import Glibc
+import TaskloopHTTP
+
+/// HTTP(S) requests on the libuv loop through libcurl's multi interface: curl says which sockets
+/// to watch and when to time out (`CURLMOPT_SOCKETFUNCTION`, `CURLMOPT_TIMERFUNCTION`), a
+/// `uv_poll` per socket and one `uv_timer` watch them, and readiness goes back through
+/// `curl_multi_socket_action`. Thousands of transfers share the loop thread; DNS runs on
+/// curl's resolver threads, so nothing blocks the loop.
+///
+/// Threading: loop thread only, like every transfer and callback.
+///
+/// Reentrancy: libcurl forbids adding or removing easy handles from inside its callbacks.
+/// Completions are delivered only after `curl_multi_socket_action` has returned, and a
+/// transfer cancelled while curl is calling us is removed right after curl returns.
+///
+/// Lifecycle: `close()` ends every transfer still running (as failed), cleans up the multi
+/// handle, then closes the poll handles and the timer; the loop can finish after that.
+public final class HTTPClient {
+    public let policy: HostPolicy
+    let loop: EventLoop
+    private var multi: UnsafeMutableRawPointer?
+    private let timer: LoopTimer
+    private var sockets: [curl_socket_t: WatchedSocket] = [:]
+    private var transfers: [ObjectIdentifier: HTTPTransfer] = [:]
+    /// Depth of calls into curl that may call us back.
+    private var insideCurl = 0
+    private var removeAfterCurl: [HTTPTransfer] = []
+
+    public init(loop: EventLoop, policy: HostPolicy = HostPolicy()) throws(HTTPClientError) {
+        self.loop = loop
+        self.policy = policy
+        guard Curl.initialized, let multi = curl_multi_init() else {
+            throw HTTPClientError(.clientFailed, "libcurl could not be initialised.")
+        }
+        do {
+            timer = try LoopTimer(loop: loop)
+        } catch {
+            curl_multi_cleanup(multi)
+            throw HTTPClientError(.clientFailed, "\(error)")
+        }
+        self.multi = multi
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        // These cannot fail for a valid multi handle and known options.
+        taskloop_multi_setopt_socket_callback(multi, curlSocketChanged)
+        taskloop_multi_setopt_pointer(multi, CURLMOPT_SOCKETDATA, me)
+        taskloop_multi_setopt_timer_callback(multi, curlTimerChanged)
+        taskloop_multi_setopt_pointer(multi, CURLMOPT_TIMERDATA, me)
+        // Idle connections kept for reuse across tasks.
+        taskloop_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 256)
+    }
+
+    /// Transfers running now.
+    public var activeTransfers: Int { transfers.count }
+
+    /// Starts a request. `onProgress(received, expected)` is called as body bytes arrive (expected
+    /// is nil when the length is unknown); `onComplete` exactly once, unless the transfer is
+    /// cancelled first. Nothing is called back before this returns.
+    public func start(
+        _ request: HTTPClientRequest,
+        onProgress: @escaping (_ received: Int64, _ expected: Int64?) -> Void,
+        onComplete: @escaping (Result<HTTPClientResponse, HTTPClientError>) -> Void
+    ) throws(HTTPClientError) -> HTTPTransfer {
+        guard multi != nil else { throw HTTPClientError(.clientFailed, "The HTTP client is shut down.") }
+        guard policy.allows(request.url) else {
+            throw HTTPClientError(.hostNotAllowed, "\(request.url.host) is not in the allowed hosts.")
+        }
+        let transfer = try HTTPTransfer(client: self, request: request, onProgress: onProgress, onComplete: onComplete)
+        try add(transfer)
+        return transfer
+    }
+
+    /// Ends every transfer (reported as failed), frees curl's state and the loop handles.
+    public func close() {
+        guard let multi else { return }
+        for transfer in Array(transfers.values) {
+            detach(transfer)
+            transfer.complete(.failure(HTTPClientError(.clientFailed, "The server is shutting down.")))
+        }
+        // Cleanup may still tell us to forget sockets of cached connections.
+        curl_multi_cleanup(multi)
+        self.multi = nil
+        for socket in sockets.values { socket.close() }
+        sockets.removeAll()
+        timer.close()
+    }
+
+    // MARK: transfers
+
+    func add(_ transfer: HTTPTransfer) throws(HTTPClientError) {
+        guard let multi else { throw HTTPClientError(.clientFailed, "The HTTP client is shut down.") }
+        let status = curl_multi_add_handle(multi, transfer.easy)
+        guard status == CURLM_OK else {
+            throw HTTPClientError(.clientFailed, "curl_multi_add_handle failed: \(String(cString: curl_multi_strerror(status))).")
+        }
+        transfers[ObjectIdentifier(transfer)] = transfer
+    }
+
+    /// Takes a transfer off the multi handle; an unfinished one has its connection closed.
+    func detach(_ transfer: HTTPTransfer) {
+        guard transfers.removeValue(forKey: ObjectIdentifier(transfer)) != nil, let multi else { return }
+        curl_multi_remove_handle(multi, transfer.easy)
+    }
+
+    /// Cancellation: the transfer is gone when this returns, or right after curl returns if curl
+    /// is calling us now.
+    func cancel(_ transfer: HTTPTransfer) {
+        if insideCurl > 0 {
+            removeAfterCurl.append(transfer)
+        } else {
+            detach(transfer)
+        }
+    }
+
+    // MARK: driving curl
+
+    fileprivate func socketAction(_ socket: curl_socket_t, _ events: Int32) {
+        guard let multi else { return }
+        var running: Int32 = 0
+        insideCurl += 1
+        curl_multi_socket_action(multi, socket, events, &running)
+        insideCurl -= 1
+        finishRemovals()
+        deliverCompletions()
+    }
+
+    private func finishRemovals() {
+        guard insideCurl == 0, !removeAfterCurl.isEmpty else { return }
+        let pending = removeAfterCurl
+        removeAfterCurl.removeAll()
+        for transfer in pending { detach(transfer) }
+    }
+
+    private func deliverCompletions() {
+        guard let multi else { return }
+        var left: Int32 = 0
+        while let message = curl_multi_info_read(multi, &left) {
+            guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle else { continue }
+            let code = message.pointee.data.result
+            guard let transfer = HTTPTransfer.owner(of: easy), transfers[ObjectIdentifier(transfer)] != nil else { continue }
+            // The message dies with the handle's removal; everything needed was copied above.
+            detach(transfer)
+            transfer.finished(code)
+        }
+    }
+
+    fileprivate func watch(_ socket: curl_socket_t, _ what: Int32) -> Int32 {
+        if what == CURL_POLL_REMOVE {
+            sockets.removeValue(forKey: socket)?.close()
+            return 0
+        }
+        var events: Int32 = 0
+        if what == CURL_POLL_IN || what == CURL_POLL_INOUT { events |= Int32(UV_READABLE.rawValue) }
+        if what == CURL_POLL_OUT || what == CURL_POLL_INOUT { events |= Int32(UV_WRITABLE.rawValue) }
+        let watched: WatchedSocket
+        if let existing = sockets[socket] {
+            watched = existing
+        } else {
+            do {
+                watched = try WatchedSocket(client: self, socket: socket)
+            } catch {
+                // curl fails the transfers on this socket.
+                return -1
+            }
+            sockets[socket] = watched
+        }
+        return watched.start(events) ? 0 : -1
+    }
+
+    fileprivate func timerChanged(_ milliseconds: Int) {
+        guard multi != nil else { return }
+        if milliseconds < 0 {
+            timer.stop()
+        } else {
+            timer.start(after: UInt64(milliseconds)) { [unowned self] in
+                socketAction(CURL_SOCKET_TIMEOUT, 0)
+            }
+        }
+    }
+}
+
+/// One socket curl asked us to watch, with its `uv_poll` handle (freed in its close callback).
+private final class WatchedSocket {
+    let socket: curl_socket_t
+    unowned let client: HTTPClient
+    private let handle: UnsafeMutablePointer<uv_poll_t>
+
+    init(client: HTTPClient, socket: curl_socket_t) throws(UVError) {
+        self.client = client
+        self.socket = socket
+        handle = try UVHandle.make(uv_poll_t.self, "uv_poll_init_socket") { uv_poll_init_socket(client.loop.uvLoop, $0, socket) }
+        UVHandle.adopt(handle, owner: self)
+    }
+
+    func start(_ events: Int32) -> Bool {
+        uv_poll_start(handle, events, socketReady) == 0
+    }
+
+    /// Stops watching now (curl may close the descriptor right after); the handle is freed later.
+    func close() {
+        uv_poll_stop(handle)
+        UVHandle.close(handle)
+    }
+
+    fileprivate func ready(status: Int32, events: Int32) {
+        var flags: Int32 = 0
+        if status < 0 { flags |= CURL_CSELECT_ERR }
+        if events & Int32(UV_READABLE.rawValue) != 0 { flags |= CURL_CSELECT_IN }
+        if events & Int32(UV_WRITABLE.rawValue) != 0 { flags |= CURL_CSELECT_OUT }
+        client.socketAction(socket, flags)
+    }
+}
+
+private let socketReady: uv_poll_cb = { handle, status, events in
+    UVHandle.owner(handle, as: WatchedSocket.self).ready(status: status, events: events)
+}
+
+private let curlSocketChanged: curl_socket_callback = { _, socket, what, client, _ in
+    Unmanaged<HTTPClient>.fromOpaque(client!).takeUnretainedValue().watch(socket, what)
+}
+
+private let curlTimerChanged: curl_multi_timer_callback = { _, milliseconds, client in
+    Unmanaged<HTTPClient>.fromOpaque(client!).takeUnretainedValue().timerChanged(milliseconds)
+    return 0
+}
