@@ -1,10 +1,11 @@
 # Taskloop in a container: built with the official Swift image on Debian bookworm, run on
-# bookworm-slim with only the two C libraries the binary links (the Swift runtime is static).
+# bookworm-slim with only the C libraries the binary links (the Swift runtime is static) and the
+# CA certificates that `http` tasks verify HTTPS servers against.
 #   docker build -t taskloop . && docker run --rm -p 8080:8080 taskloop
 
 FROM swift:6.3-bookworm AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libuv1-dev libhttp-parser-dev pkg-config \
+    && apt-get install -y --no-install-recommends libuv1-dev libhttp-parser-dev libcurl4-openssl-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Manifest first: the dependency fetch stays cached while only sources change.
@@ -17,7 +18,7 @@ RUN swift build -c release --static-swift-stdlib --product taskloop \
 
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 \
+    && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 libcurl4 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin taskloop
 COPY --from=build /out/taskloop /usr/local/bin/taskloop

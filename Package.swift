@@ -30,11 +30,20 @@ let package = Package(
             name: "CHTTPParser",
             providers: [.apt(["libhttp-parser-dev"])]
         ),
+        .systemLibrary(
+            name: "CCurl",
+            pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]
+        ),
         .target(name: "TaskloopJSON", swiftSettings: hotPathSettings),
         .target(
             name: "TaskloopHTTP",
             dependencies: ["CLibUV", "CHTTPParser", "TaskloopJSON"],
             swiftSettings: hotPathSettings
+        ),
+        .target(
+            name: "TaskloopHTTPClient",
+            dependencies: ["CLibUV", "CCurl", "TaskloopHTTP"]
         ),
         .target(
             name: "TaskloopEngine",
@@ -48,7 +57,7 @@ let package = Package(
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
@@ -59,6 +68,7 @@ let package = Package(
             dependencies: [
                 "TaskloopService",
                 "TaskloopHTTP",
+                "TaskloopHTTPClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -93,6 +103,10 @@ let package = Package(
         .testTarget(
             name: "TaskloopJSONTests",
             dependencies: ["TaskloopJSON"]
+        ),
+        .testTarget(
+            name: "TaskloopHTTPClientTests",
+            dependencies: ["TaskloopHTTPClient", "TaskloopHTTP", "TaskloopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",

@@ -80,6 +80,12 @@ UID_INSIDE=$("${PODMAN[@]}" exec "$CID" sh -c 'id -u')
 "${PODMAN[@]}" image inspect --format '{{.Config.Healthcheck.Test}}' "$IMAGE" | grep -q -- --health-check \
     || { echo "FAIL: the image has no HEALTHCHECK"; exit 1; }
 "${PODMAN[@]}" healthcheck run "$CID" || { echo "FAIL: the image's HEALTHCHECK fails"; exit 1; }
+say "an http task inside the container (libcurl in the image) and the CA bundle for HTTPS"
+"${PODMAN[@]}" exec "$CID" test -s /etc/ssl/certs/ca-certificates.crt || { echo "FAIL: no CA certificates in the image"; exit 1; }
+TASK=$(curl -fsS -m 5 -H 'Content-Type: application/json' \
+    -d '{"kind":"http","params":{"url":"http://127.0.0.1:8080/healthz"}}' "http://127.0.0.1:$PORT/tasks" | jq -r .id)
+STATE=$(curl -fsS -m 10 "http://127.0.0.1:$PORT/tasks/$TASK?wait=5" | jq -r '.state + " " + (.result.status|tostring)')
+[ "$STATE" = "succeeded 200" ] || { echo "FAIL: the http task ended '$STATE'"; exit 1; }
 say "stop (SIGTERM)"
 "${PODMAN[@]}" stop -t 15 "$CID" >/dev/null
 STATUS=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$CID")

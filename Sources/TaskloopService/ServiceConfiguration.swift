@@ -1,5 +1,6 @@
 import TaskloopEngine
 import TaskloopHTTP
+import TaskloopHTTPClient
 
 /// Settings of a running service; `taskloop`'s flags fill it.
 public struct ServiceConfiguration: Sendable {
@@ -10,6 +11,8 @@ public struct ServiceConfiguration: Sendable {
     public var authToken: String?
     /// Whether `exec` tasks may be submitted (they run with the server user's rights).
     public var allowExec = false
+    /// Where `http` tasks may connect (`--http-allow-hosts`, `--http-deny-private`).
+    public var httpPolicy = HostPolicy()
 
     public init() {}
 }

@@ -2,6 +2,7 @@ import Glibc
 import Logging
 import TaskloopEngine
 import TaskloopHTTP
+import TaskloopHTTPClient
 import TaskloopJSON
 
 /// The service on one event loop: the HTTP server, the engine on the loop's clock, the routes
@@ -9,8 +10,9 @@ import TaskloopJSON
 ///
 /// Start and stop are one ordered story. `start()`: loop clock, engine, routes, then bind.
 /// `stop(completion:)`: refuse new submissions (503), cancel unfinished work, answer long polls
-/// with what they have, stop accepting and let in-flight requests finish within the grace
-/// period, close the clock's timer, call back; then the loop can finish.
+/// with what they have, close the HTTP client (its transfers are cancelled by then), stop
+/// accepting and let in-flight requests finish within the grace period, close the clock's
+/// timer, call back; then the loop can finish.
 ///
 /// Threading: loop thread only, like everything it owns. The engine lives on the loop thread;
 /// executors that block run their work elsewhere and hop back with `EventLoop.execute`.
@@ -20,6 +22,7 @@ public final class TaskloopApplication {
     let logger: Logger
     private(set) var engine: Engine!
     private var scheduler: LoopScheduler?
+    private var httpClient: HTTPClient?
     private var server: HTTPServer?
     private(set) var waiters: TaskWaiters!
     private var router = Router<ServiceHandler>()
@@ -39,7 +42,16 @@ public final class TaskloopApplication {
     public func start() throws -> SocketAddress {
         let scheduler = try LoopScheduler(loop: loop)
         self.scheduler = scheduler
-        let extra: [String: TaskExecutor] = configuration.allowExec ? ["exec": ExecExecutor(loop: loop, scheduler: scheduler)] : [:]
+        let httpClient: HTTPClient
+        do {
+            httpClient = try HTTPClient(loop: loop, policy: configuration.httpPolicy)
+        } catch {
+            scheduler.close()
+            throw error
+        }
+        self.httpClient = httpClient
+        var extra: [String: TaskExecutor] = ["http": HTTPExecutor(client: httpClient, scheduler: scheduler)]
+        if configuration.allowExec { extra["exec"] = ExecExecutor(loop: loop, scheduler: scheduler) }
         let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
@@ -53,6 +65,7 @@ public final class TaskloopApplication {
             self.server = server
             return address
         } catch {
+            httpClient.close()
             scheduler.close()
             self.scheduler = nil
             throw error
@@ -66,6 +79,9 @@ public final class TaskloopApplication {
             for name in engine.queues.keys.sorted() { engine.cancelAll(inQueue: name) }
             waiters.answerAll()
         }
+        // Cancelling removed every transfer; this frees curl's connection cache and handles.
+        httpClient?.close()
+        httpClient = nil
         let finish = { [weak self] in
             self?.scheduler?.close()
             self?.scheduler = nil
@@ -135,6 +151,9 @@ public final class TaskloopApplication {
             break
         }
     }
+
+    /// `http` transfers in flight.
+    var activeTransfers: Int { httpClient?.activeTransfers ?? 0 }
 
     func renderMetrics() -> [UInt8] {
         metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count)

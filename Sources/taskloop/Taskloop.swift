@@ -2,6 +2,7 @@ import ArgumentParser
 import Glibc
 import Logging
 import TaskloopHTTP
+import TaskloopHTTPClient
 import TaskloopService
 
 @main
@@ -48,6 +49,21 @@ struct Taskloop: ParsableCommand {
           help: "Accept `exec` tasks; API clients then run programs with this server user's rights. [env: TASKLOOP_ALLOW_EXEC]")
     var allowExec: Bool = Environment.bool("ALLOW_EXEC") ?? false
 
+    @Option(help: ArgumentHelp(
+        "Comma-separated hosts `http` tasks may fetch from: api.example.com, *.example.com (subdomains), 10.0.0.7, [fd00::1], each optionally :port; default: any. Redirects are checked too. [env: TASKLOOP_HTTP_ALLOW_HOSTS]",
+        valueName: "patterns"))
+    var httpAllowHosts: String = Environment.string("HTTP_ALLOW_HOSTS") ?? ""
+
+    @Flag(inversion: .prefixedNo,
+          help: "Refuse `http` connections to loopback, private, link-local (cloud metadata) and other internal addresses, checked after DNS resolution. [env: TASKLOOP_HTTP_DENY_PRIVATE]")
+    var httpDenyPrivate: Bool = Environment.bool("HTTP_DENY_PRIVATE") ?? false
+
+    /// `--http-allow-hosts` parsed; nil entries are invalid patterns.
+    private var allowedHostPatterns: [(String, HostPattern?)] {
+        httpAllowHosts.split(separator: ",").map { String($0.filter { $0 != " " }) }.filter { !$0.isEmpty }
+            .map { ($0, HostPattern($0)) }
+    }
+
     @Option(help: "max_concurrency of queues created on first use; default: the number of cores. [env: TASKLOOP_DEFAULT_CONCURRENCY]")
     var defaultConcurrency: Int = Environment.int("DEFAULT_CONCURRENCY") ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
 
@@ -88,6 +104,9 @@ struct Taskloop: ParsableCommand {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
         }
+        for (text, pattern) in allowedHostPatterns where pattern == nil {
+            throw ValidationError("--http-allow-hosts: \(text) is not a host pattern (host, *.domain or IP address, optionally :port)")
+        }
         guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("--log-format must be text or json") }
         if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
@@ -114,6 +133,7 @@ struct Taskloop: ParsableCommand {
         configuration.shutdownGraceMilliseconds = UInt64(shutdownGraceSeconds * 1000)
         configuration.authToken = effectiveAuthToken
         configuration.allowExec = allowExec
+        configuration.httpPolicy = HostPolicy(allowedHosts: allowedHostPatterns.compactMap(\.1), denyPrivateAddresses: httpDenyPrivate)
         configuration.engine.defaultConcurrency = defaultConcurrency
         configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks
         configuration.engine.maxRetainedTasks = maxRetainedTasks

@@ -1,0 +1,316 @@
+import TaskloopEngine
+import TaskloopHTTPClient
+import TaskloopJSON
+
+/// `http`: `{method = "GET", url, headers?, body?, expect_status? = 2xx, max_response_bytes? =
+/// 1 MiB, follow_redirects? = true, connect_timeout_ms? = 30000}`. Performs the request on the
+/// loop through `HTTPClient`; progress is bytes received of Content-Length; the result carries
+/// status, headers, the kept body (UTF-8 or base64), the byte count and SHA-256 of the whole
+/// body. A status outside `expect_status` fails the attempt (so retries apply). Cancellation and
+/// timeouts cancel the transfer at once, which closes its connection.
+///
+/// Threading: loop thread only.
+final class HTTPExecutor: TaskExecutor {
+    private let client: HTTPClient
+    private let scheduler: EngineScheduler
+
+    init(client: HTTPClient, scheduler: EngineScheduler) {
+        self.client = client
+        self.scheduler = scheduler
+    }
+
+    static let methods: Set<String> = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+    static let maxKeptBytes = 16 << 20
+
+    struct Params {
+        var request: HTTPClientRequest
+        /// Accepted status codes; any one of the ranges.
+        var expectStatus: [ClosedRange<Int>]
+    }
+
+    static func parse(_ params: JSONValue, policy: HostPolicy) throws(EngineError) -> Params {
+        guard let object = params.objectValue else { throw EngineError(.invalid, "params must be an object.", field: "") }
+        let known = ["method", "url", "headers", "body", "expect_status", "max_response_bytes", "follow_redirects", "connect_timeout_ms"]
+        for key in object.keys where !known.contains(key) {
+            throw EngineError(.invalid, "Unknown parameter \(key); known: \(known.joined(separator: ", ")).", field: key)
+        }
+        var method = "GET"
+        if let value = present(object["method"]) {
+            guard let text = value.stringValue?.uppercased(), methods.contains(text) else {
+                throw EngineError(.invalid, "method must be one of \(methods.sorted().joined(separator: ", ")).", field: "method")
+            }
+            method = text
+        }
+        guard let text = object["url"]?.stringValue else {
+            throw EngineError(.invalid, "url is required: an absolute http or https URL.", field: "url")
+        }
+        let url: HTTPURL
+        do {
+            url = try HTTPURL(text)
+        } catch {
+            throw EngineError(.invalid, "url \(error.message)", field: "url")
+        }
+        guard policy.allows(url) else {
+            throw EngineError(.invalid, "url: this server only fetches from its allowed hosts (--http-allow-hosts); \(url.host) is not one.",
+                              field: "url")
+        }
+        var request = HTTPClientRequest(method: method, url: url)
+        var hasContentType = false
+        if let value = present(object["headers"]) {
+            guard let members = value.objectValue, members.count <= 100 else {
+                throw EngineError(.invalid, "headers must be an object of at most 100 string values.", field: "headers")
+            }
+            for member in members {
+                let field = "headers.\(member.key)"
+                guard isToken(member.key) else { throw EngineError(.invalid, "\(field): the name must be an HTTP token.", field: field) }
+                guard !["content-length", "transfer-encoding"].contains(member.key.lowercased()) else {
+                    throw EngineError(.invalid, "\(field) is set from the body, not given.", field: field)
+                }
+                guard let text = member.value.stringValue, text.utf8.count <= 8_192,
+                      !text.utf8.contains(where: { $0 == 0x0d || $0 == 0x0a || $0 == 0 }) else {
+                    throw EngineError(.invalid, "\(field) must be a string without line breaks, at most 8192 bytes.", field: field)
+                }
+                hasContentType = hasContentType || member.key.lowercased() == "content-type"
+                request.headers.append(HTTPHeaderField(member.key, text))
+            }
+        }
+        if let value = present(object["body"]) {
+            guard method != "HEAD" else { throw EngineError(.invalid, "body cannot be sent with HEAD.", field: "body") }
+            if let text = value.stringValue {
+                request.body = Array(text.utf8)
+                if !hasContentType { request.headers.append(HTTPHeaderField("Content-Type", "text/plain; charset=utf-8")) }
+            } else {
+                request.body = value.encoded
+                if !hasContentType { request.headers.append(HTTPHeaderField("Content-Type", "application/json")) }
+            }
+        }
+        var expectStatus = [200...299]
+        if let value = present(object["expect_status"]) {
+            guard let list = value.arrayValue, (1...64).contains(list.count) else {
+                throw EngineError(.invalid, "expect_status must be a list of 1 to 64 status codes or ranges (\"2xx\", \"200-204\").",
+                                  field: "expect_status")
+            }
+            expectStatus = []
+            for (index, element) in list.enumerated() {
+                guard let range = statusRange(element) else {
+                    throw EngineError(.invalid, "expect_status[\(index)] must be a status code from 100 to 599, \"2xx\" or \"200-204\".",
+                                      field: "expect_status[\(index)]")
+                }
+                expectStatus.append(range)
+            }
+        }
+        if let value = present(object["max_response_bytes"]) {
+            guard let bytes = value.intValue, (0...Int64(maxKeptBytes)).contains(bytes) else {
+                throw EngineError(.invalid, "max_response_bytes must be an integer from 0 to \(maxKeptBytes).", field: "max_response_bytes")
+            }
+            request.maxKeptBodyBytes = Int(bytes)
+        }
+        if let value = present(object["follow_redirects"]) {
+            guard let follow = value.boolValue else {
+                throw EngineError(.invalid, "follow_redirects must be true or false.", field: "follow_redirects")
+            }
+            request.followRedirects = follow
+        }
+        if let value = present(object["connect_timeout_ms"]) {
+            guard let milliseconds = value.intValue, (1...300_000).contains(milliseconds) else {
+                throw EngineError(.invalid, "connect_timeout_ms must be an integer from 1 to 300000.", field: "connect_timeout_ms")
+            }
+            request.connectTimeoutMilliseconds = UInt64(milliseconds)
+        }
+        return Params(request: request, expectStatus: expectStatus)
+    }
+
+    private static func present(_ value: JSONValue?) -> JSONValue? {
+        guard let value, !value.isNull else { return nil }
+        return value
+    }
+
+    private static func isToken(_ name: String) -> Bool {
+        !name.isEmpty && name.utf8.count <= 256 && name.utf8.allSatisfy { byte in
+            (0x30...0x39).contains(byte) || (0x41...0x5a).contains(byte) || (0x61...0x7a).contains(byte)
+                || "!#$%&'*+-.^_`|~".utf8.contains(byte)
+        }
+    }
+
+    /// `404`, `"2xx"` or `"200-299"`.
+    private static func statusRange(_ value: JSONValue) -> ClosedRange<Int>? {
+        let valid = 100...599
+        if let code = value.intValue {
+            return valid.contains(Int(code)) ? Int(code)...Int(code) : nil
+        }
+        guard let text = value.stringValue?.lowercased() else { return nil }
+        if text.count == 3, text.hasSuffix("xx"), let digit = Int(text.prefix(1)), (1...5).contains(digit) {
+            return digit * 100...digit * 100 + 99
+        }
+        let bounds = text.split(separator: "-", omittingEmptySubsequences: false)
+        guard bounds.count == 2, let low = Int(bounds[0]), let high = Int(bounds[1]),
+              valid.contains(low), valid.contains(high), low <= high else { return nil }
+        return low...high
+    }
+
+    func validate(_ params: JSONValue) throws(EngineError) {
+        _ = try Self.parse(params, policy: client.policy)
+    }
+
+    func start(_ run: TaskRun) {
+        let params: Params
+        do {
+            params = try Self.parse(run.params, policy: client.policy)
+        } catch {
+            return run.fail(TaskError(code: "invalid_params", message: error.message))
+        }
+        HTTPAttempt(run: run, params: params, scheduler: scheduler).begin(on: client)
+    }
+}
+
+/// One attempt of one http task: the transfer, throttled progress, the result.
+private final class HTTPAttempt {
+    private let run: TaskRun
+    private let params: HTTPExecutor.Params
+    private let scheduler: EngineScheduler
+    private var latest: (received: Int64, expected: Int64?) = (0, nil)
+    private var lastReport: (at: UInt64, fraction: Double)?
+    /// A report of the latest count, due when the interval is over, so a stream that pauses
+    /// right after a suppressed report still shows its true position.
+    private var pendingReport: ScheduledAction?
+
+    /// Progress goes out at most every 100 ms, or when a known length advanced by 1%.
+    private static let reportInterval: UInt64 = 100
+
+    init(run: TaskRun, params: HTTPExecutor.Params, scheduler: EngineScheduler) {
+        self.run = run
+        self.params = params
+        self.scheduler = scheduler
+    }
+
+    func begin(on client: HTTPClient) {
+        let url = params.request.url.text
+        do {
+            let transfer = try client.start(
+                params.request,
+                onProgress: { [self] received, expected in progressed(received, expected) },
+                onComplete: { [self] result in completed(result) })
+            run.onCancel = { [weak self, weak run] in
+                self?.pendingReport?.cancel()
+                transfer.cancel()
+                run?.cancelled()
+            }
+        } catch {
+            run.fail(TaskError(code: error.code.rawValue, message: error.message, details: ["url": .string(url)]))
+        }
+    }
+
+    private func progressed(_ received: Int64, _ expected: Int64?) {
+        latest = (received, expected)
+        let elapsed = lastReport.map { scheduler.now - $0.at }
+        if let lastReport, let elapsed, elapsed < Self.reportInterval,
+           expected == nil || Self.fraction(received, expected) - lastReport.fraction < 0.01 {
+            if pendingReport == nil {
+                pendingReport = scheduler.schedule(after: Self.reportInterval - elapsed) { [weak self] in self?.report() }
+            }
+            return
+        }
+        report()
+    }
+
+    private func report() {
+        pendingReport?.cancel()
+        pendingReport = nil
+        let (received, expected) = latest
+        let fraction = Self.fraction(received, expected)
+        lastReport = (scheduler.now, fraction)
+        let message = expected.map { "\(Self.size(received)) of \(Self.size($0))" } ?? "\(Self.size(received)) received"
+        run.progress(fraction: expected == nil ? nil : fraction, message: message, details: .object([
+            "bytes_received": .int(received), "bytes_total": expected.map { .int($0) } ?? .null,
+        ]))
+    }
+
+    private static func fraction(_ received: Int64, _ expected: Int64?) -> Double {
+        guard let expected else { return 0 }
+        return expected > 0 ? min(1, Double(received) / Double(expected)) : 1
+    }
+
+    private func completed(_ result: Result<HTTPClientResponse, HTTPClientError>) {
+        pendingReport?.cancel()
+        pendingReport = nil
+        switch result {
+        case .failure(let error):
+            run.fail(TaskError(code: error.code.rawValue, message: error.message, details: ["url": .string(params.request.url.text)]))
+        case .success(let response):
+            let representation = Self.representation(response)
+            if params.expectStatus.contains(where: { $0.contains(response.status) }) {
+                if lastReport?.fraction != 1 {
+                    run.progress(fraction: 1, message: "\(Self.size(response.bytes)) received",
+                                 details: .object(["bytes_received": .int(response.bytes), "bytes_total": .int(response.bytes)]))
+                }
+                run.succeed(.object(representation))
+            } else {
+                run.fail(TaskError(code: "http_status", message: "The server answered \(response.status), which expect_status does not accept.",
+                                   details: representation))
+            }
+        }
+    }
+
+    static func representation(_ response: HTTPClientResponse) -> JSONObject {
+        var headers = JSONObject()
+        for field in response.headers {
+            if let existing = headers[field.name]?.stringValue {
+                headers[field.name] = .string(existing + ", " + field.value)
+            } else {
+                headers[field.name] = .string(field.value)
+            }
+        }
+        let (body, encoding) = text(response.body, truncated: response.truncated)
+        return [
+            "status": .int(Int64(response.status)), "headers": .object(headers),
+            "body": .string(body), "body_encoding": .string(encoding),
+            "bytes": .int(response.bytes), "sha256": .string(hex(response.sha256)), "truncated": .bool(response.truncated),
+            "duration_ms": .int(Int64(response.durationMilliseconds)),
+            "url": .string(response.url.text), "redirects": .int(Int64(response.redirects)),
+        ]
+    }
+
+    /// UTF-8 text when the kept bytes are UTF-8 (a character cut by truncation is dropped),
+    /// otherwise base64.
+    static func text(_ bytes: [UInt8], truncated: Bool) -> (String, String) {
+        for cut in 0...(truncated ? min(3, bytes.count) : 0) {
+            if let text = String(validating: bytes[..<(bytes.count - cut)], as: UTF8.self) { return (text, "utf8") }
+        }
+        return (base64(bytes), "base64")
+    }
+
+    static func base64(_ bytes: [UInt8]) -> String {
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+        var output: [UInt8] = []
+        output.reserveCapacity((bytes.count + 2) / 3 * 4)
+        var index = 0
+        while index < bytes.count {
+            let chunk = bytes[index..<min(index + 3, bytes.count)]
+            let value = chunk.enumerated().reduce(UInt32(0)) { $0 | UInt32($1.element) << (16 - 8 * UInt32($1.offset)) }
+            for position in 0..<4 {
+                output.append(position <= chunk.count ? alphabet[Int(value >> (18 - 6 * UInt32(position)) & 63)] : UInt8(ascii: "="))
+            }
+            index += 3
+        }
+        return String(decoding: output, as: UTF8.self)
+    }
+
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] }, as: UTF8.self)
+    }
+
+    /// Decimal units, one decimal: "512 B", "1.2 MB".
+    static func size(_ bytes: Int64) -> String {
+        guard bytes >= 1_000 else { return "\(bytes) B" }
+        let units = ["kB", "MB", "GB", "TB"]
+        var value = Double(bytes) / 1_000
+        var unit = 0
+        while value >= 999.95 && unit < units.count - 1 {
+            value /= 1_000
+            unit += 1
+        }
+        let tenths = Int((value * 10).rounded())
+        return "\(tenths / 10).\(tenths % 10) \(units[unit])"
+    }
+}
