@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Service benchmark: the whole `taskloop` (HTTP, routing, JSON, engine) under wrk, the server
 # pinned to core 0 and wrk to core 1; then a 10,000-task workflow from submission to success,
-# and 200 concurrent `exec` tasks of `true`.
+# 200 concurrent `exec` tasks of `true`, and 1,000 concurrent `http` tasks against a local
+# origin (http-bench-server on core 1) with /healthz latency measured meanwhile.
 #   BENCH_DURATION     seconds per wrk scenario (default 10)
 #   BENCH_CONNECTIONS  concurrent connections (default 64)
 set -euo pipefail
@@ -10,8 +11,11 @@ cd "$(dirname "$0")/../.."
 duration=${BENCH_DURATION:-10}
 connections=${BENCH_CONNECTIONS:-64}
 swift build -c release --product taskloop >/dev/null
+swift build -c release --product http-bench-server >/dev/null
 binary="$(swift build -c release --show-bin-path)/taskloop"
 source scripts/serve-in-background.sh
+serve_in_background taskset -c 1 "$(swift build -c release --show-bin-path)/http-bench-server"
+origin=$url
 # Finished noop tasks are kept up to 100,000 (the default), so memory stays bounded under load.
 serve_in_background taskset -c 0 "$binary" --port 0 --log-level warning --max-body-bytes 16777216 \
     --max-unfinished-tasks 1000000 --allow-exec
@@ -40,3 +44,4 @@ echo "server RSS after both: $(awk '/VmRSS/ {print $2}' "/proc/$server/status") 
 host_port=${url#http://}
 taskset -c 1 python3 Benchmarks/service/workflow.py "${host_port%:*}" "${host_port##*:}" 10000
 taskset -c 1 python3 Benchmarks/service/exec.py "${host_port%:*}" "${host_port##*:}" 200
+taskset -c 1 python3 Benchmarks/service/fetch.py "${host_port%:*}" "${host_port##*:}" "$origin/task" 1000

@@ -72,18 +72,22 @@ public final class HTTPClient {
     }
 
     /// Ends every transfer (reported as failed), frees curl's state and the loop handles.
+    /// Transfers are reported last, once the client is closed, so whatever their completion
+    /// starts is refused instead of joining a multi handle that is going away.
     public func close() {
         guard let multi else { return }
-        for transfer in Array(transfers.values) {
-            detach(transfer)
-            transfer.complete(.failure(HTTPClientError(.clientFailed, "The server is shutting down.")))
-        }
+        self.multi = nil
+        let unfinished = Array(transfers.values)
+        for transfer in unfinished { curl_multi_remove_handle(multi, transfer.easy) }
+        transfers.removeAll()
         // Cleanup may still tell us to forget sockets of cached connections.
         curl_multi_cleanup(multi)
-        self.multi = nil
         for socket in sockets.values { socket.close() }
         sockets.removeAll()
         timer.close()
+        for transfer in unfinished {
+            transfer.complete(.failure(HTTPClientError(.clientFailed, "The server is shutting down.")))
+        }
     }
 
     // MARK: transfers

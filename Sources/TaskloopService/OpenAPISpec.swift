@@ -42,6 +42,12 @@ paths:
                 value: { kind: sleep, params: { duration_ms: 1500, steps: 10 }, name: resize-images, priority: 2 }
               join:
                 value: { kind: noop, dependencies: ["01JD3V8Q4W6F6M2K9T7B5R3N1A"] }
+              download:
+                value:
+                  kind: http
+                  params: { url: "https://example.com/data.csv", expect_status: [200], max_response_bytes: 65536 }
+                  timeout_ms: 60000
+                  retry: { max_attempts: 3 }
       responses:
         "201":
           description: The task, as created.
@@ -496,7 +502,13 @@ components:
           type: object
           description: |
             noop `{}`; sleep `{duration_ms, steps = 10, outcome = succeed | fail}`;
-            external `{heartbeat_timeout_ms?}`; http and exec as in the README.
+            external `{heartbeat_timeout_ms?}`;
+            http `{url, method = GET, headers?, body? (string or JSON), expect_status = ["2xx"]
+            (integers, "4xx" classes, "200-204" ranges), max_response_bytes = 1048576,
+            follow_redirects = true, connect_timeout_ms = 30000}`, result `{status, headers, body,
+            body_encoding (utf8 | base64), bytes, sha256, truncated, duration_ms, url, redirects}`;
+            the server's --http-allow-hosts refuses other hosts with 422;
+            exec `{argv, env?, cwd?, grace_ms = 5000}` (with --allow-exec). Details in the README.
         name: { type: [string, "null"], maxLength: 256 }
         queue: { type: string, default: default, pattern: "^[A-Za-z0-9._-]{1,64}$" }
         priority: { type: integer, minimum: -8, maximum: 8, default: 0 }

@@ -181,6 +181,51 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() == 0)
     }
 
+    /// Two batches of a thousand `http` tasks (successes, error statuses, timed-out hangs): the
+    /// second leaves the descriptor count where the first did, give or take the idle
+    /// connections curl may keep for reuse (at most the queue's concurrency).
+    @Test func thousandsOfHTTPTasksLeakNoDescriptor() throws {
+        let origin = try OriginServer()
+        defer { origin.stop() }
+        let binary = try RunningBinary(arguments: ["--port", "0", "--log-level", "warning"])
+        let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
+        let pid = binary.process.processIdentifier
+        func openDescriptors() -> Int {
+            (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
+        }
+        let client = try APIClient(port: port)
+        let concurrency = 20
+        #expect(try client.call("PATCH", "/queues/fetch", json: #"{"max_concurrency":\#(concurrency)}"#).status == 200)
+        func batch() throws {
+            let tasks = (0..<1_000).map { index -> String in
+                let path = index % 20 == 0 ? "/hang" : index % 2 == 0 ? "/status/500" : "/text/100"
+                return #"{"key":"t\#(index)","kind":"http","queue":"fetch","timeout_ms":\#(path == "/hang" ? 100 : 10_000),"#
+                    + #""on_dependency_failure":"run","params":{"url":"\#(origin.url(path))"}}"#
+            }
+            let created = try client.call("POST", "/workflows", json: #"{"tasks":["# + tasks.joined(separator: ",") + "]}")
+            try #require(created.status == 201, "\(created.text.prefix(300))")
+            let workflow = try #require(created.json["id"] as? String)
+            let deadline = Date().addingTimeInterval(120)
+            while try client.call("GET", "/workflows/\(workflow)").json["state"] as? String == "running" {
+                guard Date() < deadline else { throw TestTimeout(what: "the workflow to finish") }
+                usleep(10_000)
+            }
+            let counts = try client.call("GET", "/queues/fetch").json["counts"] as? [String: Int]
+            #expect(counts?["running"] == 0)
+        }
+        try batch()
+        let afterFirst = openDescriptors()
+        try batch()
+        let afterSecond = openDescriptors()
+        #expect(afterSecond - afterFirst <= concurrency, "descriptors after one batch \(afterFirst), after two \(afterSecond)")
+        // Every hanging request that reached the origin (a few time out before) was hung up.
+        let hanging = origin.requests.value.filter { $0.path == "/hang" }.count
+        #expect(hanging > 50)
+        try origin.waitUntil("every hanging request to be hung up") { origin.hangUps.value.count == hanging }
+        kill(pid, SIGTERM)
+        #expect(try binary.waitForExit() == 0)
+    }
+
     @Test func healthCheckFlagAsksARunningServer() throws {
         let server = try RunningBinary(arguments: ["--port", "0"])
         let port = try #require(Self.port(from: try server.waitForLine(containing: "listening on")))
