@@ -28,7 +28,10 @@ public final class HTTPClient {
     private var insideCurl = 0
     private var removeAfterCurl: [HTTPTransfer] = []
 
-    public init(loop: EventLoop, policy: HostPolicy = HostPolicy()) throws(HTTPClientError) {
+    /// `maxHostConnections` caps the connections to one host (its further transfers wait in
+    /// curl for a free one): it protects origins, keeps descriptors bounded, and lets a burst
+    /// of requests to one host reuse keep-alive connections instead of opening one each.
+    public init(loop: EventLoop, policy: HostPolicy = HostPolicy(), maxHostConnections: Int = 64) throws(HTTPClientError) {
         self.loop = loop
         self.policy = policy
         guard Curl.initialized, let multi = curl_multi_init() else {
@@ -48,7 +51,8 @@ public final class HTTPClient {
         taskloop_multi_setopt_timer_callback(multi, curlTimerChanged)
         taskloop_multi_setopt_pointer(multi, CURLMOPT_TIMERDATA, me)
         // Idle connections kept for reuse across tasks.
-        taskloop_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 256)
+        taskloop_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, max(256, maxHostConnections))
+        taskloop_multi_setopt_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, maxHostConnections)
     }
 
     /// Transfers running now.

@@ -133,30 +133,42 @@ public final class HTTPTransfer {
 
     // MARK: curl callbacks (inside curl: no multi calls here)
 
+    /// One header line as curl delivers it (status line, field, continuation, or the blank
+    /// line ending a block), parsed at the byte level: this runs for every field of every
+    /// response.
     fileprivate func header(_ line: UnsafeRawBufferPointer) -> Int {
         guard !cancelled else { return 0 }
-        let text = String(decoding: line, as: UTF8.self)
-        if text.hasPrefix("HTTP/") {
-            headers.removeAll()
-            let parts = text.split(separator: " ", maxSplits: 2)
-            status = parts.count > 1 ? Int(parts[1]) ?? 0 : 0
-        } else if text == "\r\n" || text == "\n" {
+        let content = Self.trimmed(line[...])
+        if content.isEmpty {
             guard status >= 200 else { return line.count }
             let length = Curl.info(offset: easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T)
             expected = length >= 0 ? length : nil
             reportsProgress = !(request.followRedirects && Self.redirectStatuses.contains(status)
                 && headers.contains { $0.name == "location" })
             if reportsProgress { onProgress?(0, expected) }
-        } else if let first = text.first, first == " " || first == "\t", !headers.isEmpty {
-            headers[headers.count - 1].value += " " + Self.trimmed(text)
-        } else if let colon = text.firstIndex(of: ":"), headers.count < Self.maxHeaderFields {
-            headers.append(HTTPHeaderField(text[..<colon].lowercased(), Self.trimmed(text[text.index(after: colon)...])))
+        } else if content.starts(with: "HTTP/".utf8) {
+            headers.removeAll()
+            let code = content.drop { $0 != UInt8(ascii: " ") }.dropFirst().prefix(3)
+            status = code.count == 3 && code.allSatisfy({ (0x30...0x39).contains($0) })
+                ? code.reduce(0) { $0 * 10 + Int($1 - 0x30) } : 0
+        } else if line[0] == UInt8(ascii: " ") || line[0] == UInt8(ascii: "\t") {
+            if !headers.isEmpty { headers[headers.count - 1].value += " " + String(decoding: content, as: UTF8.self) }
+        } else if let colon = content.firstIndex(of: UInt8(ascii: ":")), headers.count < Self.maxHeaderFields {
+            let name = String(decoding: content[..<colon].map { (0x41...0x5a).contains($0) ? $0 | 0x20 : $0 }, as: UTF8.self)
+            let value = String(decoding: Self.trimmed(content[(colon + 1)...]), as: UTF8.self)
+            headers.append(HTTPHeaderField(name, value))
         }
         return line.count
     }
 
-    private static func trimmed(_ text: some StringProtocol) -> String {
-        String(text.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" || $0 == "\r\n" || $0 == "\n" || $0 == "\r" }.reversed())
+    /// Without surrounding spaces, tabs and line ends.
+    private static func trimmed(_ bytes: Slice<UnsafeRawBufferPointer>) -> Slice<UnsafeRawBufferPointer> {
+        func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x09 || byte == 0x0d || byte == 0x0a }
+        var start = bytes.startIndex
+        var end = bytes.endIndex
+        while start < end, isSpace(bytes[start]) { start += 1 }
+        while end > start, isSpace(bytes[end - 1]) { end -= 1 }
+        return bytes[start..<end]
     }
 
     fileprivate func body(_ chunk: UnsafeRawBufferPointer) -> Int {

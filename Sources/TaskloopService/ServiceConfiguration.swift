@@ -13,6 +13,8 @@ public struct ServiceConfiguration: Sendable {
     public var allowExec = false
     /// Where `http` tasks may connect (`--http-allow-hosts`, `--http-deny-private`).
     public var httpPolicy = HostPolicy()
+    /// Most connections `http` tasks open to one host; further requests wait for one.
+    public var httpMaxHostConnections = 64
 
     public init() {}
 }

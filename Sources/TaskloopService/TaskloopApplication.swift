@@ -44,7 +44,8 @@ public final class TaskloopApplication {
         self.scheduler = scheduler
         let httpClient: HTTPClient
         do {
-            httpClient = try HTTPClient(loop: loop, policy: configuration.httpPolicy)
+            httpClient = try HTTPClient(loop: loop, policy: configuration.httpPolicy,
+                                        maxHostConnections: configuration.httpMaxHostConnections)
         } catch {
             scheduler.close()
             throw error

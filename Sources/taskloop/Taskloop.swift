@@ -58,6 +58,9 @@ struct Taskloop: ParsableCommand {
           help: "Refuse `http` connections to loopback, private, link-local (cloud metadata) and other internal addresses, checked after DNS resolution. [env: TASKLOOP_HTTP_DENY_PRIVATE]")
     var httpDenyPrivate: Bool = Environment.bool("HTTP_DENY_PRIVATE") ?? false
 
+    @Option(help: "Most connections `http` tasks open to one host; further requests to it wait for a free one. [env: TASKLOOP_HTTP_MAX_HOST_CONNECTIONS]")
+    var httpMaxHostConnections: Int = Environment.int("HTTP_MAX_HOST_CONNECTIONS") ?? 64
+
     /// `--http-allow-hosts` parsed; nil entries are invalid patterns.
     private var allowedHostPatterns: [(String, HostPattern?)] {
         httpAllowHosts.split(separator: ",").map { String($0.filter { $0 != " " }) }.filter { !$0.isEmpty }
@@ -104,6 +107,9 @@ struct Taskloop: ParsableCommand {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
         }
+        guard (1...10_000).contains(httpMaxHostConnections) else {
+            throw ValidationError("--http-max-host-connections must be 1...10000")
+        }
         for (text, pattern) in allowedHostPatterns where pattern == nil {
             throw ValidationError("--http-allow-hosts: \(text) is not a host pattern (host, *.domain or IP address, optionally :port)")
         }
@@ -133,6 +139,7 @@ struct Taskloop: ParsableCommand {
         configuration.shutdownGraceMilliseconds = UInt64(shutdownGraceSeconds * 1000)
         configuration.authToken = effectiveAuthToken
         configuration.allowExec = allowExec
+        configuration.httpMaxHostConnections = httpMaxHostConnections
         configuration.httpPolicy = HostPolicy(allowedHosts: allowedHostPatterns.compactMap(\.1), denyPrivateAddresses: httpDenyPrivate)
         configuration.engine.defaultConcurrency = defaultConcurrency
         configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks

@@ -216,6 +216,26 @@ import TaskloopTestSupport
         try origin.waitUntil("the origin to see the connection closed") { origin.hangUps.value == ["/hang"] }
     }
 
+    /// Beyond the per-host cap a request waits for a connection, however long the one ahead
+    /// takes: the wait is not a connect timeout.
+    @Test func requestsBeyondTheHostCapWaitForAConnection() throws {
+        let origin = try OriginServer()
+        defer { origin.stop() }
+        let service = try ServiceHarness { $0.httpMaxHostConnections = 1 }
+        let client = try service.client()
+        let first = try submit(client, ["url": origin.url("/gated/2000/2"), "connect_timeout_ms": 100])
+        try origin.waitUntil("the first request") { origin.requests.value.count == 1 }
+        let second = try submit(client, ["url": origin.url("/text/10"), "connect_timeout_ms": 100])
+        // Longer than the second task's connect timeout, while it waits for the one connection.
+        usleep(400_000)
+        #expect(origin.requests.value.count == 1)
+        #expect(try client.task(second)["state"] as? String == "running")
+        origin.release()
+        #expect(try result(try client.waitForState(first, "succeeded"))["bytes"] as? Int == 2_000)
+        #expect(try result(try client.waitForState(second, "succeeded"))["body"] as? String == "abcdefghij")
+        try service.stop()
+    }
+
     @Test func connectionFailuresFailTheTask() throws {
         let service = try ServiceHarness()
         let client = try service.client()
