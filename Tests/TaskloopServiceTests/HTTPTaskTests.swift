@@ -246,6 +246,41 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// HTTPS goes through TLS with certificate verification: a self-signed server is refused.
+    @Test func httpsVerifiesTheServerCertificate() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tls-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func openssl(_ arguments: [String]) throws -> Process {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+            process.arguments = arguments
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            return process
+        }
+        let request = try openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
+                                   "-keyout", "\(directory)/key.pem", "-out", "\(directory)/cert.pem"])
+        request.waitUntilExit()
+        try #require(request.terminationStatus == 0)
+        let port = try OriginServer.freePort()
+        let server = try openssl(["s_server", "-accept", "127.0.0.1:\(port)", "-cert", "\(directory)/cert.pem",
+                                  "-key", "\(directory)/key.pem", "-www", "-quiet"])
+        defer { server.terminate() }
+        let deadline = Date().addingTimeInterval(10)
+        while (try? RawClient(port: port)) == nil {
+            guard Date() < deadline else { throw TestTimeout(what: "openssl s_server to listen") }
+            usleep(5_000)
+        }
+        let service = try ServiceHarness()
+        let client = try service.client()
+        let refused = try error(try client.waitForState(try submit(client, ["url": "https://127.0.0.1:\(port)/"]), "failed"))
+        #expect(refused["code"] as? String == "tls_failed")
+        #expect((refused["message"] as? String)?.contains("certificate") == true, "\(refused)")
+        try service.stop()
+    }
+
     @Test func denyPrivateRefusesLoopbackAfterResolution() throws {
         let origin = try OriginServer()
         defer { origin.stop() }

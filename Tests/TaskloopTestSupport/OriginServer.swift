@@ -49,6 +49,13 @@ public final class OriginServer: @unchecked Sendable {
         thread.start()
     }
 
+    /// A port nothing listens on right now (for a server started by another program).
+    public static func freePort() throws -> Int {
+        let probe = try OriginServer()
+        probe.stop()
+        return probe.port
+    }
+
     public func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }
 
     /// Lets `count` gated pieces go.
