@@ -19,6 +19,7 @@ final class ServiceMetrics {
     private var taskGauges: [LabelPair: Gauge] = [:]
     private let openConnections: Gauge
     private let waiting: Gauge
+    private let transfers: Gauge
 
     /// Two label values (kind and state, queue and state): a struct, not a joined string, so a
     /// lookup on the per-task path allocates nothing.
@@ -39,6 +40,7 @@ final class ServiceMetrics {
     init() {
         openConnections = registry.makeGauge(descriptor: Self.name("http_open_connections", "", "Client connections open now."))
         waiting = registry.makeGauge(descriptor: Self.name("http_long_polls", "", "GET /tasks/{id}?wait= requests waiting now."))
+        transfers = registry.makeGauge(descriptor: Self.name("http_task_transfers", "", "Requests of http tasks in flight now."))
     }
 
     private static func name(_ metric: String, _ unit: String, _ help: String) -> MetricNameDescriptor {
@@ -90,7 +92,7 @@ final class ServiceMetrics {
     }
 
     /// The text exposition, with the state gauges brought up to date first.
-    func render(engine: Engine, connections: Int, longPolls: Int) -> [UInt8] {
+    func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int) -> [UInt8] {
         for (name, queue) in engine.queues {
             for state in TaskState.allCases {
                 Self.collector(LabelPair(first: name, state: state), in: &taskGauges) {
@@ -102,6 +104,7 @@ final class ServiceMetrics {
         }
         openConnections.set(Double(connections))
         waiting.set(Double(longPolls))
+        transfers.set(Double(activeTransfers))
         var buffer: [UInt8] = []
         buffer.reserveCapacity(8_192)
         registry.emit(into: &buffer)

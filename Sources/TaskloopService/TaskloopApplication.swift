@@ -157,7 +157,8 @@ public final class TaskloopApplication {
     var activeTransfers: Int { httpClient?.activeTransfers ?? 0 }
 
     func renderMetrics() -> [UInt8] {
-        metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count)
+        metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count,
+                       transfers: activeTransfers)
     }
 
     /// The task as JSON, or 404 if it is gone.

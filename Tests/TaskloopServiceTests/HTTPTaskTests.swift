@@ -185,11 +185,13 @@ import TaskloopTestSupport
         let client = try service.client()
         let id = try submit(client, ["url": origin.url("/stall/200000")])
         _ = try waitForProgress(client, id, "the first half") { ($0["fraction"] as? Double ?? 0) >= 0.5 }
+        #expect(try client.call("GET", "/metrics").text.contains("taskloop_http_task_transfers 1"))
         // The transfer stops inside the request, so the task is already cancelled in the answer.
         let cancel = try client.call("DELETE", "/tasks/\(id)")
         #expect(cancel.status == 200 && cancel.json["state"] as? String == "cancelled")
         try origin.waitUntil("the origin to see the connection closed") { origin.hangUps.value == ["/stall/200000"] }
         #expect(service.onLoop { $0.activeTransfers } == 0)
+        #expect(try client.call("GET", "/metrics").text.contains("taskloop_http_task_transfers 0"))
         try service.stop()
     }
 
