@@ -23,17 +23,17 @@ enum Curl {
         guard code == CURLE_OK else { throw CurlError(code: code, option: option) }
     }
 
-    static func info(_ easy: UnsafeMutableRawPointer, _ item: CURLINFO) -> Int {
+    static func longInfo(_ easy: UnsafeMutableRawPointer, _ item: CURLINFO) -> Int {
         var value = 0
         return taskloop_easy_getinfo_long(easy, item, &value) == CURLE_OK ? value : 0
     }
 
-    static func info(offset easy: UnsafeMutableRawPointer, _ item: CURLINFO) -> Int64 {
+    static func offsetInfo(_ easy: UnsafeMutableRawPointer, _ item: CURLINFO) -> Int64 {
         var value: curl_off_t = -1
         return taskloop_easy_getinfo_off_t(easy, item, &value) == CURLE_OK ? Int64(value) : -1
     }
 
-    static func info(string easy: UnsafeMutableRawPointer, _ item: CURLINFO) -> String? {
+    static func stringInfo(_ easy: UnsafeMutableRawPointer, _ item: CURLINFO) -> String? {
         var value: UnsafeMutablePointer<CChar>?
         guard taskloop_easy_getinfo_pointer(easy, item, &value) == CURLE_OK, let value else { return nil }
         return String(cString: value)

@@ -15,8 +15,8 @@ import TaskloopHTTP
 /// Completions are delivered only after `curl_multi_socket_action` has returned, and a
 /// transfer cancelled while curl is calling us is removed right after curl returns.
 ///
-/// Lifecycle: `close()` ends every transfer still running (as failed), cleans up the multi
-/// handle, then closes the poll handles and the timer; the loop can finish after that.
+/// Lifecycle: `close()` cleans up the multi handle, closes the poll handles and the timer, then
+/// reports the transfers still running as failed; the loop can finish after that.
 public final class HTTPClient {
     public let policy: HostPolicy
     let loop: EventLoop

@@ -141,7 +141,7 @@ public final class HTTPTransfer {
         let content = Self.trimmed(line[...])
         if content.isEmpty {
             guard status >= 200 else { return line.count }
-            let length = Curl.info(offset: easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T)
+            let length = Curl.offsetInfo(easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T)
             expected = length >= 0 ? length : nil
             reportsProgress = !(request.followRedirects && Self.redirectStatuses.contains(status)
                 && headers.contains { $0.name == "location" })
@@ -200,8 +200,8 @@ public final class HTTPTransfer {
     /// The easy handle is off the multi handle; either follow a redirect or report.
     func finished(_ code: CURLcode) {
         guard code == CURLE_OK else { return complete(.failure(error(for: code))) }
-        status = Curl.info(easy, CURLINFO_RESPONSE_CODE)
-        if request.followRedirects, Self.redirectStatuses.contains(status), let location = Curl.info(string: easy, CURLINFO_REDIRECT_URL) {
+        status = Curl.longInfo(easy, CURLINFO_RESPONSE_CODE)
+        if request.followRedirects, Self.redirectStatuses.contains(status), let location = Curl.stringInfo(easy, CURLINFO_REDIRECT_URL) {
             return follow(location)
         }
         let response = HTTPClientResponse(

@@ -40,7 +40,7 @@ import TaskloopTestSupport
         let lines = String(decoding: printed, as: UTF8.self).split(separator: "\n").map(String.init)
         let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(process.terminationStatus == 0, "walkthrough failed: \(stderr)")
-        try #require(lines.count == 7, "printed: \(lines)")
+        try #require(lines.count == 8, "printed: \(lines)")
         #expect(lines[0].contains(#""state":"running""#) && lines[0].contains(#""publish":"#))
         #expect(lines[1].hasPrefix(#"{"state":"running""#))
         #expect(lines[2] == #"{"state":"succeeded","progress":1}"#)
@@ -48,6 +48,7 @@ import TaskloopTestSupport
         #expect(lines[4] == #"{"state":"cancelled","error":"cancelled"}"#)
         #expect(lines[5].hasPrefix(#"{"state":"cancelled","error":"dependency_failed","cause":""#))
         #expect(lines[6] == #"{"state":"cancelled","progress":1}"#)
+        #expect(lines[7] == #"{"state":"succeeded","status":200,"body":"{\"status\":\"ok\"}","bytes":15}"#)
         try service.stop()
     }
 }

@@ -5,12 +5,14 @@ import TaskloopHTTP
 import TaskloopTestSupport
 
 /// The whole service on 127.0.0.1 and a free port, its loop on a thread of its own. `stop()`
-/// runs the real shutdown story and checks the loop closed clean.
+/// runs the real shutdown story and checks the loop closed clean; a test that fails before
+/// calling it still gets the service stopped when the harness goes away.
 final class ServiceHarness: @unchecked Sendable {
     let loop: EventLoop
     let port: Int
     private let application: LoopBound<TaskloopApplication>
     private let thread: LoopThread
+    private let stopped = Locked(false)
 
     init(_ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
         var configuration = ServiceConfiguration()
@@ -28,7 +30,12 @@ final class ServiceHarness: @unchecked Sendable {
         thread = LoopThread(loop, name: "service-loop")
     }
 
+    deinit {
+        if !stopped.value { try? stop() }
+    }
+
     func stop(timeout: Double = 10) throws {
+        stopped.withLock { $0 = true }
         let application = self.application
         let loop = self.loop
         loop.execute { application.value.stop { loop.finish() } }

@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 import TaskloopHTTP
 
 /// A real server on 127.0.0.1 and a free port, its loop on a thread of its own, for tests.
@@ -80,12 +79,13 @@ public struct TestTimeout: Error, CustomStringConvertible {
     public var description: String { "timed out waiting for \(what)" }
 }
 
-/// A value behind a mutex that closures can share.
+/// A value behind a mutex that closures and threads can share (a pthread mutex, which
+/// ThreadSanitizer sees).
 public final class Locked<Value>: @unchecked Sendable {
-    private let mutex: Mutex<Value>
-    public init(_ value: sending Value) { mutex = Mutex(value) }
-    public func withLock<R>(_ body: (inout sending Value) throws -> sending R) rethrows -> R {
-        try mutex.withLock(body)
+    private let storage: PThreadLocked<Value>
+    public init(_ value: Value) { storage = PThreadLocked(value) }
+    public func withLock<R>(_ body: (inout Value) throws -> R) rethrows -> R {
+        try storage.withLock(body)
     }
     public var value: Value { withLock { $0 } }
 }
