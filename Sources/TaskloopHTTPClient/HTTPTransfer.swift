@@ -17,7 +17,7 @@ public final class HTTPTransfer {
     private var refusedAddresses: [String] = []
     private var cancelled = false
 
-    // The current hop's response.
+    // The current hop's response; `status` is curl's, read when its header block ends.
     private var status = 0
     private var headers: [HTTPHeaderField] = []
     private var kept: [UInt8] = []
@@ -140,6 +140,8 @@ public final class HTTPTransfer {
         guard !cancelled else { return 0 }
         let content = Self.trimmed(line[...])
         if content.isEmpty {
+            // curl has parsed this block's status line by now; an interim 1xx block is skipped.
+            status = Curl.longInfo(easy, CURLINFO_RESPONSE_CODE)
             guard status >= 200 else { return line.count }
             let length = Curl.offsetInfo(easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T)
             expected = length >= 0 ? length : nil
@@ -148,9 +150,6 @@ public final class HTTPTransfer {
             if reportsProgress { onProgress?(0, expected) }
         } else if content.starts(with: "HTTP/".utf8) {
             headers.removeAll()
-            let code = content.drop { $0 != UInt8(ascii: " ") }.dropFirst().prefix(3)
-            status = code.count == 3 && code.allSatisfy({ (0x30...0x39).contains($0) })
-                ? code.reduce(0) { $0 * 10 + Int($1 - 0x30) } : 0
         } else if line[0] == UInt8(ascii: " ") || line[0] == UInt8(ascii: "\t") {
             if !headers.isEmpty { headers[headers.count - 1].value += " " + String(decoding: content, as: UTF8.self) }
         } else if let colon = content.firstIndex(of: UInt8(ascii: ":")), headers.count < Self.maxHeaderFields {
@@ -200,7 +199,6 @@ public final class HTTPTransfer {
     /// The easy handle is off the multi handle; either follow a redirect or report.
     func finished(_ code: CURLcode) {
         guard code == CURLE_OK else { return complete(.failure(error(for: code))) }
-        status = Curl.longInfo(easy, CURLINFO_RESPONSE_CODE)
         if request.followRedirects, Self.redirectStatuses.contains(status), let location = Curl.stringInfo(easy, CURLINFO_REDIRECT_URL) {
             return follow(location)
         }
