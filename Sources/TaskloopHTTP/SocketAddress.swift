@@ -29,6 +29,16 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
         return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
+    /// The IP address in network order: 4 bytes, or 16 for IPv6.
+    package var addressBytes: [UInt8] {
+        withSockAddr { address in
+            if isIPv6 {
+                return address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) } }
+            }
+            return address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { withUnsafeBytes(of: $0.pointee.sin_addr) { Array($0) } }
+        }
+    }
+
     /// `host:port`, with IPv6 hosts in brackets, as it appears in a URL.
     public var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
@@ -64,10 +74,10 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
             throw .resolve(host: host, reason: String(cString: gai_strerror(status)))
         }
         defer { freeaddrinfo(results) }
-        withUnsafeMutableBytes(of: &storage) { target in
-            target.copyMemory(from: UnsafeRawBufferPointer(start: first.pointee.ai_addr, count: Int(first.pointee.ai_addrlen)))
+        guard let address = SocketAddress(copying: first.pointee.ai_addr, length: Int(first.pointee.ai_addrlen)) else {
+            throw .resolve(host: host, reason: "no IPv4 or IPv6 address")
         }
-        return SocketAddress(storage: storage)
+        return address
     }
 
     static func local(of handle: UnsafeMutablePointer<uv_tcp_t>) throws(UVError) -> SocketAddress {
@@ -78,5 +88,16 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
         }
         try UVError.check(status, "uv_tcp_getsockname")
         return SocketAddress(storage: storage)
+    }
+}
+
+extension SocketAddress {
+    /// Copies an address a C API handed over; nil unless it is IPv4 or IPv6.
+    package init?(copying address: UnsafeRawPointer, length: Int) {
+        let family = Int32(address.loadUnaligned(as: sockaddr.self).sa_family)
+        guard family == AF_INET || family == AF_INET6, length <= MemoryLayout<sockaddr_storage>.size else { return nil }
+        var storage = sockaddr_storage()
+        withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: UnsafeRawBufferPointer(start: address, count: length)) }
+        self.init(storage: storage)
     }
 }

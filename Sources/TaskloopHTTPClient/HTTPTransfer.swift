@@ -1,5 +1,6 @@
 import CCurl
 import Glibc
+import TaskloopHTTP
 
 /// One request and its redirects on one curl easy handle. Created and driven by `HTTPClient`;
 /// loop thread only. Redirects are followed here, not by curl, so that every hop is checked
@@ -184,8 +185,9 @@ public final class HTTPTransfer {
         let family = address.pointee.family
         if client.policy.denyPrivateAddresses {
             let raw = UnsafeRawPointer(address) + MemoryLayout<curl_sockaddr>.offset(of: \curl_sockaddr.addr)!
-            let (isInternal, text) = HostPolicy.inspect(raw, family: family)
-            if isInternal {
+            let peer = SocketAddress(copying: raw, length: Int(address.pointee.addrlen))
+            if peer.map(HostPolicy.isInternal) ?? true {
+                let text = peer?.host ?? "address family \(family)"
                 if !refusedAddresses.contains(text) { refusedAddresses.append(text) }
                 return CURL_SOCKET_BAD
             }

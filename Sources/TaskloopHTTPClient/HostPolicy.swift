@@ -1,4 +1,4 @@
-import Glibc
+import TaskloopHTTP
 
 /// Where `http` tasks may go: deployments that must not become an open proxy restrict the hosts
 /// by name (`--http-allow-hosts`) and refuse internal addresses after DNS resolution
@@ -57,25 +57,9 @@ public struct HostPolicy: Sendable, Equatable {
         return false
     }
 
-    /// Whether a socket address is internal, with its text for messages.
-    static func inspect(_ address: UnsafeRawPointer, family: Int32) -> (internal: Bool, text: String) {
-        func text(_ family: Int32, _ address: UnsafeRawPointer) -> String {
-            var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
-            return buffer.withUnsafeMutableBufferPointer { buffer in
-                inet_ntop(family, address, buffer.baseAddress, socklen_t(buffer.count)).map { String(cString: $0) } ?? "?"
-            }
-        }
-        switch family {
-        case AF_INET:
-            let ipv4 = address.loadUnaligned(as: sockaddr_in.self).sin_addr
-            let bytes = withUnsafeBytes(of: ipv4.s_addr) { Array($0) }
-            return (isInternal(ipv4: bytes[0], bytes[1], bytes[2], bytes[3]), withUnsafeBytes(of: ipv4) { text(AF_INET, $0.baseAddress!) })
-        case AF_INET6:
-            let ipv6 = address.loadUnaligned(as: sockaddr_in6.self).sin6_addr
-            return (isInternal(ipv6: withUnsafeBytes(of: ipv6) { Array($0) }), withUnsafeBytes(of: ipv6) { text(AF_INET6, $0.baseAddress!) })
-        default:
-            return (true, "address family \(family)")
-        }
+    public static func isInternal(_ address: SocketAddress) -> Bool {
+        let bytes = address.addressBytes
+        return bytes.count == 4 ? isInternal(ipv4: bytes[0], bytes[1], bytes[2], bytes[3]) : isInternal(ipv6: bytes)
     }
 }
 
