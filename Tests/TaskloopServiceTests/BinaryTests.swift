@@ -44,13 +44,11 @@ import TaskloopTestSupport
 
         /// Waits for the process to exit and returns its status.
         func waitForExit(timeout: Double = 10) throws -> Int32 {
-            let deadline = Date().addingTimeInterval(timeout)
-            while process.isRunning {
-                guard Date() < deadline else {
-                    process.terminate()
-                    throw TestTimeout(what: "taskloop to exit")
-                }
-                usleep(2_000)
+            do {
+                try pollUntil("taskloop to exit", timeout: timeout) { !process.isRunning }
+            } catch {
+                process.terminate()
+                throw error
             }
             return process.terminationStatus
         }
@@ -170,12 +168,7 @@ import TaskloopTestSupport
         let last = try #require((created.json["keys"] as? [String: String])?["t999"])
         let workflow = try #require(created.json["id"] as? String)
         _ = try client.waitForState(last, "succeeded", timeout: 120)
-        let deadline = Date().addingTimeInterval(60)
-        while try client.call("GET", "/workflows/\(workflow)").json["state"] as? String == "running" {
-            guard Date() < deadline else { throw TestTimeout(what: "the workflow to finish") }
-            usleep(10_000)
-        }
-        #expect(try client.call("GET", "/workflows/\(workflow)").json["state"] as? String == "succeeded")
+        #expect(try client.waitForWorkflowToEnd(workflow, timeout: 60)["state"] as? String == "succeeded")
         #expect(openDescriptors() == before, "descriptors before \(before), after \(openDescriptors())")
         #expect(children().isEmpty, "children left: \(children())")
         kill(pid, SIGTERM)
@@ -206,11 +199,7 @@ import TaskloopTestSupport
             let created = try client.call("POST", "/workflows", json: #"{"tasks":["# + tasks.joined(separator: ",") + "]}")
             try #require(created.status == 201, "\(created.text.prefix(300))")
             let workflow = try #require(created.json["id"] as? String)
-            let deadline = Date().addingTimeInterval(120)
-            while try client.call("GET", "/workflows/\(workflow)").json["state"] as? String == "running" {
-                guard Date() < deadline else { throw TestTimeout(what: "the workflow to finish") }
-                usleep(10_000)
-            }
+            _ = try client.waitForWorkflowToEnd(workflow, timeout: 120)
             let counts = try client.call("GET", "/queues/fetch").json["counts"] as? [String: Int]
             #expect(counts?["running"] == 0)
         }
@@ -222,7 +211,7 @@ import TaskloopTestSupport
         // Every hanging request that reached the origin (a few time out before) was hung up.
         let hanging = origin.requests.value.filter { $0.path == "/hang" }.count
         #expect(hanging > 50)
-        try origin.waitUntil("every hanging request to be hung up") { origin.hangUps.value.count == hanging }
+        try pollUntil("every hanging request to be hung up") { origin.hangUps.value.count == hanging }
         kill(pid, SIGTERM)
         #expect(try binary.waitForExit() == 0)
     }

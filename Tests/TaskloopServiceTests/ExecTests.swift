@@ -13,11 +13,7 @@ import TaskloopTestSupport
     }
 
     static func waitUntilGone(_ pid: Int32, timeout: Double = 10) throws {
-        let deadline = Date().addingTimeInterval(timeout)
-        while !isGone(pid) {
-            guard Date() < deadline else { throw TestTimeout(what: "process \(pid) to end") }
-            usleep(2_000)
-        }
+        try pollUntil("process \(pid) to end", timeout: timeout) { isGone(pid) }
     }
 
     static func json(_ value: Any) -> String {
@@ -67,11 +63,7 @@ import TaskloopTestSupport
         defer { try? FileManager.default.removeItem(atPath: file) }
         let script = "\(trap) sleep 300 & echo $$ $! > \(file).tmp; mv \(file).tmp \(file); echo PROGRESS 0.1 started; wait; sleep 300"
         let task = try submit(client, ["sh", "-c", script], extra: extra, params: params)
-        let deadline = Date().addingTimeInterval(10)
-        while !FileManager.default.fileExists(atPath: file) {
-            guard Date() < deadline else { throw TestTimeout(what: "the child to start") }
-            usleep(2_000)
-        }
+        try pollUntil("the child to start") { FileManager.default.fileExists(atPath: file) }
         let pids = try String(contentsOfFile: file, encoding: .utf8).split(separator: " ").compactMap {
             Int32($0.trimmingCharacters(in: .whitespacesAndNewlines))
         }

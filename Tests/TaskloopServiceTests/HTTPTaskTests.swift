@@ -32,13 +32,12 @@ import TaskloopTestSupport
     /// Polls the task until its progress satisfies `condition`.
     func waitForProgress(_ client: APIClient, _ id: String, _ what: String,
                          _ condition: ([String: Any]) -> Bool) throws -> [String: Any] {
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline {
-            let progress = try client.task(id)["progress"] as? [String: Any] ?? [:]
-            if condition(progress) { return progress }
-            usleep(2_000)
+        var progress: [String: Any] = [:]
+        try pollUntil(what) {
+            progress = try client.task(id)["progress"] as? [String: Any] ?? [:]
+            return condition(progress)
         }
-        throw TestTimeout(what: what)
+        return progress
     }
 
     @Test func resultCarriesBodyDigestAndHeaders() throws {
@@ -189,7 +188,7 @@ import TaskloopTestSupport
         // The transfer stops inside the request, so the task is already cancelled in the answer.
         let cancel = try client.call("DELETE", "/tasks/\(id)")
         #expect(cancel.status == 200 && cancel.json["state"] as? String == "cancelled")
-        try origin.waitUntil("the origin to see the connection closed") { origin.hangUps.value == ["/stall/200000"] }
+        try pollUntil("the origin to see the connection closed") { origin.hangUps.value == ["/stall/200000"] }
         #expect(service.onLoop { $0.activeTransfers } == 0)
         #expect(try client.call("GET", "/metrics").text.contains("taskloop_http_task_transfers 0"))
         try service.stop()
@@ -202,7 +201,7 @@ import TaskloopTestSupport
         let client = try service.client()
         let id = try submit(client, ["url": origin.url("/hang")], extra: ["timeout_ms": 300])
         #expect(try error(try client.waitForState(id, "failed"))["code"] as? String == "timeout")
-        try origin.waitUntil("the origin to see the connection closed") { origin.hangUps.value == ["/hang"] }
+        try pollUntil("the origin to see the connection closed") { origin.hangUps.value == ["/hang"] }
         try service.stop()
     }
 
@@ -212,10 +211,10 @@ import TaskloopTestSupport
         let service = try ServiceHarness()
         let client = try service.client()
         let id = try submit(client, ["url": origin.url("/hang")])
-        try origin.waitUntil("the request to arrive") { origin.requests.value.count == 1 }
+        try pollUntil("the request to arrive") { origin.requests.value.count == 1 }
         #expect(try client.task(id)["state"] as? String == "running")
         try service.stop()
-        try origin.waitUntil("the origin to see the connection closed") { origin.hangUps.value == ["/hang"] }
+        try pollUntil("the origin to see the connection closed") { origin.hangUps.value == ["/hang"] }
     }
 
     /// Beyond the per-host cap a request waits for a connection, however long the one ahead
@@ -226,7 +225,7 @@ import TaskloopTestSupport
         let service = try ServiceHarness { $0.httpMaxHostConnections = 1 }
         let client = try service.client()
         let first = try submit(client, ["url": origin.url("/gated/2000/2"), "connect_timeout_ms": 100])
-        try origin.waitUntil("the first request") { origin.requests.value.count == 1 }
+        try pollUntil("the first request") { origin.requests.value.count == 1 }
         let second = try submit(client, ["url": origin.url("/text/10"), "connect_timeout_ms": 100])
         // Longer than the second task's connect timeout, while it waits for the one connection.
         usleep(400_000)
@@ -270,11 +269,7 @@ import TaskloopTestSupport
         let server = try openssl(["s_server", "-accept", "127.0.0.1:\(port)", "-cert", "\(directory)/cert.pem",
                                   "-key", "\(directory)/key.pem", "-www", "-quiet"])
         defer { server.terminate() }
-        let deadline = Date().addingTimeInterval(10)
-        while (try? RawClient(port: port)) == nil {
-            guard Date() < deadline else { throw TestTimeout(what: "openssl s_server to listen") }
-            usleep(5_000)
-        }
+        try pollUntil("openssl s_server to listen", every: 5_000) { (try? RawClient(port: port)) != nil }
         let service = try ServiceHarness()
         let client = try service.client()
         let refused = try error(try client.waitForState(try submit(client, ["url": "https://127.0.0.1:\(port)/"]), "failed"))

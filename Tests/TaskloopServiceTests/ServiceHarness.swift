@@ -90,14 +90,25 @@ final class APIClient: @unchecked Sendable {
     /// the state with a deadline.
     func waitForState(_ id: String, _ state: String, timeout: Double = 10) throws -> [String: Any] {
         let terminal = ["succeeded", "failed", "cancelled"]
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            let task = try call("GET", "/tasks/\(id)\(terminal.contains(state) ? "?wait=1" : "")", timeout: 3).json
-            if task["state"] as? String == state { return task }
-            if let current = task["state"] as? String, terminal.contains(current) {
+        var task: [String: Any] = [:]
+        // No pause between polls: a terminal state is waited for by the server (`?wait=1`).
+        try pollUntil("task \(id) to be \(state)", timeout: timeout, every: 0) {
+            task = try call("GET", "/tasks/\(id)\(terminal.contains(state) ? "?wait=1" : "")", timeout: 3).json
+            if let current = task["state"] as? String, current != state, terminal.contains(current) {
                 throw ClientError.malformed("task \(id) ended \(current), expected \(state)")
             }
+            return task["state"] as? String == state
         }
-        throw TestTimeout(what: "task \(id) to be \(state)")
+        return task
+    }
+
+    /// Waits until the workflow is no longer running and returns it.
+    func waitForWorkflowToEnd(_ id: String, timeout: Double) throws -> [String: Any] {
+        var workflow: [String: Any] = [:]
+        try pollUntil("workflow \(id) to end", timeout: timeout, every: 10_000) {
+            workflow = try call("GET", "/workflows/\(id)").json
+            return workflow["state"] as? String != "running"
+        }
+        return workflow
     }
 }

@@ -34,11 +34,7 @@ public final class LoopThread: Sendable {
 
     /// Waits until `condition` (evaluated on the loop) holds, or throws after `timeout` seconds.
     public func waitUntil(_ what: String, timeout: Double, _ condition: @escaping @Sendable () -> Bool) throws {
-        let deadline = Date().addingTimeInterval(timeout)
-        while !run(condition) {
-            guard Date() < deadline else { throw TestTimeout(what: what) }
-            usleep(1_000)
-        }
+        try pollUntil(what, timeout: timeout, every: 1_000) { run(condition) }
     }
 
     /// Waits for the loop thread to end. Throws if it did not end in time or the loop did not

@@ -63,15 +63,6 @@ public final class OriginServer: @unchecked Sendable {
         for _ in 0..<count { gate.signal() }
     }
 
-    /// Waits until `condition` holds, or throws after `timeout` seconds.
-    public func waitUntil(_ what: String, timeout: Double = 10, _ condition: () -> Bool) throws {
-        let deadline = Date().addingTimeInterval(timeout)
-        while !condition() {
-            guard Date() < deadline else { throw TestTimeout(what: what) }
-            usleep(1_000)
-        }
-    }
-
     public func stop() {
         stopped.withLock { $0 = true }
         shutdown(listener, Int32(SHUT_RDWR))
@@ -220,13 +211,6 @@ public final class OriginServer: @unchecked Sendable {
     }
 
     private func write(_ fd: Int32, _ bytes: some Collection<UInt8>) -> Bool {
-        let bytes = Array(bytes)
-        var offset = 0
-        while offset < bytes.count {
-            let sent = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            guard sent > 0 else { return false }
-            offset += sent
-        }
-        return true
+        sendAll(fd, Array(bytes))
     }
 }

@@ -47,12 +47,7 @@ public final class RawClient {
     public func send(_ text: String) throws { try send(Array(text.utf8)) }
 
     public func send(_ bytes: [UInt8]) throws {
-        var offset = 0
-        while offset < bytes.count {
-            let sent = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            guard sent > 0 else { throw ClientError.system("send", errno) }
-            offset += sent
-        }
+        guard sendAll(fd, bytes) else { throw ClientError.system("send", errno) }
     }
 
     /// Half-closes: the server sees end of input.
@@ -221,4 +216,15 @@ public enum ClientError: Error, CustomStringConvertible {
         case .malformed(let text): "malformed response: \(text)"
         }
     }
+}
+
+/// Writes all of `bytes` to a blocking socket; false once the peer is gone (errno says why).
+func sendAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    var offset = 0
+    while offset < bytes.count {
+        let sent = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        guard sent > 0 else { return false }
+        offset += sent
+    }
+    return true
 }

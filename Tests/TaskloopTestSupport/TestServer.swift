@@ -79,6 +79,17 @@ public struct TestTimeout: Error, CustomStringConvertible {
     public var description: String { "timed out waiting for \(what)" }
 }
 
+/// Evaluates `condition` every `interval` microseconds until it holds, or throws `TestTimeout`
+/// after `timeout` seconds. The one way tests wait for something they cannot be told about.
+public func pollUntil(_ what: @autoclosure () -> String, timeout: Double = 10, every interval: useconds_t = 2_000,
+                      _ condition: () throws -> Bool) throws {
+    let deadline = Date().addingTimeInterval(timeout)
+    while try !condition() {
+        guard Date() < deadline else { throw TestTimeout(what: what()) }
+        usleep(interval)
+    }
+}
+
 /// A value behind a mutex that closures and threads can share (a pthread mutex, which
 /// ThreadSanitizer sees).
 public final class Locked<Value>: @unchecked Sendable {
