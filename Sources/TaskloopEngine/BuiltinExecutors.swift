@@ -110,7 +110,7 @@ public final class ExternalExecutor: TaskExecutor {
         for key in object.keys where key != "heartbeat_timeout_ms" {
             throw EngineError(.invalid, "Unknown parameter \(key).", field: key)
         }
-        guard let value = object["heartbeat_timeout_ms"], !value.isNull else { return nil }
+        guard let value = object.nonNull("heartbeat_timeout_ms") else { return nil }
         guard let milliseconds = value.intValue, (1...86_400_000).contains(milliseconds) else {
             throw EngineError(.invalid, "heartbeat_timeout_ms must be an integer from 1 to 86400000.",
                               field: "heartbeat_timeout_ms")

@@ -76,6 +76,12 @@ public struct JSONObject: Sendable, Equatable, Sequence {
         }
     }
 
+    /// The member's value unless it is absent or `null`: optional fields treat the two alike.
+    public func nonNull(_ key: String) -> JSONValue? {
+        guard let value = self[key], !value.isNull else { return nil }
+        return value
+    }
+
     public var count: Int { members.count }
     public var isEmpty: Bool { members.isEmpty }
     public var keys: [String] { members.map(\.key) }

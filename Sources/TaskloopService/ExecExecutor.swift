@@ -43,7 +43,7 @@ final class ExecExecutor: TaskExecutor {
             arguments.append(text)
         }
         var environment: [(String, String)] = []
-        if let env = object["env"], !env.isNull {
+        if let env = object.nonNull("env") {
             guard let members = env.objectValue else { throw EngineError(.invalid, "env must be an object of strings.", field: "env") }
             for member in members {
                 guard let value = member.value.stringValue, !member.key.isEmpty, !member.key.contains("="),
@@ -54,14 +54,14 @@ final class ExecExecutor: TaskExecutor {
             }
         }
         var directory: String?
-        if let cwd = object["cwd"], !cwd.isNull {
+        if let cwd = object.nonNull("cwd") {
             guard let text = cwd.stringValue, !text.isEmpty, !text.utf8.contains(0) else {
                 throw EngineError(.invalid, "cwd must be a directory path.", field: "cwd")
             }
             directory = text
         }
         var grace: UInt64 = 5_000
-        if let value = object["grace_ms"], !value.isNull {
+        if let value = object.nonNull("grace_ms") {
             guard let milliseconds = value.intValue, (0...600_000).contains(milliseconds) else {
                 throw EngineError(.invalid, "grace_ms must be an integer from 0 to 600000.", field: "grace_ms")
             }

@@ -35,7 +35,7 @@ final class HTTPExecutor: TaskExecutor {
             throw EngineError(.invalid, "Unknown parameter \(key); known: \(known.joined(separator: ", ")).", field: key)
         }
         var method = "GET"
-        if let value = present(object["method"]) {
+        if let value = object.nonNull("method") {
             guard let text = value.stringValue?.uppercased(), methods.contains(text) else {
                 throw EngineError(.invalid, "method must be one of \(methods.sorted().joined(separator: ", ")).", field: "method")
             }
@@ -56,7 +56,7 @@ final class HTTPExecutor: TaskExecutor {
         }
         var request = HTTPClientRequest(method: method, url: url)
         var hasContentType = false
-        if let value = present(object["headers"]) {
+        if let value = object.nonNull("headers") {
             guard let members = value.objectValue, members.count <= 100 else {
                 throw EngineError(.invalid, "headers must be an object of at most 100 string values.", field: "headers")
             }
@@ -74,7 +74,7 @@ final class HTTPExecutor: TaskExecutor {
                 request.headers.append(HTTPHeaderField(member.key, text))
             }
         }
-        if let value = present(object["body"]) {
+        if let value = object.nonNull("body") {
             guard method != "HEAD" else { throw EngineError(.invalid, "body cannot be sent with HEAD.", field: "body") }
             if let text = value.stringValue {
                 request.body = Array(text.utf8)
@@ -85,7 +85,7 @@ final class HTTPExecutor: TaskExecutor {
             }
         }
         var expectStatus = [200...299]
-        if let value = present(object["expect_status"]) {
+        if let value = object.nonNull("expect_status") {
             guard let list = value.arrayValue, (1...64).contains(list.count) else {
                 throw EngineError(.invalid, "expect_status must be a list of 1 to 64 status codes or ranges (\"2xx\", \"200-204\").",
                                   field: "expect_status")
@@ -99,30 +99,25 @@ final class HTTPExecutor: TaskExecutor {
                 expectStatus.append(range)
             }
         }
-        if let value = present(object["max_response_bytes"]) {
+        if let value = object.nonNull("max_response_bytes") {
             guard let bytes = value.intValue, (0...Int64(maxKeptBytes)).contains(bytes) else {
                 throw EngineError(.invalid, "max_response_bytes must be an integer from 0 to \(maxKeptBytes).", field: "max_response_bytes")
             }
             request.maxKeptBodyBytes = Int(bytes)
         }
-        if let value = present(object["follow_redirects"]) {
+        if let value = object.nonNull("follow_redirects") {
             guard let follow = value.boolValue else {
                 throw EngineError(.invalid, "follow_redirects must be true or false.", field: "follow_redirects")
             }
             request.followRedirects = follow
         }
-        if let value = present(object["connect_timeout_ms"]) {
+        if let value = object.nonNull("connect_timeout_ms") {
             guard let milliseconds = value.intValue, (1...300_000).contains(milliseconds) else {
                 throw EngineError(.invalid, "connect_timeout_ms must be an integer from 1 to 300000.", field: "connect_timeout_ms")
             }
             request.connectTimeoutMilliseconds = UInt64(milliseconds)
         }
         return Params(request: request, expectStatus: expectStatus)
-    }
-
-    private static func present(_ value: JSONValue?) -> JSONValue? {
-        guard let value, !value.isNull else { return nil }
-        return value
     }
 
     private static func isToken(_ name: String) -> Bool {

@@ -142,7 +142,7 @@ struct BodyReader {
         let errorsBefore = errors.count
         rejectUnknown(object, allowed: siblingKeys == nil ? Self.taskFields : Self.taskFields.union(["key"]), prefix: prefix)
         var spec = TaskSpec(kind: "")
-        if let kind = object["kind"], !kind.isNull {
+        if object.nonNull("kind") != nil {
             if case .some(let kind?) = string(object, "kind", prefix: prefix, maxLength: 64) { spec.kind = kind }
         } else {
             fail(prefix + "kind", "is required.")
@@ -155,7 +155,7 @@ struct BodyReader {
         if case .some(let name) = string(object, "name", prefix: prefix) { spec.name = name }
         if case .some(let queue?) = string(object, "queue", prefix: prefix, maxLength: 64) { spec.queue = queue }
         if case .some(let priority?) = integer(object, "priority", prefix: prefix, in: -8...8) { spec.priority = Int(priority) }
-        if let dependencies = object["dependencies"], !dependencies.isNull {
+        if let dependencies = object.nonNull("dependencies") {
             if let list = dependencies.arrayValue {
                 spec.dependencies.reserveCapacity(list.count)
                 for (index, element) in list.enumerated() {
@@ -187,7 +187,7 @@ struct BodyReader {
         if case .some(let timeout?) = integer(object, "timeout_ms", prefix: prefix, in: 1...604_800_000) {
             spec.timeoutMilliseconds = UInt64(timeout)
         }
-        if let retry = object["retry"], !retry.isNull {
+        if let retry = object.nonNull("retry") {
             if let retryObject = self.object(retry, prefix + "retry") {
                 let at = prefix + "retry."
                 rejectUnknown(retryObject, allowed: ["max_attempts", "backoff_ms", "backoff_factor"], prefix: at)
@@ -202,7 +202,7 @@ struct BodyReader {
                 }
             }
         }
-        if let metadata = object["metadata"], !metadata.isNull {
+        if let metadata = object.nonNull("metadata") {
             if metadata.objectValue != nil { spec.metadata = metadata } else {
                 fail(prefix + "metadata", "must be an object, not \(metadata.kindDescription).")
             }

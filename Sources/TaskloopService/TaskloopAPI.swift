@@ -148,7 +148,7 @@ extension TaskloopApplication {
             reader.rejectUnknown(object, allowed: ["fraction", "message", "details"], prefix: "")
             if case .some(let value) = reader.number(object, "fraction", prefix: "", in: 0...1) { fraction = value }
             if case .some(let value) = reader.string(object, "message", prefix: "", maxLength: 4_096) { message = value }
-            if let value = object["details"], !value.isNull {
+            if let value = object.nonNull("details") {
                 if value.objectValue != nil { details = value } else {
                     reader.fail("details", "must be an object, not \(value.kindDescription).")
                 }
