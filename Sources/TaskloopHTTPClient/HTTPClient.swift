@@ -66,7 +66,6 @@ public final class HTTPClient {
         onProgress: @escaping (_ received: Int64, _ expected: Int64?) -> Void,
         onComplete: @escaping (Result<HTTPClientResponse, HTTPClientError>) -> Void
     ) throws(HTTPClientError) -> HTTPTransfer {
-        guard multi != nil else { throw HTTPClientError(.clientFailed, "The HTTP client is shut down.") }
         guard policy.allows(request.url) else {
             throw HTTPClientError(.hostNotAllowed, "\(request.url.host) is not in the allowed hosts.")
         }
