@@ -6,7 +6,9 @@ public struct JSONParseError: Error, Equatable, CustomStringConvertible {
 }
 
 /// A strict RFC 8259 parser over bytes: one pass, no intermediate tokens. Nesting deeper than
-/// `maxDepth` is refused, so hostile input cannot exhaust the stack.
+/// `maxDepth` is refused, so hostile input cannot exhaust the stack. An object that names a
+/// member twice is refused too: RFC 8259 leaves its meaning open, and parsers that keep the
+/// first and parsers that keep the last would read two different requests from it.
 public struct JSONParser {
     public static let defaultMaxDepth = 64
 
@@ -91,10 +93,16 @@ public struct JSONParser {
             depth -= 1
             return .object(JSONObject(members))
         }
+        var names: Set<String>?
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a member name") }
+            let keyStart = index
             let key = try parseString()
+            if isRepeated(key, in: members, names: &names) {
+                let shown = key.unicodeScalars.count > 64 ? String(key.unicodeScalars.prefix(64)) + "..." : key
+                throw JSONParseError(offset: keyStart, reason: "duplicate member name \"\(shown)\"")
+            }
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':'") }
             index += 1
@@ -112,6 +120,17 @@ public struct JSONParser {
                 throw error("expected ',' or '}'")
             }
         }
+    }
+
+    /// Whether `key` names a member already read. Small objects (every API body) are scanned;
+    /// from 16 members on a set keeps it linear.
+    private func isRepeated(_ key: String, in members: [JSONObject.Member], names: inout Set<String>?) -> Bool {
+        if members.count < 16 {
+            for member in members where member.key == key { return true }
+            return false
+        }
+        if names == nil { names = Set(members.map(\.key)) }
+        return !names!.insert(key).inserted
     }
 
     private mutating func parseArray() throws(JSONParseError) -> JSONValue {

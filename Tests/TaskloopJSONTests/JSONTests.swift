@@ -33,6 +33,25 @@ import TaskloopJSON
         }
     }
 
+    /// RFC 8259 leaves a repeated name's meaning open: one parser keeps the first, another the
+    /// last, so the same bytes would mean two requests. Refused, naming the member.
+    @Test func refusesRepeatedMemberNames() throws {
+        for (text, name, offset) in [(#"{"kind":"noop","kind":"exec"}"#, "kind", 15),
+                                     (#"{"a":{"b":1,"b":2}}"#, "b", 12),
+                                     ("{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","k39":0}"#, "k39", 0)] {
+            do {
+                _ = try JSONParser.parse(text)
+                Issue.record("accepted \(text)")
+            } catch {
+                #expect(error.reason == "duplicate member name \"\(name)\"")
+                if offset > 0 { #expect(error.offset == offset) }
+            }
+        }
+        // The same name in sibling or nested objects is fine, and escapes are compared decoded.
+        #expect(throws: Never.self) { try JSONParser.parse(#"{"a":{"a":1},"b":[{"a":1},{"a":2}]}"#) }
+        #expect(throws: JSONParseError.self) { try JSONParser.parse(#"{"a":1,"\u0061":2}"#) }
+    }
+
     @Test func refusesDeepNesting() {
         let deep = String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)
         #expect(throws: JSONParseError.self) { try JSONParser.parse(deep) }
