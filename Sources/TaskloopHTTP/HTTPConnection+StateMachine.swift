@@ -1,5 +1,5 @@
 /// The life of one HTTP/1.1 connection as a value: events in (`mutating` methods), decisions
-/// out. It owns the timing rules (header timeout, idle timeout, body stall) and keep-alive;
+/// out. It owns the timing rules (header, body and idle timeouts) and keep-alive;
 /// it holds no sockets and reads no clock, so it is tested with plain numbers.
 ///
 /// ```
@@ -13,7 +13,9 @@ struct HTTPConnectionStateMachine: Equatable {
         /// From a request's first byte (or from accept, for a connection that has sent nothing)
         /// until its head is complete.
         var headerMilliseconds: UInt64
-        /// Between keep-alive requests, and the longest a request body may stall.
+        /// From a request's head until its whole body has arrived, however it trickles in.
+        var bodyMilliseconds: UInt64
+        /// Between keep-alive requests.
         var idleMilliseconds: UInt64
     }
 
@@ -21,7 +23,7 @@ struct HTTPConnectionStateMachine: Equatable {
         /// Waiting for a request's first byte; `fresh` until the connection's first request.
         case idle(since: UInt64, fresh: Bool)
         case readingHead(since: UInt64)
-        case readingBody(lastProgress: UInt64)
+        case readingBody(since: UInt64)
         /// The handler owns the request; `streaming` once a chunked response has begun.
         case responding(streaming: Bool)
         /// The last response is written or being written; no more requests are read.
@@ -67,13 +69,12 @@ struct HTTPConnectionStateMachine: Equatable {
     mutating func bytesArrived(now: UInt64) {
         switch state {
         case .idle: state = .readingHead(since: now)
-        case .readingBody: state = .readingBody(lastProgress: now)
-        case .readingHead, .responding, .closing, .closed: break
+        case .readingHead, .readingBody, .responding, .closing, .closed: break
         }
     }
 
     mutating func headReceived(now: UInt64) {
-        if case .readingHead = state { state = .readingBody(lastProgress: now) }
+        if case .readingHead = state { state = .readingBody(since: now) }
     }
 
     mutating func requestReceived(keepAlive: Bool) {
@@ -114,8 +115,8 @@ struct HTTPConnectionStateMachine: Equatable {
             guard now &- since >= timeouts.headerMilliseconds else { return .none }
             state = .closing
             return .respondTimeoutAndClose
-        case .readingBody(let lastProgress):
-            guard now &- lastProgress >= timeouts.idleMilliseconds else { return .none }
+        case .readingBody(let since):
+            guard now &- since >= timeouts.bodyMilliseconds else { return .none }
             state = .closing
             return .respondTimeoutAndClose
         case .responding, .closing, .closed:

@@ -92,3 +92,12 @@ extension StringProtocol {
 func asciiLowercased(_ byte: UInt8) -> UInt8 {
     byte &- 65 < 26 ? byte | 0x20 : byte
 }
+
+extension Array where Element == UInt8 {
+    /// Whether these bytes spell `lowercase` in any ASCII case.
+    package func equalsIgnoringASCIICase(_ lowercase: StaticString) -> Bool {
+        guard count == lowercase.utf8CodeUnitCount else { return false }
+        for index in indices where asciiLowercased(self[index]) != lowercase.utf8Start[index] { return false }
+        return true
+    }
+}

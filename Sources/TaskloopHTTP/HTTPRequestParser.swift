@@ -20,6 +20,17 @@ public struct HTTPParserLimits: Sendable {
 /// strictly one at a time). Unconsumed bytes are the caller's to offer again. After `.failure`
 /// the parser is finished: the connection answers the status and closes.
 ///
+/// Strict where http_parser is lenient (Debian builds it with HTTP_PARSER_STRICT=0), per RFC 9112
+/// and its request-smuggling advice: whitespace between a field name and its colon, obsolete
+/// line folding, a missing or repeated `Host` in HTTP/1.1 and a repeated `Authorization` are
+/// 400; http_parser itself refuses `Content-Length` with `Transfer-Encoding`, repeated lengths
+/// and transfer codings other than a final `chunked`. The head (request line and fields with
+/// their line ends) may be at most `maxHeaderBytes`, counted by http_parser byte for byte.
+///
+/// A method token http_parser does not know (`QUERY`, `BREW`) is read here: the token is set
+/// aside, and http_parser parses the rest of the request behind a stand-in `GET`, so such a
+/// request is framed like any other and the router can answer 405 or 501 for it.
+///
 /// Threading: owned by one connection, used on its loop thread only.
 final class HTTPRequestParser {
     enum Event {
@@ -39,19 +50,30 @@ final class HTTPRequestParser {
     private var value: [UInt8] = []
     private var readingValue = false
     private var headers = HTTPHeaders()
-    private var headerBytes = 0
+    private var hostFields = 0
+    private var authorizationFields = 0
     private var body: [UInt8] = []
     private var pending: Event?
     private var completed: HTTPRequest?
     private var limitFailure: (HTTPStatus, String)?
     private(set) var isFinished = false
-    /// True between the first byte of a request and its completion.
-    private(set) var isInsideRequest = false
+    /// Between the request's first byte and its head being complete.
+    private var readingHead = false
+    /// The bytes of the `http_parser_execute` call in progress, to tell a header value split
+    /// across reads from one folded across lines.
+    private var input: (start: UnsafeRawPointer, end: UnsafeRawPointer)?
+    private var valuePieceEndedWithInput = false
+    /// While a method token http_parser does not know is being read: its bytes so far.
+    private var unknownMethodToken: [UInt8]?
+    /// Such a method, for the request being parsed behind the stand-in `GET`.
+    private var unknownMethod: HTTPMethod?
 
     init(limits: HTTPParserLimits) {
         self.limits = limits
         parser = .allocate(capacity: 1)
         http_parser_init(parser, HTTP_REQUEST)
+        precondition(parser.pointee.lenient_http_headers == 0 && parser.pointee.allow_chunked_length == 0,
+                     "http_parser's lenient modes must stay off")
         parser.pointee.data = Unmanaged.passUnretained(self).toOpaque()
         url.reserveCapacity(64)
         field.reserveCapacity(32)
@@ -66,18 +88,39 @@ final class HTTPRequestParser {
     func parse(_ bytes: UnsafeRawBufferPointer) -> (consumed: Int, event: Event) {
         precondition(!isFinished, "parse after failure")
         guard let base = bytes.baseAddress, bytes.count > 0 else { return (0, .needMoreData) }
+        if unknownMethodToken != nil { return readUnknownMethod(bytes) }
+        input = (base, base + bytes.count)
         let consumed = base.withMemoryRebound(to: CChar.self, capacity: bytes.count) {
             http_parser_execute(parser, requestParserSettings, $0, bytes.count)
         }
+        input = nil
         let errno = http_errno(rawValue: parser.pointee.http_errno)
         if errno == HPE_PAUSED, let event = pending {
             http_parser_pause(parser, 0)
             pending = nil
+            switch event {
+            case .head where Int(parser.pointee.nread) > limits.maxHeaderBytes:
+                isFinished = true
+                return (consumed, .failure(.requestHeaderFieldsTooLarge, detail: headTooLarge))
+            case .request:
+                // http_parser counts head bytes from its last reset, which a chunked body's
+                // trailer section can leave behind; each request's head counts from zero.
+                parser.pointee.nread = 0
+            default:
+                break
+            }
             return (consumed, event)
+        }
+        if errno == HPE_INVALID_METHOD && limitFailure == nil {
+            return beginUnknownMethod(bytes, failedAt: consumed)
         }
         if errno != HPE_OK {
             isFinished = true
             return (consumed, failureEvent(for: errno))
+        }
+        if readingHead && Int(parser.pointee.nread) > limits.maxHeaderBytes {
+            isFinished = true
+            return (consumed, .failure(.requestHeaderFieldsTooLarge, detail: headTooLarge))
         }
         return (consumed, .needMoreData)
     }
@@ -85,10 +128,14 @@ final class HTTPRequestParser {
     private func failureEvent(for errno: http_errno) -> Event {
         if let (status, detail) = limitFailure { return .failure(status, detail: detail) }
         if errno == HPE_HEADER_OVERFLOW {
-            return .failure(.requestHeaderFieldsTooLarge, detail: "The request header section is too large.")
+            return .failure(.requestHeaderFieldsTooLarge, detail: headTooLarge)
         }
         let description = String(cString: http_errno_description(errno))
         return .failure(.badRequest, detail: "Malformed HTTP request: \(description).")
+    }
+
+    private var headTooLarge: String {
+        "The request head (request line and header fields) is larger than \(limits.maxHeaderBytes) bytes."
     }
 
     /// Moves out the request announced by `.request`, without copying it.
@@ -97,14 +144,58 @@ final class HTTPRequestParser {
         return completed.take()!
     }
 
+    // MARK: methods http_parser does not know
+
+    /// http_parser stopped at `failedAt` inside the method token. What it matched before that is
+    /// the start of the method it was guessing (`PO` of POST for `POX`); nothing, when the very
+    /// first byte was refused.
+    private func beginUnknownMethod(_ bytes: UnsafeRawBufferPointer, failedAt position: Int) -> (consumed: Int, event: Event) {
+        var token: [UInt8] = []
+        if readingHead {
+            let guess = http_method_str(http_method(rawValue: parser.pointee.method))!
+            token = (0..<Int(parser.pointee.index)).map { UInt8(bitPattern: guess[$0]) }
+        }
+        unknownMethodToken = token
+        let (consumed, event) = readUnknownMethod(UnsafeRawBufferPointer(rebasing: bytes[position...]))
+        return (position + consumed, event)
+    }
+
+    /// Reads the rest of an unknown method's token up to its space, then hands the request line
+    /// from there on to a fresh http_parser behind a stand-in `GET `.
+    private func readUnknownMethod(_ bytes: UnsafeRawBufferPointer) -> (consumed: Int, event: Event) {
+        for (offset, byte) in bytes.enumerated() {
+            if byte == UInt8(ascii: " "), let token = unknownMethodToken, !token.isEmpty {
+                unknownMethodToken = nil
+                http_parser_init(parser, HTTP_REQUEST)
+                parser.pointee.data = Unmanaged.passUnretained(self).toOpaque()
+                _ = standInMethod.withUnsafeBufferPointer { stand in
+                    stand.withMemoryRebound(to: CChar.self) { http_parser_execute(parser, requestParserSettings, $0.baseAddress, $0.count) }
+                }
+                // The head so far is the token and its space, not the stand-in's four bytes.
+                parser.pointee.nread = UInt32(token.count + 1)
+                unknownMethod = HTTPMethod(token: String(decoding: token, as: UTF8.self))
+                let (consumed, event) = parse(UnsafeRawBufferPointer(rebasing: bytes[(offset + 1)...]))
+                return (offset + 1 + consumed, event)
+            }
+            guard isTokenCharacter(byte), unknownMethodToken!.count < 64 else {
+                isFinished = true
+                unknownMethodToken = nil
+                return (offset, .failure(.badRequest, detail: "Malformed HTTP request: invalid HTTP method."))
+            }
+            unknownMethodToken!.append(byte)
+        }
+        return (bytes.count, .needMoreData)
+    }
+
     // MARK: callbacks from http_parser
 
     fileprivate func messageBegin() -> Int32 {
-        isInsideRequest = true
+        readingHead = true
         url.removeAll(keepingCapacity: true)
         headers = HTTPHeaders()
         headers.reserveCapacity(8)
-        headerBytes = 0
+        hostFields = 0
+        authorizationFields = 0
         readingValue = false
         field.removeAll(keepingCapacity: true)
         value.removeAll(keepingCapacity: true)
@@ -122,28 +213,35 @@ final class HTTPRequestParser {
 
     fileprivate func headerFieldData(_ data: UnsafeBufferPointer<UInt8>) -> Int32 {
         if readingValue { finishHeaderField() }
-        return appendHeaderBytes(data, to: &field)
+        // http_parser built lenient takes a space as part of a name, and then honours
+        // `Transfer-Encoding : chunked`; RFC 9112 section 5.1 says 400.
+        if data.contains(UInt8(ascii: " ")) {
+            return fail(.badRequest, "Malformed HTTP request: whitespace between a header field name and its colon.")
+        }
+        field.append(contentsOf: data)
+        return 0
     }
 
     fileprivate func headerValueData(_ data: UnsafeBufferPointer<UInt8>) -> Int32 {
-        readingValue = true
-        return appendHeaderBytes(data, to: &value)
-    }
-
-    private func appendHeaderBytes(_ data: UnsafeBufferPointer<UInt8>, to buffer: inout [UInt8]) -> Int32 {
-        headerBytes += data.count
-        guard headerBytes <= limits.maxHeaderBytes else {
-            return fail(.requestHeaderFieldsTooLarge,
-                        "The request header section is larger than \(limits.maxHeaderBytes) bytes.")
+        // One value arrives in one piece per `http_parser_execute`; a second piece is a
+        // continuation only if the first ended with the input and this one starts the next.
+        // Anything else is obsolete line folding, which RFC 9112 section 5.2 lets a server refuse.
+        if readingValue && !(valuePieceEndedWithInput && UnsafeRawPointer(data.baseAddress) == input?.start) {
+            return fail(.badRequest, "Malformed HTTP request: a header field value is folded across lines (obs-fold).")
         }
-        buffer.append(contentsOf: data)
+        readingValue = true
+        valuePieceEndedWithInput = data.baseAddress.map { UnsafeRawPointer($0 + data.count) == input?.end } ?? false
+        value.append(contentsOf: data)
         return 0
     }
 
     private func finishHeaderField() {
+        if field.count == 4 && field.equalsIgnoringASCIICase("host") { hostFields += 1 }
+        if field.count == 13 && field.equalsIgnoringASCIICase("authorization") { authorizationFields += 1 }
+        // A field value excludes surrounding whitespace (RFC 9110 section 5.5); http_parser drops
+        // the leading part only.
+        while let last = value.last, last == UInt8(ascii: " ") || last == UInt8(ascii: "\t") { value.removeLast() }
         headers.add(String(decoding: field, as: UTF8.self), String(decoding: value, as: UTF8.self))
-        // ": " and CRLF count toward the header section too.
-        headerBytes += 4
         field.removeAll(keepingCapacity: true)
         value.removeAll(keepingCapacity: true)
         readingValue = false
@@ -151,12 +249,15 @@ final class HTTPRequestParser {
 
     fileprivate func headersComplete() -> Int32 {
         if readingValue || !field.isEmpty { finishHeaderField() }
-        guard headerBytes <= limits.maxHeaderBytes else {
-            return fail(.requestHeaderFieldsTooLarge,
-                        "The request header section is larger than \(limits.maxHeaderBytes) bytes.")
-        }
+        readingHead = false
         if parser.pointee.http_major != 1 {
             return fail(.httpVersionNotSupported, "Only HTTP/1.0 and HTTP/1.1 are served.")
+        }
+        if hostFields > 1 || (hostFields == 0 && parser.pointee.http_minor == 1) {
+            return fail(.badRequest, "Malformed HTTP request: an HTTP/1.1 request needs exactly one Host header field.")
+        }
+        if authorizationFields > 1 {
+            return fail(.badRequest, "Malformed HTTP request: more than one Authorization header field.")
         }
         let declaredLength = parser.pointee.content_length
         let isChunked = parser.pointee.flags & UInt32(F_CHUNKED.rawValue) != 0
@@ -184,8 +285,11 @@ final class HTTPRequestParser {
     }
 
     fileprivate func messageComplete() -> Int32 {
-        isInsideRequest = false
-        let method = HTTPMethod(code: parser.pointee.method)
+        let method = unknownMethod ?? HTTPMethod(code: parser.pointee.method)
+        unknownMethod = nil
+        if method == .CONNECT {
+            return fail(.notImplemented, "CONNECT is not implemented: this server is not a proxy.")
+        }
         let version = HTTPVersion(major: parser.pointee.http_major, minor: parser.pointee.http_minor)
         let keepAlive = http_should_keep_alive(parser) != 0 && parser.pointee.upgrade == 0
         do {
@@ -217,6 +321,18 @@ final class HTTPRequestParser {
 
     fileprivate static func from(_ parser: UnsafeMutablePointer<http_parser>?) -> HTTPRequestParser {
         Unmanaged<HTTPRequestParser>.fromOpaque(parser!.pointee.data).takeUnretainedValue()
+    }
+}
+
+private let standInMethod: [UInt8] = Array("GET ".utf8)
+
+/// RFC 9110 `tchar`: what a method token (and a field name) is made of.
+private func isTokenCharacter(_ byte: UInt8) -> Bool {
+    switch byte {
+    case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"):
+        true
+    default:
+        "!#$%&'*+-.^_`|~".utf8.contains(byte)
     }
 }
 

@@ -37,15 +37,17 @@ public func errorResponse(for error: any Error) -> HTTPResponse {
         ?? HTTPProblem(.internalServerError, detail: "The server failed to answer.").response()
 }
 
-/// An RFC 9457 problem: the body of every error response.
+/// An RFC 9457 problem: the body of every error response. Besides RFC 9457's members it always
+/// carries `code`, a snake_case word for programs (`not_found`, `cycle`, `lease_lost`).
 public struct HTTPProblem: HTTPResponseError, Equatable {
     public var status: HTTPStatus
     public var detail: String
     public var type: String
+    public var code: String
     public var headers: HTTPHeaders
     /// Validation failures, rendered as `errors: [{field, message}]`.
     public var fieldErrors: [FieldError]
-    /// Further members of the problem object (RFC 9457 extensions), e.g. a machine-readable `code`.
+    /// Further members of the problem object (RFC 9457 extensions).
     public var extensions: JSONObject
 
     public struct FieldError: Sendable, Equatable {
@@ -57,16 +59,43 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
         }
     }
 
+    /// `code` defaults to the status's own word (`Self.code(for:)`).
     public init(
-        _ status: HTTPStatus, detail: String, type: String = "about:blank",
+        _ status: HTTPStatus, detail: String, type: String = "about:blank", code: String? = nil,
         headers: HTTPHeaders = [:], fieldErrors: [FieldError] = [], extensions: JSONObject = [:]
     ) {
         self.status = status
         self.detail = detail
         self.type = type
+        self.code = code ?? Self.code(for: status)
         self.headers = headers
         self.fieldErrors = fieldErrors
         self.extensions = extensions
+    }
+
+    /// The code of a problem that has no more specific one.
+    public static func code(for status: HTTPStatus) -> String {
+        switch status.code {
+        case 400: "malformed_request"
+        case 401: "unauthorized"
+        case 403: "forbidden"
+        case 404: "not_found"
+        case 405: "method_not_allowed"
+        case 408: "request_timeout"
+        case 409: "conflict"
+        case 413: "body_too_large"
+        case 414: "target_too_long"
+        case 415: "unsupported_media_type"
+        case 417: "expectation_failed"
+        case 422: "invalid"
+        case 429: "too_many_requests"
+        case 431: "headers_too_large"
+        case 501: "not_implemented"
+        case 503: "unavailable"
+        case 505: "http_version_not_supported"
+        case 500...599: "internal_error"
+        default: "error"
+        }
     }
 
     public func response() -> HTTPResponse {
@@ -76,6 +105,7 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
         json.field("title", status.reason)
         json.field("status", status.code)
         json.field("detail", detail)
+        json.field("code", code)
         if !fieldErrors.isEmpty {
             json.key(static: "errors")
             json.beginArray()
@@ -98,7 +128,7 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
     }
 
     public static func == (lhs: HTTPProblem, rhs: HTTPProblem) -> Bool {
-        lhs.status == rhs.status && lhs.detail == rhs.detail && lhs.type == rhs.type
+        lhs.status == rhs.status && lhs.detail == rhs.detail && lhs.type == rhs.type && lhs.code == rhs.code
             && lhs.fieldErrors == rhs.fieldErrors && lhs.extensions == rhs.extensions
     }
 }

@@ -40,6 +40,7 @@ public final class HTTPServer {
         context = HTTPConnectionContext(
             handler: handler, parserLimits: configuration.parserLimits,
             timeouts: .init(headerMilliseconds: configuration.headerTimeoutMilliseconds,
+                            bodyMilliseconds: configuration.bodyTimeoutMilliseconds,
                             idleMilliseconds: configuration.idleTimeoutMilliseconds),
             outputHighWater: configuration.outputHighWaterBytes,
             maxPendingInput: configuration.maxPendingInputBytes,
@@ -58,6 +59,11 @@ public final class HTTPServer {
     @discardableResult
     public func start() throws(HTTPServerError) -> SocketAddress {
         precondition(listener == nil, "HTTPServer.start called twice")
+        // libuv writes to sockets with write(2): to a peer that has reset the connection that
+        // raises SIGPIPE, whose default action ends the whole process. A server must see it as
+        // the error it is for that one connection. (Children started with uv_spawn get every
+        // signal's default disposition back.)
+        signal(SIGPIPE, SIG_IGN)
         let address = try SocketAddress.resolve(host: configuration.host, port: configuration.port)
         let handle: UnsafeMutablePointer<uv_tcp_t>
         do {
@@ -85,8 +91,8 @@ public final class HTTPServer {
 
     private func startSweeping() throws(UVError) {
         let timer = try LoopTimer(loop: loop)
-        let shortest = min(configuration.headerTimeoutMilliseconds, configuration.idleTimeoutMilliseconds,
-                           configuration.lingerMilliseconds)
+        let shortest = min(configuration.headerTimeoutMilliseconds, configuration.bodyTimeoutMilliseconds,
+                           configuration.idleTimeoutMilliseconds, configuration.lingerMilliseconds)
         let interval = max(10, min(1_000, shortest / 4))
         timer.start(after: interval, every: interval) { [unowned self] in sweep() }
         sweepTimer = timer

@@ -5,7 +5,10 @@ public struct HTTPServerConfiguration: Sendable {
     /// 0 picks a free port (see `HTTPServer.localAddress`).
     public var port: Int = 8080
     public var parserLimits = HTTPParserLimits()
+    /// The whole head of a request must arrive within this...
     public var headerTimeoutMilliseconds: UInt64 = 10_000
+    /// ...and then its whole body within this; both answer 408 and close.
+    public var bodyTimeoutMilliseconds: UInt64 = 30_000
     public var idleTimeoutMilliseconds: UInt64 = 60_000
     /// Connections beyond this are answered 503 and closed at once.
     public var maxConnections = 10_000

@@ -142,20 +142,28 @@ struct RouteTable {
 public typealias HTTPHandler = (HTTPRequest, HTTPResponder) throws -> Void
 
 extension Router {
-    /// The problem answer for a request no route takes: 400 for a malformed percent-encoding,
-    /// 404, or 405 with `Allow`. Nil when `match` found a route.
+    /// The problem answer for a request no route takes: 501 for a method that is not one of
+    /// HTTP's general-purpose ones (implemented nowhere, RFC 9110 section 9.1), 400 for a
+    /// malformed percent-encoding, 404, or 405 with `Allow`. Nil when `match` found a route.
     public static func problem(for match: Match?, _ request: HTTPRequest) -> HTTPProblem? {
+        if case .found = match { return nil }
+        if !request.method.isGeneralPurpose { return notImplemented(request.method) }
         switch match {
         case nil:
-            HTTPProblem(.badRequest, detail: "The path has a malformed percent-encoding.")
+            return HTTPProblem(.badRequest, detail: "The path has a malformed percent-encoding.")
         case .notFound:
-            HTTPProblem(.notFound, detail: "No resource at \(request.path).")
+            return HTTPProblem(.notFound, detail: "No resource at \(request.path).")
         case .methodNotAllowed(let allowed):
-            HTTPProblem(.methodNotAllowed, detail: "\(request.method) is not allowed on \(request.path).",
-                        headers: ["Allow": allowed.map(\.description).joined(separator: ", ")])
+            return HTTPProblem(.methodNotAllowed, detail: "\(request.method) is not allowed on \(request.path).",
+                               headers: ["Allow": allowed.map(\.description).joined(separator: ", ")])
         case .found:
-            nil
+            return nil
         }
+    }
+
+    /// 501 for a method this server implements on no resource.
+    public static func notImplemented(_ method: HTTPMethod) -> HTTPProblem {
+        HTTPProblem(.notImplemented, detail: "The method \(method) is not implemented by this server.")
     }
 }
 

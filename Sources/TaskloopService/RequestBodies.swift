@@ -20,7 +20,7 @@ struct BodyReader {
         do {
             return try JSONParser.parse(request.body)
         } catch {
-            throw HTTPProblem(.badRequest, detail: "The body is not valid JSON: \(error).")
+            throw HTTPProblem(.badRequest, detail: "The body is not valid JSON: \(error).", code: "malformed_json")
         }
     }
 

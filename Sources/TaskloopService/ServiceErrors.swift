@@ -7,19 +7,19 @@ extension EngineError: HTTPResponseError {
     public func response() -> HTTPResponse { problem.response() }
 
     var problem: HTTPProblem {
-        var extensions: JSONObject = ["code": .string(code.rawValue)]
+        var extensions: JSONObject = [:]
         if !keys.isEmpty { extensions["keys"] = .array(keys.map { .string($0) }) }
         switch code {
         case .invalid, .unknownKind, .unknownDependency, .selfDependency, .duplicateDependency, .cycle:
-            return HTTPProblem(.unprocessableContent, detail: message, type: ProblemType.validation,
+            return HTTPProblem(.unprocessableContent, detail: message, type: ProblemType.validation, code: code.rawValue,
                                fieldErrors: [HTTPProblem.FieldError(field: field ?? "body", message: message)],
                                extensions: extensions)
         case .tooManyUnfinishedTasks:
-            return HTTPProblem(.tooManyRequests, detail: message, headers: ["Retry-After": "1"], extensions: extensions)
+            return HTTPProblem(.tooManyRequests, detail: message, code: code.rawValue, headers: ["Retry-After": "1"], extensions: extensions)
         case .notFound:
-            return HTTPProblem(.notFound, detail: message, extensions: extensions)
+            return HTTPProblem(.notFound, detail: message, code: code.rawValue, extensions: extensions)
         case .alreadyTerminal, .notRunning:
-            return HTTPProblem(.conflict, detail: message, extensions: extensions)
+            return HTTPProblem(.conflict, detail: message, code: code.rawValue, extensions: extensions)
         }
     }
 }

@@ -81,7 +81,8 @@ extension TaskloopApplication {
         if let text = request.query("wait") {
             guard let seconds = Double(text), seconds.isFinite, (0...60).contains(seconds) else {
                 throw HTTPProblem(.badRequest, detail: "wait must be a number of seconds from 0 to 60.",
-                                  type: ProblemType.validation, fieldErrors: [.init(field: "wait", message: "must be 0 to 60.")])
+                                  type: ProblemType.validation, code: "invalid_query",
+                                  fieldErrors: [.init(field: "wait", message: "must be 0 to 60.")])
             }
             wait = UInt64(seconds * 1_000)
         }
@@ -123,7 +124,7 @@ extension TaskloopApplication {
         }
         guard errors.isEmpty else {
             throw HTTPProblem(.badRequest, detail: "The query has \(errors.count) invalid parameter(s).",
-                              type: ProblemType.validation, fieldErrors: errors)
+                              type: ProblemType.validation, code: "invalid_query", fieldErrors: errors)
         }
         let page = empty ? (tasks: [], next: nil) : engine.listTasks(before: after, limit: limit, in: workflow) { task in
             (state == nil || task.state == state) && (queue == nil || task.queue === queue)
@@ -272,8 +273,8 @@ extension TaskloopApplication {
         guard kind != "exec" || configuration.allowExec else {
             throw HTTPProblem(.unprocessableContent,
                               detail: "exec tasks are disabled; the server must be started with --allow-exec.",
-                              type: ProblemType.validation, fieldErrors: [.init(field: field, message: "exec is not allowed here.")],
-                              extensions: ["code": "exec_not_allowed"])
+                              type: ProblemType.validation, code: "exec_not_allowed",
+                              fieldErrors: [.init(field: field, message: "exec is not allowed here.")])
         }
     }
 

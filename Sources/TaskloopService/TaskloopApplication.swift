@@ -28,14 +28,14 @@ public final class TaskloopApplication {
     private var router = Router<ServiceHandler>()
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
-    private let authorization: [UInt8]?
+    private let authToken: [UInt8]?
     let metrics = ServiceMetrics()
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
         self.loop = loop
         self.configuration = configuration
         self.logger = logger
-        authorization = configuration.authToken.map { Array("Bearer \($0)".utf8) }
+        authToken = configuration.authToken.map { Array($0.utf8) }
     }
 
     /// Builds the engine on the loop's clock and binds; returns the bound address.
@@ -103,8 +103,12 @@ public final class TaskloopApplication {
         if case .found(_, _, let pattern) = match { route = pattern }
         let reply = Reply(responder: responder, method: request.method, path: request.path, route: route,
                           started: Self.monotonicNanoseconds(), application: self)
-        if let authorization, !(route == "/healthz" && (request.method == .GET || request.method == .HEAD)) {
-            guard let given = request.headers["Authorization"], Self.constantTimeEqual(Array(given.utf8), authorization) else {
+        if !request.method.isGeneralPurpose {
+            return reply.send(Router<ServiceHandler>.notImplemented(request.method).response())
+        }
+        if let authToken, !(route == "/healthz" && (request.method == .GET || request.method == .HEAD)) {
+            guard let given = request.headers["Authorization"].flatMap(Self.bearerCredentials),
+                  Self.constantTimeEqual(given, authToken) else {
                 return reply.send(HTTPProblem(.unauthorized, detail: "This server requires a bearer token.",
                                               headers: ["WWW-Authenticate": "Bearer"]).response())
             }
@@ -173,6 +177,17 @@ public final class TaskloopApplication {
         var now = timespec()
         clock_gettime(CLOCK_MONOTONIC, &now)
         return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+    }
+
+    /// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+    /// (RFC 9110 section 11.1), and one or more spaces may follow it.
+    static func bearerCredentials(_ value: String) -> [UInt8]? {
+        let bytes = Array(value.utf8)
+        guard bytes.count > 7, Array(bytes[..<6]).equalsIgnoringASCIICase("bearer"), bytes[6] == UInt8(ascii: " ") else {
+            return nil
+        }
+        let token = bytes[7...].drop { $0 == UInt8(ascii: " ") }
+        return token.isEmpty ? nil : Array(token)
     }
 
     /// Compares without an early exit, so the time taken says nothing about the token.

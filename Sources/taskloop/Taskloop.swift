@@ -28,6 +28,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Seconds a client has to send a request's headers. [env: TASKLOOP_HEADER_TIMEOUT_SECONDS]")
     var headerTimeoutSeconds: Double = Environment.double("HEADER_TIMEOUT_SECONDS") ?? 10
 
+    @Option(help: "Seconds a client has to send a request's whole body, once its headers are in. [env: TASKLOOP_BODY_TIMEOUT_SECONDS]")
+    var bodyTimeoutSeconds: Double = Environment.double("BODY_TIMEOUT_SECONDS") ?? 30
+
     @Option(help: "Seconds an idle keep-alive connection stays open. [env: TASKLOOP_IDLE_TIMEOUT_SECONDS]")
     var idleTimeoutSeconds: Double = Environment.double("IDLE_TIMEOUT_SECONDS") ?? 60
 
@@ -101,7 +104,7 @@ struct Taskloop: ParsableCommand {
         }
         guard maxUnfinishedTasks >= 1 else { throw ValidationError("--max-unfinished-tasks must be at least 1") }
         guard maxRetainedTasks >= 0 else { throw ValidationError("--max-retained-tasks must not be negative") }
-        guard retentionSeconds >= 0 && retentionSeconds.isFinite else {
+        guard retentionSeconds >= 0 && retentionSeconds <= 31_536_000 else {
             throw ValidationError("--retention-seconds must be a non-negative number")
         }
         guard Logger.Level(rawValue: logLevel) != nil else {
@@ -118,9 +121,10 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
         }
         for (name, value) in [("--header-timeout-seconds", headerTimeoutSeconds),
+                              ("--body-timeout-seconds", bodyTimeoutSeconds),
                               ("--idle-timeout-seconds", idleTimeoutSeconds),
-                              ("--shutdown-grace-seconds", shutdownGraceSeconds)] where !(value >= 0) {
-            throw ValidationError("\(name) must be a non-negative number")
+                              ("--shutdown-grace-seconds", shutdownGraceSeconds)] where !(value >= 0 && value <= 31_536_000) {
+            throw ValidationError("\(name) must be a number of seconds from 0 to 31536000")
         }
     }
 
@@ -134,6 +138,7 @@ struct Taskloop: ParsableCommand {
         configuration.http.parserLimits.maxBodyBytes = maxBodyBytes
         configuration.http.parserLimits.maxHeaderBytes = maxHeaderBytes
         configuration.http.headerTimeoutMilliseconds = UInt64(headerTimeoutSeconds * 1000)
+        configuration.http.bodyTimeoutMilliseconds = UInt64(bodyTimeoutSeconds * 1000)
         configuration.http.idleTimeoutMilliseconds = UInt64(idleTimeoutSeconds * 1000)
         configuration.http.maxConnections = maxConnections
         configuration.shutdownGraceMilliseconds = UInt64(shutdownGraceSeconds * 1000)

@@ -85,7 +85,7 @@ import TaskloopTestSupport
         }
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port, host: "::1")
-        try client.send("GET / HTTP/1.1\r\n\r\n")
+        try client.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().text == "v6")
     }
 
@@ -93,7 +93,7 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /echo/a%20b%2Fc?x=1&y=two+words&z=%C3%A9 HTTP/1.1\r\nX-Repeat: one\r\nx-REPEAT: two\r\n\r\n")
+        try client.send("GET /echo/a%20b%2Fc?x=1&y=two+words&z=%C3%A9 HTTP/1.1\r\nHost: t\r\nX-Repeat: one\r\nx-REPEAT: two\r\n\r\n")
         let response = try client.readResponse()
         #expect(response.text == "name=a b/c\npath=/echo/a b/c\nq:x=1\nq:y=two words\nq:z=é\nh:one\nh:two\n")
     }
@@ -102,9 +102,9 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("POST /upload HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
+        try client.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello")
         #expect(try client.readResponse().text == "got 5:hello")
-        try client.send("POST /upload HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nTrailer: x\r\n\r\n")
+        try client.send("POST /upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nTrailer: x\r\n\r\n")
         let chunked = try client.readResponse()
         #expect(chunked.status == 201)
         #expect(chunked.text == "got 7:abcdefg")
@@ -133,7 +133,7 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /later/50 HTTP/1.1\r\n\r\nGET /echo/second HTTP/1.1\r\n\r\nGET /later/1 HTTP/1.1\r\n\r\nHEAD /hello HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n")
+        try client.send("GET /later/50 HTTP/1.1\r\nHost: t\r\n\r\nGET /echo/second HTTP/1.1\r\nHost: t\r\n\r\nGET /later/1 HTTP/1.1\r\nHost: t\r\n\r\nHEAD /hello HTTP/1.1\r\nHost: t\r\n\r\nGET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().text == "later 50")
         #expect(try client.readResponse().text.hasPrefix("name=second"))
         #expect(try client.readResponse().text == "later 1")
@@ -146,7 +146,7 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n")
+        try client.send("GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         let response = try client.readResponse()
         #expect(response.header("Connection") == "close")
         try client.readUntilClosed()
@@ -157,7 +157,7 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("POST /upload HTTP/1.1\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+        try client.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
         let interim = try client.readResponse()
         #expect(interim.status == 100)
         try client.send("abc")
@@ -168,7 +168,7 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("HEAD /big/4 HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n")
+        try client.send("HEAD /big/4 HTTP/1.1\r\nHost: t\r\n\r\nGET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         let head = try client.readResponse(head: true)
         #expect(head.status == 200)
         #expect(head.header("Content-Length") == "4096")
@@ -180,11 +180,11 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /stream/3 HTTP/1.1\r\n\r\n")
+        try client.send("GET /stream/3 HTTP/1.1\r\nHost: t\r\n\r\n")
         let response = try client.readResponse()
         #expect(response.header("Transfer-Encoding") == "chunked")
         #expect(response.chunks.map { String(decoding: $0, as: UTF8.self) } == ["tick 3\n", "tick 2\n", "tick 1\n"])
-        try client.send("GET /hello HTTP/1.1\r\n\r\n")
+        try client.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().status == 200)
     }
 
@@ -192,21 +192,132 @@ import TaskloopTestSupport
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /missing HTTP/1.1\r\n\r\n")
+        try client.send("GET /missing HTTP/1.1\r\nHost: t\r\n\r\n")
         let missing = try client.readResponse()
         #expect(missing.status == 404)
         #expect(missing.header("Content-Type") == "application/problem+json")
         #expect(missing.json["status"] as? Int == 404)
-        try client.send("DELETE /hello HTTP/1.1\r\n\r\n")
+        try client.send("DELETE /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         let wrongMethod = try client.readResponse()
         #expect(wrongMethod.status == 405)
         #expect(wrongMethod.header("Allow") == "GET, HEAD")
-        try client.send("GET /fail HTTP/1.1\r\n\r\n")
+        try client.send("GET /fail HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().status == 500)
-        try client.send("GET /conflict HTTP/1.1\r\n\r\n")
+        try client.send("GET /conflict HTTP/1.1\r\nHost: t\r\n\r\n")
         let conflict = try client.readResponse()
         #expect(conflict.status == 409)
         #expect(conflict.json["detail"] as? String == "Already done.")
+    }
+
+    // MARK: a strict wire (RFC 9112 and its request-smuggling advice)
+
+    /// Each of these is read differently by different parsers, which is how requests are
+    /// smuggled past a proxy: each gets 400 and the connection is closed, so nothing after it is
+    /// read as a request. (Before the fixes, `Transfer-Encoding : chunked` was honoured, and
+    /// HTTP/1.1 without Host, two Hosts and folded values were served.)
+    @Test(arguments: [
+        ("space before the colon", "POST /upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding : chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+        ("space before the colon, Content-Length", "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length : 5\r\n\r\nhello"),
+        ("HTTP/1.1 without Host", "GET /hello HTTP/1.1\r\n\r\n"),
+        ("two Host fields", "GET /hello HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+        ("Content-Length and Transfer-Encoding", "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        ("Transfer-Encoding and Content-Length", "POST /upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"),
+        ("two different Content-Lengths", "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
+        ("Content-Length listing two values", "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5, 6\r\n\r\nhello!"),
+        ("a transfer coding that is not chunked", "POST /upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n"),
+        ("obsolete line folding", "GET /hello HTTP/1.1\r\nHost: t\r\nX-Folded: a\r\n b\r\n\r\n"),
+        ("two Authorization fields", "GET /hello HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n"),
+    ])
+    func ambiguousRequestsGet400AndClose(_ name: String, _ request: String) throws {
+        let server = try Self.start()
+        defer { #expect(throws: Never.self) { try server.stop() } }
+        let client = try RawClient(port: server.port)
+        // A second request rides behind each: it must never be answered.
+        try client.send(request + "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+        let response = try client.readResponse()
+        #expect(response.status == 400, "\(name)")
+        #expect(response.header("Connection") == "close", "\(name)")
+        #expect(response.json["code"] as? String == "malformed_request", "\(name)")
+        let rest = try client.readUntilClosed()
+        #expect(!String(decoding: rest, as: UTF8.self).contains("HTTP/1.1 200"), "\(name)")
+        #expect(client.sawEOF)
+    }
+
+    @Test func theHeadLimitIsExactlyTheConfiguredSize() throws {
+        let server = try Self.start { $0.parserLimits.maxHeaderBytes = 1_000 }
+        defer { #expect(throws: Never.self) { try server.stop() } }
+        func head(ofSize size: Int) -> String {
+            let start = "GET /hello HTTP/1.1\r\nHost: t\r\nX-Pad: "
+            return start + String(repeating: "p", count: size - start.utf8.count - 4) + "\r\n\r\n"
+        }
+        #expect(head(ofSize: 1_000).utf8.count == 1_000)
+        let client = try RawClient(port: server.port)
+        try client.send(head(ofSize: 1_000))
+        #expect(try client.readResponse().status == 200)
+        try client.send(head(ofSize: 1_000))   // the second request on a connection counts from zero
+        #expect(try client.readResponse().status == 200)
+        try client.send(head(ofSize: 1_001))
+        let refused = try client.readResponse()
+        #expect(refused.status == 431)
+        #expect(refused.json["code"] as? String == "headers_too_large")
+    }
+
+    @Test func methodsAreAnswered405Or501NeverMalformed() throws {
+        let server = try Self.start()
+        defer { #expect(throws: Never.self) { try server.stop() } }
+        func answer(_ request: String) throws -> RawResponse {
+            let client = try RawClient(port: server.port)
+            try client.send(request)
+            return try client.readResponse()
+        }
+        // General-purpose methods a route does not take: 405 with Allow, also for QUERY, which
+        // http_parser cannot parse; its body is framed and the connection stays usable.
+        for method in ["PUT", "TRACE", "OPTIONS", "PATCH", "QUERY"] {
+            let client = try RawClient(port: server.port)
+            try client.send("\(method) /hello HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+            let response = try client.readResponse()
+            #expect(response.status == 405, "\(method)")
+            #expect(response.header("Allow") == "GET, HEAD", "\(method)")
+            #expect(response.json["detail"] as? String == "\(method) is not allowed on /hello.")
+            #expect(try client.readResponse().status == 200, "after \(method)")
+        }
+        #expect(try answer("QUERY /missing HTTP/1.1\r\nHost: t\r\n\r\n").status == 404)
+        // Methods implemented nowhere: 501, whether http_parser knows them or not.
+        for request in ["PROPFIND /hello HTTP/1.1\r\nHost: t\r\n\r\n", "BREW /hello HTTP/1.1\r\nHost: t\r\n\r\n",
+                        "get /hello HTTP/1.1\r\nHost: t\r\n\r\n", "POSTAL /hello HTTP/1.1\r\nHost: t\r\n\r\n",
+                        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"] {
+            let response = try answer(request)
+            #expect(response.status == 501, "\(request.debugDescription)")
+            #expect(response.json["code"] as? String == "not_implemented")
+        }
+        // A method that is not a token at all is malformed.
+        #expect(try answer("GE(T /hello HTTP/1.1\r\nHost: t\r\n\r\n").status == 400)
+    }
+
+    @Test func aBodyThatTricklesGets408AndFreesItsSlot() throws {
+        let server = try Self.start {
+            $0.bodyTimeoutMilliseconds = 300
+            $0.maxConnections = 2
+        }
+        defer { #expect(throws: Never.self) { try server.stop() } }
+        // Two clients take every slot and send a body a byte at a time...
+        let slow = try (0..<2).map { _ in try RawClient(port: server.port) }
+        for client in slow { try client.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nx") }
+        try server.waitUntil("both to be connected") { $0.openConnections == 2 }
+        let refused = try RawClient(port: server.port)
+        try refused.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try refused.readResponse().status == 503)
+        for client in slow { try client.send("y") }
+        // ...until the body timeout: 408 for each, and the slots are free again.
+        for client in slow {
+            let response = try client.readResponse(timeout: 3)
+            #expect(response.status == 408)
+            #expect(response.json["code"] as? String == "request_timeout")
+        }
+        try server.waitUntil("the slots to free") { $0.openConnections == 0 }
+        let served = try RawClient(port: server.port)
+        try served.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try served.readResponse().status == 200)
     }
 
     // MARK: limits
@@ -215,7 +326,7 @@ import TaskloopTestSupport
         let server = try Self.start { $0.parserLimits.maxHeaderBytes = 1024 }
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /hello HTTP/1.1\r\nX-Big: \(String(repeating: "a", count: 2000))\r\n\r\n")
+        try client.send("GET /hello HTTP/1.1\r\nHost: t\r\nX-Big: \(String(repeating: "a", count: 2000))\r\n\r\n")
         let response = try client.readResponse()
         #expect(response.status == 431)
         #expect(response.header("Connection") == "close")
@@ -227,7 +338,7 @@ import TaskloopTestSupport
         let server = try Self.start { $0.parserLimits.maxURLBytes = 100 }
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /\(String(repeating: "a", count: 200)) HTTP/1.1\r\n\r\n")
+        try client.send("GET /\(String(repeating: "a", count: 200)) HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().status == 414)
         try client.readUntilClosed()
     }
@@ -237,14 +348,14 @@ import TaskloopTestSupport
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
         // Declares 100 MB but sends only the head: the answer must not wait for the body.
-        try client.send("POST /upload HTTP/1.1\r\nContent-Length: 100000000\r\n\r\n")
+        try client.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100000000\r\n\r\n")
         let response = try client.readResponse(timeout: 2)
         #expect(response.status == 413)
         #expect(response.json["status"] as? Int == 413)
         try client.readUntilClosed()
 
         let chunked = try RawClient(port: server.port)
-        try chunked.send("POST /upload HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n\(String(repeating: "z", count: 1024))\r\n")
+        try chunked.send("POST /upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n\(String(repeating: "z", count: 1024))\r\n")
         #expect(try chunked.readResponse().status == 413)
     }
 
@@ -252,15 +363,15 @@ import TaskloopTestSupport
         let server = try Self.start { $0.parserLimits.maxBodyBytes = 1000 }
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("POST /upload HTTP/1.1\r\nContent-Length: 300000\r\n\r\n" + String(repeating: "b", count: 300_000))
+        try client.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 300000\r\n\r\n" + String(repeating: "b", count: 300_000))
         #expect(try client.readResponse().status == 413)
     }
 
     @Test func malformedRequestsGet400AndClose() throws {
         let server = try Self.start()
         defer { #expect(throws: Never.self) { try server.stop() } }
-        for garbage in ["\u{1}\u{2}\u{3} nonsense\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
-                        "GET / HTTP/1.1\r\nContent-Length: abc\r\n\r\n", "GET /a b c HTTP/1.1\r\n\r\n"] {
+        for garbage in ["\u{1}\u{2}\u{3} nonsense\r\n\r\n", "GET / HTTP/1.1\r\nHost: t\r\nNo colon here\r\n\r\n",
+                        "GET / HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n", "GET /a b c HTTP/1.1\r\nHost: t\r\n\r\n"] {
             let client = try RawClient(port: server.port)
             try client.send(garbage)
             let response = try client.readResponse()
@@ -288,7 +399,7 @@ import TaskloopTestSupport
         let server = try Self.start { $0.idleTimeoutMilliseconds = 300 }
         defer { #expect(throws: Never.self) { try server.stop() } }
         let client = try RawClient(port: server.port)
-        try client.send("GET /hello HTTP/1.1\r\n\r\n")
+        try client.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().status == 200)
         let idleFrom = Date()
         let leftover = try client.readUntilClosed(timeout: 3)
@@ -309,13 +420,13 @@ import TaskloopTestSupport
         #expect(refused.header("Retry-After") == "1")
         try third.readUntilClosed()
         #expect(server.onLoop { $0.statistics.connectionsRefused } == 1)
-        try first.send("GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n")
+        try first.send("GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         #expect(try first.readResponse().status == 200)
         try server.waitUntil("a free slot") { $0.openConnections == 1 }
         let fourth = try RawClient(port: server.port)
-        try fourth.send("GET /hello HTTP/1.1\r\n\r\n")
+        try fourth.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try fourth.readResponse().status == 200)
-        try second.send("GET /hello HTTP/1.1\r\n\r\n")
+        try second.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try second.readResponse().status == 200)
     }
 
@@ -328,7 +439,7 @@ import TaskloopTestSupport
         // below one segment stalls the sender in zero-window probing.
         client.setReceiveBuffer(128 * 1024)
         let count = 64  // 64 x 64 KiB = 4 MiB asked for, none of it read yet
-        try client.send(String(repeating: "GET /big/64 HTTP/1.1\r\n\r\n", count: count))
+        try client.send(String(repeating: "GET /big/64 HTTP/1.1\r\nHost: t\r\n\r\n", count: count))
         try server.waitUntil("the server to stop reading") { server in
             server.connectionStates().first.map { !$0.isReading } ?? false
         }
@@ -364,9 +475,9 @@ import TaskloopTestSupport
         let server = try Self.start()
         let idle = try RawClient(port: server.port)
         let busy = try RawClient(port: server.port)
-        try idle.send("GET /hello HTTP/1.1\r\n\r\n")
+        try idle.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try idle.readResponse().status == 200)
-        try busy.send("GET /later/300 HTTP/1.1\r\n\r\n")
+        try busy.send("GET /later/300 HTTP/1.1\r\nHost: t\r\n\r\n")
         try server.waitUntil("both connected") { $0.openConnections == 2 }
         let port = server.port
         let stopped = DispatchSemaphore(value: 0)
@@ -389,7 +500,7 @@ import TaskloopTestSupport
     @Test func gracePeriodEndsRequestsThatNeverFinish() throws {
         let server = try Self.start()
         let client = try RawClient(port: server.port)
-        try client.send("GET /never HTTP/1.1\r\n\r\n")
+        try client.send("GET /never HTTP/1.1\r\nHost: t\r\n\r\n")
         try server.waitUntil("the request to arrive") { $0.openConnections == 1 }
         let started = Date()
         try server.stop(gracePeriodMilliseconds: 200)

@@ -52,7 +52,7 @@ import TaskloopTestSupport
             _ = try? client.readUntilClosed(timeout: 5)
         }
         let client = try RawClient(port: server.port)
-        try client.send("GET /still-alive HTTP/1.1\r\n\r\n")
+        try client.send("GET /still-alive HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().text == "/still-alive")
         try server.waitUntil("fuzz connections to close") { $0.openConnections <= 1 }
         try server.stop()
@@ -141,14 +141,14 @@ import TaskloopTestSupport
 enum RequestMutator {
     static let templates: [String] = [
         "GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\n",
-        "HEAD /h HTTP/1.1\r\n\r\n",
-        "POST /p HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
-        "POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-        "POST /e HTTP/1.1\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\nxyz",
+        "HEAD /h HTTP/1.1\r\nHost: t\r\n\r\n",
+        "POST /p HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello",
+        "POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        "POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\nxyz",
         "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-        "GET /close HTTP/1.1\r\nConnection: close\r\n\r\n",
-        "DELETE /tasks/%41%zz HTTP/1.1\r\n\r\n",
-        "GET http://example.com/abs?q HTTP/1.1\r\n\r\n",
+        "GET /close HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "DELETE /tasks/%41%zz HTTP/1.1\r\nHost: t\r\n\r\n",
+        "GET http://example.com/abs?q HTTP/1.1\r\nHost: t\r\n\r\n",
     ]
 
     static func make(_ random: inout SplitMix64) -> [UInt8] {

@@ -61,10 +61,11 @@ final class ConnectionHarness {
     }
 
     init(limits: HTTPParserLimits = HTTPParserLimits(), highWater: Int = 256 * 1024,
-         maxPendingInput: Int = 64 * 1024, headerTimeout: UInt64 = 1_000, idleTimeout: UInt64 = 5_000) {
+         maxPendingInput: Int = 64 * 1024, headerTimeout: UInt64 = 1_000, bodyTimeout: UInt64 = 3_000,
+         idleTimeout: UInt64 = 5_000) {
         let context = HTTPConnectionContext(
             handler: { [unowned self] in handler($0, $1) }, parserLimits: limits,
-            timeouts: .init(headerMilliseconds: headerTimeout, idleMilliseconds: idleTimeout),
+            timeouts: .init(headerMilliseconds: headerTimeout, bodyMilliseconds: bodyTimeout, idleMilliseconds: idleTimeout),
             outputHighWater: highWater, maxPendingInput: maxPendingInput, clock: { [unowned self] in now })
         connection = HTTPConnection(context: context, transport: transport)
         transport.connection = connection

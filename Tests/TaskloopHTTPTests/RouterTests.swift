@@ -127,7 +127,7 @@ import Testing
         #expect(response.status.code == 422)
         #expect(response.headers["Content-Type"] == "application/problem+json")
         #expect(String(decoding: response.body, as: UTF8.self) ==
-            #"{"type":"about:blank","title":"Unprocessable Content","status":422,"detail":"bad \"input\"\n","#
+            #"{"type":"about:blank","title":"Unprocessable Content","status":422,"detail":"bad \"input\"\n","code":"invalid","#
             + #""errors":[{"field":"params.duration_ms","message":"must be >= 0"}]}"#)
     }
 

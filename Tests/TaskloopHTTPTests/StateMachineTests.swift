@@ -4,7 +4,7 @@ import Testing
 /// The connection's rules on a mock clock: plain numbers for time, no sockets.
 @Suite struct StateMachineTests {
     typealias Machine = HTTPConnectionStateMachine
-    let timeouts = Machine.Timeouts(headerMilliseconds: 1_000, idleMilliseconds: 5_000)
+    let timeouts = Machine.Timeouts(headerMilliseconds: 1_000, bodyMilliseconds: 3_000, idleMilliseconds: 5_000)
 
     @Test func silentNewConnectionIsClosedAfterHeaderTimeout() {
         var machine = Machine(now: 100, timeouts: timeouts)
@@ -21,13 +21,17 @@ import Testing
         #expect(machine.tick(now: 1_500) == .respondTimeoutAndClose)
     }
 
-    @Test func stalledBodyGets408AfterIdleTimeout() {
+    @Test func bodyThatTricklesGets408AfterTheBodyTimeout() {
         var machine = Machine(now: 0, timeouts: timeouts)
         machine.bytesArrived(now: 0)
         machine.headReceived(now: 10)
-        machine.bytesArrived(now: 3_000)
-        #expect(machine.tick(now: 7_999) == .none)
-        #expect(machine.tick(now: 8_000) == .respondTimeoutAndClose)
+        // A byte now and then does not extend it: the whole body must arrive in time.
+        for now in stride(from: UInt64(500), to: 3_010, by: 500) {
+            machine.bytesArrived(now: now)
+            #expect(machine.tick(now: min(now, 3_009)) == .none)
+        }
+        #expect(machine.tick(now: 3_010) == .respondTimeoutAndClose)
+        #expect(machine.state == .closing)
     }
 
     @Test func keepAliveReturnsToIdleAndIdleTimeoutCloses() {

@@ -63,6 +63,11 @@ import TaskloopTestSupport
         #expect(exec.status == 422 && exec.json["code"] as? String == "exec_not_allowed")
         let malformed = try client.call("POST", "/tasks", json: #"{"kind":"#)
         #expect(malformed.status == 400 && malformed.header("Content-Type") == "application/problem+json")
+        #expect(malformed.json["code"] as? String == "malformed_json")
+        // A repeated member would be read as either value by different parsers: refused, named.
+        let repeated = try client.call("POST", "/tasks", json: #"{"kind":"noop","params":{},"kind":"exec"}"#)
+        #expect(repeated.status == 400 && repeated.json["code"] as? String == "malformed_json")
+        #expect((repeated.json["detail"] as? String)?.contains(#"duplicate member name "kind""#) == true, "\(repeated.text)")
         let notJSON = try client.call("POST", "/tasks", json: "kind=noop", contentType: "application/x-www-form-urlencoded")
         #expect(notJSON.status == 415)
         let notObject = try client.call("POST", "/tasks", json: "[1]")
@@ -240,6 +245,14 @@ import TaskloopTestSupport
         #expect(try client.call("GET", "/openapi.yaml").status == 401)
         #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Bearer s3creT"]).status == 401)
         #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Bearer s3cret"]).status == 200)
+        // The scheme is case-insensitive (RFC 9110 section 11.1); the token is not.
+        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "bearer s3cret"]).status == 200)
+        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "BEARER   s3cret"]).status == 200)
+        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Basic s3cret"]).status == 401)
+        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Bearers3cret"]).status == 401)
+        // Methods implemented nowhere are 501 before anything else, token or not.
+        let brew = try client.call("BREW", "/tasks")
+        #expect(brew.status == 501 && brew.json["code"] as? String == "not_implemented")
         try service.stop()
     }
 

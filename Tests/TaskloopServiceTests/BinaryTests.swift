@@ -18,8 +18,10 @@ import TaskloopTestSupport
         var printed: String { seen }
 
         init(arguments: [String], environment: [String: String] = [:]) throws {
-            process.executableURL = BinaryTests.executable
-            process.arguments = arguments
+            // Through env(1), which gives every signal its default action back, as a shell
+            // does: the test runner ignores SIGPIPE, and a child would inherit that.
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            process.arguments = ["--default-signal", BinaryTests.executable.path] + arguments
             process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("TASKLOOP_") }
                 .merging(environment) { $1 }
             process.standardOutput = output
@@ -83,7 +85,7 @@ import TaskloopTestSupport
         let line = try binary.waitForLine(containing: "listening on http://[::1]:")
         let port = try #require(Self.port(from: line))
         let client = try RawClient(port: port, host: "::1")
-        try client.send("GET /healthz HTTP/1.1\r\n\r\n")
+        try client.send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(try client.readResponse().status == 200)
         kill(binary.process.processIdentifier, SIGTERM)
         #expect(try binary.waitForExit() == 0)
@@ -137,6 +139,41 @@ import TaskloopTestSupport
         #expect(object?["level"] as? String == "debug" && object?["route"] as? String == "/tasks")
         let state = try binary.waitForLine(containing: "running -> succeeded")
         #expect((try JSONSerialization.jsonObject(with: Data(state.utf8)) as? [String: Any])?["level"] as? String == "info")
+        kill(binary.process.processIdentifier, SIGTERM)
+        #expect(try binary.waitForExit() == 0)
+    }
+
+    /// Clients that ask for large answers, read a little and reset make the server write to
+    /// sockets that are gone. Before SIGPIPE was ignored that killed the process (status 141)
+    /// within a second.
+    @Test func clientsThatResetMidAnswerDoNotKillTheServer() throws {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--log-level", "warning"])
+        let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
+        let client = try RawClient(port: port)
+        let tasks = (0..<1_000).map { #"{"key":"t\#($0)","kind":"sleep","params":{"duration_ms":600000}}"# }
+        let body = #"{"tasks":["# + tasks.joined(separator: ",") + "]}"
+        try client.send("POST /workflows HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+        #expect(try client.readResponse().status == 201)
+        let pages = String(repeating: "GET /tasks?limit=1000 HTTP/1.1\r\nHost: x\r\n\r\n", count: 8)
+        // Fifty at once, on threads of their own (concurrentPerform would run two at a time here).
+        let finished = DispatchGroup()
+        for worker in 0..<50 {
+            finished.enter()
+            Thread {
+                for round in 0..<3 {
+                    guard let resetting = try? RawClient(port: port) else { continue }
+                    resetting.setReceiveBuffer(4_096)
+                    _ = try? resetting.send(pages)
+                    resetting.receiveSome(upTo: [1, 1_000, 50_000, 200_000][(worker + round) % 4])
+                    resetting.resetOnClose()
+                }
+                finished.leave()
+            }.start()
+        }
+        #expect(finished.wait(timeout: .now() + 120) == .success)
+        try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(try client.readResponse().status == 200)
+        #expect(binary.process.isRunning)
         kill(binary.process.processIdentifier, SIGTERM)
         #expect(try binary.waitForExit() == 0)
     }

@@ -56,6 +56,24 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// The server ignores SIGPIPE; a program it starts must not inherit that (a pipeline in it
+    /// would never stop at a closed reader), nor a blocked signal mask.
+    @Test func childrenGetDefaultSignalHandling() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        _ = signal(SIGPIPE, SIG_IGN)   // as the server does (it is already, once a server started)
+        let id = try submit(client, ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"])
+        let output = (try client.waitForState(id, "succeeded")["result"] as? [String: Any])?["stdout"] as? String ?? ""
+        let masks = Dictionary(uniqueKeysWithValues: output.split(separator: "\n").map { line in
+            let parts = line.split(separator: ":")
+            return (String(parts[0]), UInt64(parts[1].trimmingCharacters(in: .whitespaces), radix: 16) ?? .max)
+        })
+        let pipeBit: UInt64 = 1 << (UInt64(SIGPIPE) - 1)
+        #expect(masks["SigIgn"].map { $0 & pipeBit == 0 } == true, "\(output)")
+        #expect(masks["SigBlk"] == 0, "\(output)")
+        try service.stop()
+    }
+
     /// The child writes its pid and its background grandchild's pid, then waits.
     func startFamily(_ client: APIClient, extra: [String: Any] = [:], params: [String: Any] = [:],
                      trap: String = "") throws -> (task: String, child: Int32, grandchild: Int32) {

@@ -53,6 +53,13 @@ public final class RawClient {
     /// Half-closes: the server sees end of input.
     public func shutdownWrite() { shutdown(fd, Int32(SHUT_WR)) }
 
+    /// Makes closing this client reset the connection (SO_LINGER 0: RST, no FIN), as a peer
+    /// that crashed or gave up does.
+    public func resetOnClose() {
+        var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+    }
+
     /// Shrinks the kernel receive buffer, so a client that stops reading pushes back quickly.
     public func setReceiveBuffer(_ bytes: Int32) {
         var size = bytes
@@ -142,6 +149,15 @@ public final class RawClient {
             body.append(contentsOf: buffer[..<size])
             buffer.removeFirst(size + 2)
         }
+    }
+
+    /// Waits for the first bytes to arrive, then takes at most `count` of them from the kernel
+    /// (one recv), leaving the rest unread there.
+    public func receiveSome(upTo count: Int, timeout: Double = 5) {
+        var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&poller, 1, Int32(timeout * 1000)) > 0 else { return }
+        var chunk = [UInt8](repeating: 0, count: count)
+        _ = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
     }
 
     /// Waits for the server to close the connection, discarding anything it still sends.
