@@ -17,9 +17,11 @@ public struct EngineConfiguration: Sendable {
     public init() {}
 }
 
-/// What happened, for observers (long polls, metrics, logs, event streams).
+/// What happened, for observers (long polls, metrics, logs, event streams, the store). Events
+/// reach observers in settled batches (see `Engine.addObserver`); a record may have moved on
+/// since the event, so a state change names both of its states.
 public enum EngineEvent {
-    case stateChanged(TaskRecord, from: TaskState)
+    case stateChanged(TaskRecord, from: TaskState, to: TaskState)
     case progressed(TaskRecord)
     case cancelRequested(TaskRecord)
 }
@@ -43,12 +45,17 @@ public enum CancelOutcome: Equatable, Sendable {
 ///
 /// Threading: one thread owns the engine and everything it hands out (records, runs, queues):
 /// the thread that drives its `EngineScheduler`. No locks. Every state change goes through
-/// `transition`, which keeps the counts and tells observers.
+/// `transition`, which keeps the counts and records an event.
+///
+/// Every way in (a public call, a timer, an executor's report) runs inside `settling`: its
+/// events are held until it has finished and then published as one batch, so an observer never
+/// sees (or re-enters) an engine in the middle of a change, and a durable store gets one
+/// settled batch per call.
 public final class Engine {
     public let configuration: EngineConfiguration
     public let scheduler: EngineScheduler
     private var executors: [String: TaskExecutor]
-    private var tasks = TaskTable()
+    private(set) var tasks = TaskTable()
     public private(set) var queues: [String: TaskQueue] = [:]
     private var workflows: [TaskID: WorkflowRecord] = [:]
     private var ids = TaskIDGenerator()
@@ -59,8 +66,12 @@ public final class Engine {
     private var retentionTimer: ScheduledAction?
     private var queuesToDispatch: [TaskQueue] = []
     private var dispatching = false
-    private var observers: [(id: Int, observer: (EngineEvent) -> Void)] = []
-    private var nextObserverID = 0
+    private var observers: [([EngineEvent]) -> Void] = []
+    /// Events of the call in progress, published when the outermost call has finished.
+    private var unpublished: [EngineEvent] = []
+    private var spareBatch: [EngineEvent] = []
+    private(set) var callDepth = 0
+    private var publishing = false
     /// Submissions come in runs of one kind and one queue: one-entry caches spare hashing the
     /// names (a small string compares in one step).
     private var lastKind: (kind: String, executor: TaskExecutor)?
@@ -105,9 +116,6 @@ public final class Engine {
     public func workflow(_ id: TaskID) -> WorkflowRecord? { workflows[id] }
 
     public var taskCount: Int { tasks.count }
-
-    /// Every known task, oldest first.
-    public var allTasks: some Sequence<TaskRecord> { tasks.entries.lazy.compactMap { $0 } }
 
     /// Tasks newest first, starting below the cursor `before` (exclusive), up to `limit` that
     /// match; `next` is the cursor for the following page, nil on the last. A cursor is an id,
@@ -164,21 +172,43 @@ public final class Engine {
         return executor
     }
 
-    // MARK: observers
+    // MARK: observers and settled batches
 
-    @discardableResult
-    public func addObserver(_ observer: @escaping (EngineEvent) -> Void) -> Int {
-        nextObserverID += 1
-        observers.append((nextObserverID, observer))
-        return nextObserverID
-    }
-
-    public func removeObserver(_ id: Int) {
-        observers.removeAll { $0.id == id }
+    /// Calls `observer` with the events of each settled call, in the order they happened. The
+    /// engine's state is whole when it runs; it may call the engine again, and what that call
+    /// changes follows as a batch of its own.
+    public func addObserver(_ observer: @escaping (_ settled: [EngineEvent]) -> Void) {
+        observers.append(observer)
     }
 
     private func emit(_ event: EngineEvent) {
-        for entry in observers { entry.observer(event) }
+        unpublished.append(event)
+    }
+
+    /// Runs one way into the engine; once the outermost one has finished, its events go out.
+    @inline(__always)
+    func settling<Result, Failure: Error>(_ body: () throws(Failure) -> Result) throws(Failure) -> Result {
+        callDepth += 1
+        defer {
+            callDepth -= 1
+            if callDepth == 0 && !unpublished.isEmpty { publish() }
+        }
+        return try body()
+    }
+
+    private func publish() {
+        // A call made by an observer publishes through the loop already running here, after the
+        // rest of the batch in hand, so observers see events in the order they happened.
+        guard !publishing else { return }
+        publishing = true
+        defer { publishing = false }
+        while !unpublished.isEmpty {
+            var batch = spareBatch
+            swap(&batch, &unpublished)
+            for observer in observers { observer(batch) }
+            batch.removeAll(keepingCapacity: true)
+            spareBatch = batch
+        }
     }
 
     // MARK: submitting
@@ -187,6 +217,10 @@ public final class Engine {
     /// the unfinished-task limit would be exceeded.
     @discardableResult
     public func submit(_ spec: TaskSpec) throws(EngineError) -> TaskRecord {
+        try settling { () throws(EngineError) in try submitSettling(spec) }
+    }
+
+    private func submitSettling(_ spec: TaskSpec) throws(EngineError) -> TaskRecord {
         let executor = try check(spec, at: "")
         var dependencies: [TaskID] = []
         if !spec.dependencies.isEmpty {
@@ -420,10 +454,12 @@ public final class Engine {
         if let timeout = record.timeoutMilliseconds {
             record.attemptTimer = scheduler.schedule(after: timeout) { [link, weak run] in
                 guard let engine = link.engine, let run, run.isCurrent else { return }
-                // Fail first, then stop: an executor may confirm the stop from inside the
-                // request, and that confirmation would otherwise settle the task as cancelled.
-                engine.attemptFailed(run, error: .timeout(after: timeout))
-                run.requestStop()
+                engine.settling {
+                    // Fail first, then stop: an executor may confirm the stop from inside the
+                    // request, and that confirmation would otherwise settle the task as cancelled.
+                    engine.attemptFailed(run, error: .timeout(after: timeout))
+                    run.requestStop()
+                }
             }
         }
         record.executor.start(run)
@@ -432,6 +468,10 @@ public final class Engine {
     // MARK: reports from executors
 
     func attemptProgressed(_ run: TaskRun, fraction: Double?, message: String?, details: JSONValue?) -> Bool {
+        settling { progressSettling(run, fraction: fraction, message: message, details: details) }
+    }
+
+    private func progressSettling(_ run: TaskRun, fraction: Double?, message: String?, details: JSONValue?) -> Bool {
         let record = run.record
         guard run.isCurrent, record.state == .running else { return false }
         if let fraction, fraction.isFinite {
@@ -447,29 +487,35 @@ public final class Engine {
 
     func attemptSucceeded(_ run: TaskRun, result: JSONValue?) {
         guard run.isCurrent, run.record.state == .running else { return }
-        run.record.progress.fraction = 1
-        run.record.progress.updatedAt = scheduler.wallClock
-        finish(run.record, as: .succeeded, result: result)
-        dispatch()
+        settling {
+            run.record.progress.fraction = 1
+            run.record.progress.updatedAt = scheduler.wallClock
+            finish(run.record, as: .succeeded, result: result)
+            dispatch()
+        }
     }
 
     func attemptFailed(_ run: TaskRun, error: TaskError) {
         let record = run.record
         guard run.isCurrent, record.state == .running else { return }
-        if record.cancelRequested {
-            finish(record, as: .cancelled, error: .cancelled)
-        } else if record.attempt < record.retry.maxAttempts {
-            retry(record, after: error)
-        } else {
-            finish(record, as: .failed, error: error)
+        settling {
+            if record.cancelRequested {
+                finish(record, as: .cancelled, error: .cancelled)
+            } else if record.attempt < record.retry.maxAttempts {
+                retry(record, after: error)
+            } else {
+                finish(record, as: .failed, error: error)
+            }
+            dispatch()
         }
-        dispatch()
     }
 
     func attemptCancelled(_ run: TaskRun) {
         guard run.isCurrent, run.record.state == .running else { return }
-        finish(run.record, as: .cancelled, error: .cancelled)
-        dispatch()
+        settling {
+            finish(run.record, as: .cancelled, error: .cancelled)
+            dispatch()
+        }
     }
 
     /// Back to `pending` for the backoff, then `queued` again with the next attempt number.
@@ -483,9 +529,11 @@ public final class Engine {
         record.attempt += 1
         record.attemptTimer = scheduler.schedule(after: delay) { [link, weak record] in
             guard let engine = link.engine, let record, record.state == .pending else { return }
-            record.attemptTimer = nil
-            engine.makeReady(record)
-            engine.dispatch()
+            engine.settling {
+                record.attemptTimer = nil
+                engine.makeReady(record)
+                engine.dispatch()
+            }
         }
     }
 
@@ -499,9 +547,11 @@ public final class Engine {
         guard !record.state.isTerminal else {
             throw EngineError(.alreadyTerminal, "Task \(id) already \(record.state.rawValue).")
         }
-        let outcome = requestCancel(record)
-        dispatch()
-        return outcome
+        return settling {
+            let outcome = requestCancel(record)
+            dispatch()
+            return outcome
+        }
     }
 
     private func requestCancel(_ record: TaskRecord) -> CancelOutcome {
@@ -515,9 +565,11 @@ public final class Engine {
                 emit(.cancelRequested(record))
                 record.graceTimer = scheduler.schedule(after: configuration.cancelGraceMilliseconds) { [link, weak record] in
                     guard let engine = link.engine, let record, record.state == .running else { return }
-                    engine.finish(record, as: .cancelled, error: TaskError(
-                        code: "cancelled", message: "The task was cancelled; its work did not confirm within the grace period."))
-                    engine.dispatch()
+                    engine.settling {
+                        engine.finish(record, as: .cancelled, error: TaskError(
+                            code: "cancelled", message: "The task was cancelled; its work did not confirm within the grace period."))
+                        engine.dispatch()
+                    }
                 }
                 record.run?.requestStop()
             }
@@ -533,25 +585,29 @@ public final class Engine {
         guard let queue = queues[name] else { return 0 }
         let counts = queue.counts
         guard counts[.pending] + counts[.queued] + counts[.running] > 0 else { return 0 }
-        var count = 0
-        // Newest first: a dependent is cancelled as such, not as a cascade of its dependency.
-        for case let record? in tasks.entries.reversed() where record.queue === queue && !record.state.isTerminal {
-            _ = requestCancel(record)
-            count += 1
+        return settling {
+            var count = 0
+            // Newest first: a dependent is cancelled as such, not as a cascade of its dependency.
+            for case let record? in tasks.entries.reversed() where record.queue === queue && !record.state.isTerminal {
+                _ = requestCancel(record)
+                count += 1
+            }
+            dispatch()
+            return count
         }
-        dispatch()
-        return count
     }
 
     /// Cancels `records` (in creation order) newest first, as `cancelAll(inQueue:)` does.
     func cancelAll(_ records: [TaskRecord]) -> Int {
-        var count = 0
-        for record in records.reversed() where !record.state.isTerminal {
-            _ = requestCancel(record)
-            count += 1
+        settling {
+            var count = 0
+            for record in records.reversed() where !record.state.isTerminal {
+                _ = requestCancel(record)
+                count += 1
+            }
+            dispatch()
+            return count
         }
-        dispatch()
-        return count
     }
 
     // MARK: queues
@@ -565,12 +621,14 @@ public final class Engine {
         if let maxConcurrency, !(1...10_000).contains(maxConcurrency) {
             throw EngineError(.invalid, "max_concurrency must be from 1 to 10000.", field: "max_concurrency")
         }
-        let queue = queue(named: name)
-        if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
-        if let paused { queue.paused = paused }
-        needsDispatch(queue)
-        dispatch()
-        return queue
+        return settling {
+            let queue = queue(named: name)
+            if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
+            if let paused { queue.paused = paused }
+            needsDispatch(queue)
+            dispatch()
+            return queue
+        }
     }
 
     // MARK: external workers
@@ -587,11 +645,13 @@ public final class Engine {
             throw EngineError(.notRunning, "Task \(id) is \(record.state.rawValue), not running.")
         }
         if record.cancelRequested {
-            finish(record, as: .cancelled, error: .cancelled)
-            dispatch()
+            settling {
+                finish(record, as: .cancelled, error: .cancelled)
+                dispatch()
+            }
             throw EngineError(.notRunning, "Task \(id) was cancelled; stop working on it.")
         }
-        executor.report(report, for: run)
+        settling { executor.report(report, for: run) }
     }
 
     // MARK: the one place states change
@@ -603,7 +663,7 @@ public final class Engine {
         record.queue.count(from, -1)
         record.queue.count(state, 1)
         record.state = state
-        emit(.stateChanged(record, from: from))
+        emit(.stateChanged(record, from: from, to: state))
     }
 
     /// Makes a task terminal and releases its dependents (cascading cancellations through a
@@ -664,7 +724,8 @@ public final class Engine {
         guard retentionTimer == nil, let oldest = retained.first else { return }
         let due = oldest.finishedAtMonotonic + configuration.retentionMilliseconds
         retentionTimer = scheduler.schedule(after: due > scheduler.now ? due - scheduler.now : 0) { [link] in
-            link.engine?.sweepRetained()
+            guard let engine = link.engine else { return }
+            engine.settling { engine.sweepRetained() }
         }
     }
 
@@ -691,6 +752,10 @@ public final class Engine {
 
     /// Submits tasks that may depend on each other by key, atomically: all or none.
     public func submitWorkflow(name: String?, tasks batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> WorkflowRecord {
+        try settling { () throws(EngineError) in try submitWorkflowSettling(name: name, tasks: batch) }
+    }
+
+    private func submitWorkflowSettling(name: String?, tasks batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> WorkflowRecord {
         guard !batch.isEmpty else { throw EngineError(.invalid, "A workflow needs at least one task.", field: "tasks") }
         let checked = try check(batch)
         try admit(batch.count)

@@ -56,7 +56,7 @@ public final class TaskloopApplication {
         let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
-        engine.addObserver { [unowned self] event in observe(event) }
+        engine.addObserver { [unowned self] events in settled(events) }
         router = makeRouter()
         let server = HTTPServer(loop: loop, configuration: configuration.http) { [unowned self] request, responder in
             handle(request, responder)
@@ -140,20 +140,20 @@ public final class TaskloopApplication {
         ])
     }
 
-    private func observe(_ event: EngineEvent) {
-        switch event {
-        case .stateChanged(let task, let from):
-            if logger.logLevel <= .info {
-                logger.info("task \(task.id) \(from.rawValue) -> \(task.state.rawValue)", metadata: [
-                    "task": "\(task.id)", "kind": "\(task.kind)", "queue": "\(task.queue.name)", "state": "\(task.state.rawValue)",
+    /// What one engine call changed, once it has settled: logs (state changes at debug: at info
+    /// they cost most of a submission), metrics, and long polls whose task has ended.
+    private func settled(_ events: [EngineEvent]) {
+        let logsStates = logger.logLevel <= .debug
+        for case .stateChanged(let task, let from, let to) in events {
+            if logsStates {
+                logger.debug("task \(task.id) \(from.rawValue) -> \(to.rawValue)", metadata: [
+                    "task": "\(task.id)", "kind": "\(task.kind)", "queue": "\(task.queue.name)", "state": "\(to.rawValue)",
                 ])
             }
-            if task.state.isTerminal {
+            if to.isTerminal {
                 metrics.taskFinished(task)
                 waiters.finished(task.id)
             }
-        case .progressed, .cancelRequested:
-            break
         }
     }
 

@@ -42,16 +42,28 @@ import TaskloopTestSupport
 
         func fail(_ text: String) { if violation == nil { violation = text } }
 
-        engine.addObserver { event in
-            guard case .stateChanged(let record, let from) = event else { return }
+        engine.addObserver { settled in
+            // Observers run once a call has settled: the engine's own rules hold in full here.
+            // (Before events were batched, an observer ran in the middle of a transition and
+            // saw counts not yet updated and queued tasks not yet dispatched.)
+            let records = settled.map { event -> TaskRecord in
+                switch event {
+                case .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record): record
+                }
+            }
+            for rule in engine.invariantViolations(of: records) { fail("inside an observer: \(rule)") }
+            for case .stateChanged(let record, let from, let to) in settled { check(record, from: from, to: to) }
+        }
+
+        func check(_ record: TaskRecord, from: TaskState, to: TaskState) {
             known[record.id] = record
             if from == .queued { queuedByQueue[record.queue.name]?.removeValue(forKey: record.id) }
-            if record.state == .queued { queuedByQueue[record.queue.name, default: [:]][record.id] = record }
+            if to == .queued { queuedByQueue[record.queue.name, default: [:]][record.id] = record }
             if let final = finishedStates[record.id] {
                 fail("\(record.id) changed after reaching \(final.rawValue)")
             }
-            if record.state.isTerminal { finishedStates[record.id] = record.state }
-            guard record.state == .running, from == .queued else { return }
+            if to.isTerminal { finishedStates[record.id] = to }
+            guard to == .running, from == .queued else { return }
             // Dependencies allow the start.
             for id in record.dependencies {
                 guard let dependency = known[id] else { continue }

@@ -11,10 +11,9 @@ final class EngineHarness {
         var configuration = EngineConfiguration()
         configure(&configuration)
         engine = Engine(configuration: configuration, scheduler: clock, extraExecutors: extra)
-        engine.addObserver { [unowned self] event in
-            switch event {
-            case .stateChanged(let record, let from): events.append("\(record.name ?? "?"):\(from.rawValue)->\(record.state.rawValue)")
-            case .progressed, .cancelRequested: break
+        engine.addObserver { [unowned self] settled in
+            for case .stateChanged(let record, let from, let to) in settled {
+                events.append("\(record.name ?? "?"):\(from.rawValue)->\(to.rawValue)")
             }
         }
     }

@@ -138,7 +138,7 @@ import TaskloopTestSupport
         let object = try JSONSerialization.jsonObject(with: Data(request.utf8)) as? [String: Any]
         #expect(object?["level"] as? String == "debug" && object?["route"] as? String == "/tasks")
         let state = try binary.waitForLine(containing: "running -> succeeded")
-        #expect((try JSONSerialization.jsonObject(with: Data(state.utf8)) as? [String: Any])?["level"] as? String == "info")
+        #expect((try JSONSerialization.jsonObject(with: Data(state.utf8)) as? [String: Any])?["level"] as? String == "debug")
         kill(binary.process.processIdentifier, SIGTERM)
         #expect(try binary.waitForExit() == 0)
     }

@@ -1,0 +1,47 @@
+/// The rules a settled engine keeps, checked by the tests from inside the observers (which run
+/// once a call has settled): the engine-wide ones, and each rule of a task for `records`
+/// (those a batch names). Each rule broken is described in the result.
+extension Engine {
+    func invariantViolations(of records: some Sequence<TaskRecord>) -> [String] {
+        var violations: [String] = []
+        if callDepth != 0 { violations.append("observed inside a call (depth \(callDepth))") }
+        var unfinished = 0
+        for queue in queues.values {
+            let counts = queue.counts
+            unfinished += counts[.pending] + counts[.queued] + counts[.running]
+            if !queue.paused && queue.running < queue.maxConcurrency && counts[.queued] > 0 {
+                violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
+            }
+        }
+        if unfinished != unfinishedCount {
+            violations.append("unfinished count \(unfinishedCount), but the queues count \(unfinished)")
+        }
+        for record in records where tasks[record.id] === record {
+            let name = "\(record.id) (\(record.state.rawValue))"
+            if !record.state.isTerminal {
+                let waitingOn = record.dependencies.filter { tasks[$0].map { !$0.state.isTerminal } ?? false }.count
+                if record.blockingDependencies != waitingOn {
+                    violations.append("\(name) is blocked by \(record.blockingDependencies), waits on \(waitingOn)")
+                }
+            }
+            switch record.state {
+            case .pending:
+                if record.blockingDependencies == 0 && record.attemptTimer == nil {
+                    violations.append("\(name) waits for nothing")
+                }
+            case .queued:
+                if record.attemptTimer != nil { violations.append("\(name) has an attempt timer") }
+            case .running:
+                if record.run?.record !== record { violations.append("\(name) has no current run") }
+                if record.startedAt == nil { violations.append("\(name) has no start time") }
+            case .succeeded, .failed, .cancelled:
+                if record.run != nil || record.attemptTimer != nil || record.graceTimer != nil {
+                    violations.append("\(name) still has a run or a timer")
+                }
+                if !record.dependents.isEmpty { violations.append("\(name) still holds dependents") }
+                if record.finishedAt == nil { violations.append("\(name) has no finish time") }
+            }
+        }
+        return violations
+    }
+}
