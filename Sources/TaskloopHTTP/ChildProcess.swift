@@ -4,27 +4,34 @@ import Glibc
 /// A program run with `uv_spawn` in a process group of its own, its stdout and stderr read as
 /// they come. Loop thread only.
 ///
+/// The child and everything it starts carry `cookie` (`NAME=value` entries added to its
+/// environment), so `signalTree` reaches its whole tree: its process group, and through
+/// `ProcessTreeKiller` every descendant that left the group (`setsid`, double forks).
+///
 /// Lifecycle: three handles (the process and two pipes), each freed in its close callback.
-/// `onExit` is called once, after the child has been reaped *and* both pipes reached EOF, so all
-/// output has been delivered before it. When the child itself exits, whatever is left of its
-/// group (a grandchild it started in the background) is killed: nothing outlives the run, and
-/// a grandchild holding the pipes open cannot hold the run open.
+/// `onExit` is called once, after the child has been reaped *and* both pipes reached EOF (or
+/// `stopReading()` gave up on them), so all output has been delivered before it. When the
+/// child itself exits, whatever is left of its tree is killed: nothing outlives the run, and a
+/// descendant holding the pipes open cannot hold the run open.
 public final class ChildProcess {
     public enum Stream: Sendable { case stdout, stderr }
 
     public let pid: Int32
+    public let cookie: [String]
     private let process: UnsafeMutablePointer<uv_process_t>
     private let pipes: [UnsafeMutablePointer<uv_pipe_t>]
     private var onOutput: ((Stream, UnsafeRawBufferPointer) -> Void)?
     private var onExit: ((_ status: Int64, _ signal: Int32) -> Void)?
     private var exit: (status: Int64, signal: Int32)?
     private var openPipes = 2
+    private var closedPipes: [UnsafeMutablePointer<uv_pipe_t>] = []
     fileprivate let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 1)
 
     /// Starts `arguments[0]` (searched in the `PATH` of `environment`) with exactly
-    /// `environment` (`NAME=value` entries) in `directory`. Throws if it cannot be started.
+    /// `environment` and `cookie` (`NAME=value` entries; the cookie's win) in `directory`.
+    /// Throws if it cannot be started.
     public init(
-        loop: EventLoop, arguments: [String], environment: [String], directory: String?,
+        loop: EventLoop, arguments: [String], environment: [String], cookie: [String], directory: String?,
         onOutput: @escaping (Stream, UnsafeRawBufferPointer) -> Void,
         onExit: @escaping (_ status: Int64, _ signal: Int32) -> Void
     ) throws(UVError) {
@@ -45,8 +52,11 @@ public final class ChildProcess {
         }
         let process = UnsafeMutablePointer<uv_process_t>.allocate(capacity: 1)
         process.withMemoryRebound(to: uv_handle_t.self, capacity: 1) { $0.pointee.data = nil }
+        let cookieNames = Set(cookie.map { $0.prefix { $0 != "=" } })
         let status = Self.spawn(loop: loop, process: process, pipes: pipes, arguments: arguments,
-                                environment: environment, directory: directory)
+                                environment: environment.filter { !cookieNames.contains($0.prefix { $0 != "=" }) } + cookie,
+                                directory: directory)
+        self.cookie = cookie
         self.process = process
         self.pipes = pipes
         self.onOutput = onOutput
@@ -62,11 +72,20 @@ public final class ChildProcess {
             try UVError.check(status, "uv_spawn")
             return
         }
+        Self.startedHere.withLock { _ = $0.insert(pid) }
         for pipe in pipes {
             pipe.withMemoryRebound(to: uv_stream_t.self, capacity: 1) { stream in
                 if uv_read_start(stream, provideChildReadBuffer, childReadCompleted) != 0 { pipeFinished(pipe) }
             }
         }
+    }
+
+    /// Children started here and not yet reaped: libuv waits for these; `OrphanReaper` leaves
+    /// them alone.
+    private static let startedHere = PThreadLocked<Set<Int32>>([])
+
+    static func isStartedHere(_ pid: Int32) -> Bool {
+        startedHere.withLock { $0.contains(pid) }
     }
 
     deinit {
@@ -110,11 +129,25 @@ public final class ChildProcess {
         }
     }
 
-    /// Sends `signal` to the child's whole process group (it and everything it started).
-    public func signalGroup(_ signal: Int32) {
-        guard exit == nil, pid > 0 else { return }
-        kill(-pid, signal)
+    /// Sends `signal` to the child's whole tree: its process group now, and every process
+    /// carrying its cookie within milliseconds.
+    public func signalTree(_ signal: Int32) {
+        guard pid > 0 else { return }
+        if exit == nil { kill(-pid, signal) }
+        ProcessTreeKiller.shared.signal(signal, carrying: cookie)
     }
+
+    /// Stops waiting for output: what a process holding the pipes open still writes is lost,
+    /// and `onExit` comes as soon as the child has been reaped.
+    public func stopReading() {
+        for pipe in pipes where !closedPipes.contains(pipe) {
+            pipe.withMemoryRebound(to: uv_stream_t.self, capacity: 1) { _ = uv_read_stop($0) }
+            pipeFinished(pipe)
+        }
+    }
+
+    /// Whether the child has been reaped (its output may still be arriving).
+    public var hasExited: Bool { exit != nil }
 
     fileprivate func didRead(_ pipe: UnsafeMutablePointer<uv_stream_t>, _ count: Int, _ base: UnsafeMutablePointer<CChar>?) {
         let stream: Stream = UnsafeMutableRawPointer(pipe) == UnsafeMutableRawPointer(pipes[0]) ? .stdout : .stderr
@@ -128,15 +161,25 @@ public final class ChildProcess {
     }
 
     private func pipeFinished(_ pipe: UnsafeMutablePointer<uv_pipe_t>) {
+        guard !closedPipes.contains(pipe) else { return }
+        closedPipes.append(pipe)
         UVHandle.close(pipe)
         openPipes -= 1
         finishIfDone()
     }
 
+    /// Called when the child has been reaped while its pipes are still open: something it
+    /// left behind holds them (the tree is being killed by then). The owner may give up on
+    /// them after a while with `stopReading()`.
+    public var onReapedWithPipesOpen: (() -> Void)?
+
     fileprivate func exited(status: Int64, signal: Int32) {
-        // Whatever the child left running in its group goes with it.
+        Self.startedHere.withLock { _ = $0.remove(pid) }
+        // Whatever the child left running, in its group or escaped from it, goes with it.
         kill(-pid, SIGKILL)
         exit = (status, signal)
+        ProcessTreeKiller.shared.signal(SIGKILL, carrying: cookie)
+        if openPipes > 0 { onReapedWithPipesOpen?() }
         finishIfDone()
     }
 
@@ -146,6 +189,7 @@ public final class ChildProcess {
         let onExit = self.onExit
         self.onExit = nil
         onOutput = nil
+        onReapedWithPipesOpen = nil
         onExit?(exit.status, exit.signal)
     }
 

@@ -4,20 +4,61 @@ import TaskloopHTTP
 import TaskloopJSON
 
 /// `exec`: `{argv, env?, cwd?, grace_ms = 5000}`. Runs a program (no shell unless argv names
-/// one) in its own process group with a minimal environment plus `env`. Stdout lines
-/// `PROGRESS <fraction|percent%> [message]` report progress; the last 64 KiB of each stream is
-/// kept. Exit 0 succeeds, anything else fails. Cancellation and timeouts send SIGTERM to the
-/// group, then SIGKILL after `grace_ms`; the attempt confirms only once the child is reaped.
+/// one) in its own process group with a minimal environment plus `env`, marked with the cookie
+/// `TASKLOOP_TASK_ID` and `TASKLOOP_TASK_ATTEMPT`. Stdout lines `PROGRESS <fraction|percent%>
+/// [message]` report progress; the last 64 KiB of each stream is kept. Exit 0 succeeds,
+/// anything else fails. Cancellation and timeouts send SIGTERM to the process tree (the group
+/// and every process carrying the cookie), then SIGKILL after `grace_ms`; the attempt confirms
+/// only once the child is reaped. When the child exits, what is left of its tree is killed.
 ///
 /// Threading: loop thread only.
 final class ExecExecutor: TaskExecutor {
-    private let loop: EventLoop
-    private let scheduler: EngineScheduler
+    let loop: EventLoop
+    let scheduler: EngineScheduler
+    private var live: [ObjectIdentifier: ExecAttempt] = [:]
+    /// Set when the server stops: no kill waits past it (an attempt's own `grace_ms` is cut short).
+    private(set) var stopDeadline: UInt64?
+
+    /// How long a reaped child's pipes may stay open (held by something it left behind that the
+    /// tree kill did not reach) before its output is given up.
+    static let exitDrainMilliseconds: UInt64 = 2_000
+
+    /// The names of the cookie every program and its descendants carry.
+    static let cookieNames: Set<String> = ["TASKLOOP_TASK_ID", "TASKLOOP_TASK_ATTEMPT"]
 
     init(loop: EventLoop, scheduler: EngineScheduler) {
         self.loop = loop
         self.scheduler = scheduler
     }
+
+    /// Attempts whose child has not been reaped yet.
+    var liveAttempts: Int { live.count }
+
+    /// The server is stopping: stops are cut to end by `deadline`.
+    func stopBy(_ deadline: UInt64) {
+        stopDeadline = deadline
+    }
+
+    /// The end of the shutdown grace: every tree still running is killed now.
+    func killAll() {
+        for attempt in live.values { attempt.kill() }
+    }
+
+    /// Past the end: stop waiting for output that killed trees still hold open.
+    func abandonOutput() {
+        for attempt in live.values { attempt.abandonOutput() }
+    }
+
+    fileprivate func began(_ attempt: ExecAttempt) { live[ObjectIdentifier(attempt)] = attempt }
+
+    fileprivate func ended(_ attempt: ExecAttempt) {
+        live.removeValue(forKey: ObjectIdentifier(attempt))
+        onIdle?()
+    }
+
+    /// Called whenever an attempt's child has been reaped (the application waits for the last
+    /// one when it stops).
+    var onIdle: (() -> Void)?
 
     struct Params {
         var arguments: [String]
@@ -50,6 +91,10 @@ final class ExecExecutor: TaskExecutor {
                       !member.key.utf8.contains(0), !value.utf8.contains(0) else {
                     throw EngineError(.invalid, "env.\(member.key) must be a string (names without '=').", field: "env.\(member.key)")
                 }
+                guard !cookieNames.contains(member.key) else {
+                    throw EngineError(.invalid, "env.\(member.key) is set by the server: it marks the task's processes.",
+                                      field: "env.\(member.key)")
+                }
                 environment.append((member.key, value))
             }
         }
@@ -81,7 +126,7 @@ final class ExecExecutor: TaskExecutor {
         } catch {
             return run.fail(TaskError(code: "invalid_params", message: error.message))
         }
-        ExecAttempt(run: run, params: params, loop: loop, scheduler: scheduler).begin()
+        ExecAttempt(run: run, params: params, executor: self).begin()
     }
 
     /// `PATH`, `HOME` and `LANG`, then the task's own `env` on top.
@@ -104,10 +149,10 @@ final class ExecExecutor: TaskExecutor {
 private final class ExecAttempt {
     private let run: TaskRun
     private let params: Params
-    private let loop: EventLoop
-    private let scheduler: EngineScheduler
+    private unowned let executor: ExecExecutor
     private var child: ChildProcess?
     private var killTimer: ScheduledAction?
+    private var drainTimer: ScheduledAction?
     private var stdout = OutputTail()
     private var stderr = OutputTail()
     /// The stdout line being assembled, for PROGRESS lines; capped so a newline-free flood
@@ -117,19 +162,23 @@ private final class ExecAttempt {
 
     typealias Params = ExecExecutor.Params
 
-    init(run: TaskRun, params: Params, loop: EventLoop, scheduler: EngineScheduler) {
+    private var scheduler: EngineScheduler { executor.scheduler }
+
+    init(run: TaskRun, params: Params, executor: ExecExecutor) {
         self.run = run
         self.params = params
-        self.loop = loop
-        self.scheduler = scheduler
-        started = scheduler.now
+        self.executor = executor
+        started = executor.scheduler.now
     }
 
     func begin() {
+        let child: ChildProcess
         do {
             // The attempt keeps itself alive through the child's callbacks until it exits.
             child = try ChildProcess(
-                loop: loop, arguments: params.arguments, environment: ExecExecutor.environment(adding: params.environment),
+                loop: executor.loop, arguments: params.arguments,
+                environment: ExecExecutor.environment(adding: params.environment),
+                cookie: ["TASKLOOP_TASK_ID=\(run.taskID)", "TASKLOOP_TASK_ATTEMPT=\(run.attempt)"],
                 directory: params.directory,
                 onOutput: { [self] stream, bytes in received(stream, bytes) },
                 onExit: { [self] status, signal in exited(status: status, signal: signal) })
@@ -137,14 +186,30 @@ private final class ExecAttempt {
             return run.fail(TaskError(code: "spawn_failed", message: "Could not start \(params.arguments[0]): \(error).",
                                       details: ["argv0": .string(params.arguments[0])]))
         }
+        self.child = child
+        executor.began(self)
+        child.onReapedWithPipesOpen = { [unowned self] in
+            drainTimer = scheduler.schedule(after: ExecExecutor.exitDrainMilliseconds) { [weak self] in self?.abandonOutput() }
+        }
         run.onCancel = { [self] in stop() }
     }
 
-    /// SIGTERM to the group now, SIGKILL after the grace period.
+    /// SIGTERM to the tree now, SIGKILL after the grace period (cut short when the server stops).
     private func stop() {
         guard let child else { return }
-        child.signalGroup(SIGTERM)
-        killTimer = scheduler.schedule(after: params.grace) { [weak child] in child?.signalGroup(SIGKILL) }
+        child.signalTree(SIGTERM)
+        var grace = params.grace
+        if let deadline = executor.stopDeadline { grace = min(grace, deadline > scheduler.now ? deadline - scheduler.now : 0) }
+        killTimer = scheduler.schedule(after: grace) { [weak self] in self?.kill() }
+    }
+
+    func kill() {
+        killTimer?.cancel()
+        child?.signalTree(SIGKILL)
+    }
+
+    func abandonOutput() {
+        child?.stopReading()
     }
 
     private func received(_ stream: ChildProcess.Stream, _ bytes: UnsafeRawBufferPointer) {
@@ -183,7 +248,9 @@ private final class ExecAttempt {
 
     private func exited(status: Int64, signal: Int32) {
         killTimer?.cancel()
+        drainTimer?.cancel()
         child = nil
+        defer { executor.ended(self) }
         if !line.isEmpty { progressLine() }
         var result: JSONObject = [
             "exit_code": signal == 0 ? .int(status) : .null,

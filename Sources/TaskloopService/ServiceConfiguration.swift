@@ -11,6 +11,10 @@ public struct ServiceConfiguration: Sendable {
     public var authToken: String?
     /// Whether `exec` tasks may be submitted (they run with the server user's rights).
     public var allowExec = false
+    /// Whether the process becomes a child subreaper (process-wide, for good), so what `exec`
+    /// programs leave behind stays its child: the process-tree kill reaches it, and it is
+    /// waited for once dead. The executable sets it; an embedding process may not want it.
+    public var adoptsOrphans = false
     /// Where `http` tasks may connect (`--http-allow-hosts`, `--http-deny-private`).
     public var httpPolicy = HostPolicy()
     /// Most connections `http` tasks open to one host; further requests wait for one.

@@ -8,11 +8,17 @@ import TaskloopJSON
 /// The service on one event loop: the HTTP server, the engine on the loop's clock, the routes
 /// between them.
 ///
-/// Start and stop are one ordered story. `start()`: loop clock, engine, routes, then bind.
-/// `stop(completion:)`: refuse new submissions (503), cancel unfinished work, answer long polls
-/// with what they have, close the HTTP client (its transfers are cancelled by then), stop
-/// accepting and let in-flight requests finish within the grace period, close the clock's
-/// timer, call back; then the loop can finish.
+/// Start and stop are one ordered story. `start()`: loop clock, HTTP client, executors, engine,
+/// routes, then bind. `stop(completion:)`, within the shutdown grace G:
+/// 1. stop accepting; requests in flight are answered with `Connection: close`, idle
+///    connections close; new submissions get 503;
+/// 2. every unfinished task is cancelled: running work is told to stop (SIGTERM to `exec`
+///    trees, whose SIGKILL comes after min(`grace_ms`, what is left of G); transfers aborted);
+/// 3. long polls are answered with their task as it is now;
+/// 4. at G: connections still open are closed, `exec` trees still alive are SIGKILLed, and
+///    half a second later output they still hold open is given up;
+/// 5. once the server is closed and every child reaped: the HTTP client, the orphan reaper and
+///    the clock close, and the completion runs; then the loop can finish, clean.
 ///
 /// Threading: loop thread only, like everything it owns. The engine lives on the loop thread;
 /// executors that block run their work elsewhere and hop back with `EventLoop.execute`.
@@ -24,10 +30,14 @@ public final class TaskloopApplication {
     private var scheduler: LoopScheduler?
     private var httpClient: HTTPClient?
     private var server: HTTPServer?
+    private var execExecutor: ExecExecutor?
+    private var orphanReaper: OrphanReaper?
     private(set) var waiters: TaskWaiters!
     private var router = Router<ServiceHandler>()
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
+    private var serverClosed = false
+    private var stopCompletion: (() -> Void)?
     private let authToken: [UInt8]?
     let metrics = ServiceMetrics()
 
@@ -52,7 +62,11 @@ public final class TaskloopApplication {
         }
         self.httpClient = httpClient
         var extra: [String: TaskExecutor] = ["http": HTTPExecutor(client: httpClient, scheduler: scheduler)]
-        if configuration.allowExec { extra["exec"] = ExecExecutor(loop: loop, scheduler: scheduler) }
+        if configuration.allowExec {
+            let exec = ExecExecutor(loop: loop, scheduler: scheduler)
+            execExecutor = exec
+            extra["exec"] = exec
+        }
         let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
@@ -62,10 +76,15 @@ public final class TaskloopApplication {
             handle(request, responder)
         }
         do {
+            if configuration.adoptsOrphans {
+                try OrphanReaper.becomeChildSubreaper()
+                orphanReaper = try OrphanReaper(loop: loop)
+            }
             let address = try server.start()
             self.server = server
             return address
         } catch {
+            orphanReaper?.close()
             httpClient.close()
             scheduler.close()
             self.scheduler = nil
@@ -73,26 +92,53 @@ public final class TaskloopApplication {
         }
     }
 
+    /// The shutdown story (see the type's comment); `completion` runs once, when everything the
+    /// application owns is closed.
     public func stop(completion: @escaping () -> Void) {
         guard !isDraining else { return }
         isDraining = true
-        if let engine {
+        stopCompletion = completion
+        let grace = configuration.shutdownGraceMilliseconds
+        execExecutor?.stopBy(loop.now + grace)
+        execExecutor?.onIdle = { [unowned self] in finishStopping() }
+        if let server {
+            server.shutdown(gracePeriodMilliseconds: grace) { [unowned self] in
+                serverClosed = true
+                finishStopping()
+            }
+        } else {
+            serverClosed = true
+        }
+        if let engine, let scheduler {
             for name in engine.queues.keys.sorted() { engine.cancelAll(inQueue: name) }
             waiters.answerAll()
+            _ = scheduler.schedule(after: grace) { [weak self] in
+                self?.execExecutor?.killAll()
+                _ = self?.scheduler?.schedule(after: 500) { [weak self] in self?.execExecutor?.abandonOutput() }
+            }
         }
+        finishStopping()
+    }
+
+    private func finishStopping() {
+        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, let completion = stopCompletion else { return }
+        stopCompletion = nil
+        server = nil
         // Cancelling removed every transfer; this frees curl's connection cache and handles.
         httpClient?.close()
         httpClient = nil
-        let finish = { [weak self] in
-            self?.scheduler?.close()
-            self?.scheduler = nil
-            completion()
+        if execExecutor != nil {
+            // The tree kills sent so far are carried out before the process may end.
+            ProcessTreeKiller.shared.waitUntilIdle()
         }
-        guard let server else { return finish() }
-        server.shutdown(gracePeriodMilliseconds: configuration.shutdownGraceMilliseconds) { [weak self] in
-            self?.server = nil
-            finish()
+        if let orphanReaper {
+            orphanReaper.close()
+            OrphanReaper.killAndReapAdopted(timeout: 300)
+            self.orphanReaper = nil
         }
+        scheduler?.close()
+        scheduler = nil
+        completion()
     }
 
     // MARK: requests

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Dispatch
 import Glibc
 import Logging
 import TaskloopHTTP
@@ -144,6 +145,7 @@ struct Taskloop: ParsableCommand {
         configuration.shutdownGraceMilliseconds = UInt64(shutdownGraceSeconds * 1000)
         configuration.authToken = effectiveAuthToken
         configuration.allowExec = allowExec
+        configuration.adoptsOrphans = allowExec
         configuration.httpMaxHostConnections = httpMaxHostConnections
         configuration.httpPolicy = HostPolicy(allowedHosts: allowedHostPatterns.compactMap(\.1), denyPrivateAddresses: httpDenyPrivate)
         configuration.engine.defaultConcurrency = defaultConcurrency
@@ -166,12 +168,20 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("\(error)")
         }
         var watchers: [SignalWatcher] = []
+        let grace = shutdownGraceSeconds
         let stop = {
             guard !watchers.isEmpty else { return }
-            print("stopping: finishing in-flight requests (grace \(shutdownGraceSeconds)s)")
+            print("stopping: finishing in-flight requests (grace \(grace)s)")
             fflush(nil)
             for watcher in watchers { watcher.close() }
             watchers = []
+            // The story ends within the grace and half a second; should anything wedge it, the
+            // process still never outlives the grace by more than a second.
+            DispatchQueue.global().asyncAfter(deadline: .now() + grace + 0.95) {
+                print("taskloop: shutdown did not finish within the grace period; exiting anyway")
+                fflush(nil)
+                _exit(1)
+            }
             application.stop { loop.finish() }
         }
         watchers = try [SIGTERM, SIGINT].map { try SignalWatcher(loop: loop, signal: $0, stop) }

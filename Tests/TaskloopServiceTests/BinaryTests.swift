@@ -178,6 +178,97 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() == 0)
     }
 
+    static func temporaryDirectory() throws -> String {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("binary-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        return directory
+    }
+
+    /// The pid a test program wrote to `file`, once it is there.
+    static func pid(in file: String) throws -> Int32 {
+        try pollUntil("\(file) to be written") { FileManager.default.fileExists(atPath: file) }
+        return try #require(Int32(try String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
+    }
+
+    static func parent(of pid: Int32) -> Int32? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let fields = stat.split(separator: ")").last?.split(separator: " "), fields.count > 2 else { return nil }
+        return Int32(fields[1])
+    }
+
+    /// Gone and waited for: not even a zombie is left.
+    static func waitUntilReaped(_ pid: Int32, timeout: Double = 5) throws {
+        try pollUntil("process \(pid) to be reaped", timeout: timeout) { !FileManager.default.fileExists(atPath: "/proc/\(pid)") }
+    }
+
+    /// With --allow-exec the server is a child subreaper: a daemon a task's program starts becomes
+    /// the server's child when its parent exits, dies with the task, and is waited for (no
+    /// zombie is left).
+    @Test func orphansOfExecTasksAreAdoptedKilledAndReaped() throws {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--allow-exec", "--log-level", "warning"])
+        let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
+        let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let client = try APIClient(port: port)
+        let script = "(setsid sh -c 'echo $$ > \(directory)/d.tmp; mv \(directory)/d.tmp \(directory)/d; exec sleep 300' &); sleep 300"
+        let task = try #require(try client.submit(ExecTests.json(["kind": "exec", "params": ["argv": ["sh", "-c", script]]]))["id"] as? String)
+        let daemon = try Self.pid(in: "\(directory)/d")
+        try pollUntil("the daemon to be adopted") { Self.parent(of: daemon) == binary.process.processIdentifier }
+        #expect(try client.call("DELETE", "/tasks/\(task)").status == 202)
+        _ = try client.waitForState(task, "cancelled", timeout: 5)
+        try Self.waitUntilReaped(daemon)
+        kill(binary.process.processIdentifier, SIGTERM)
+        #expect(try binary.waitForExit() == 0)
+    }
+
+    /// SIGTERM with `exec` programs that ignore SIGTERM running and a long poll waiting: the poll
+    /// is answered with `Connection: close`, one program is killed after its `grace_ms`, the
+    /// other (whose grace outlasts the server's) when the shutdown grace ends, both are reaped,
+    /// and the process exits 0 within the grace and a second. (Before, the loop's clock closed
+    /// before the SIGKILL timer fired, and the server hung forever.)
+    @Test func shutdownKillsStubbornChildrenAndEndsWithinTheGrace() throws {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--allow-exec", "--shutdown-grace-seconds", "2",
+                                                   "--log-level", "warning"])
+        let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
+        let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let client = try APIClient(port: port)
+        var tasks: [String] = []
+        var pids: [Int32] = []
+        for (name, grace) in [("short", 500), ("long", 60_000)] {
+            let script = "trap '' TERM; sleep 1000 & echo $$ $! > \(directory)/\(name).tmp; mv \(directory)/\(name).tmp \(directory)/\(name); wait"
+            let body = ExecTests.json(["kind": "exec", "params": ["argv": ["sh", "-c", script], "grace_ms": grace]])
+            tasks.append(try #require(try client.submit(body)["id"] as? String))
+            let file = "\(directory)/\(name)"
+            try pollUntil("\(name) to start") { FileManager.default.fileExists(atPath: file) }
+            pids += try String(contentsOfFile: file, encoding: .utf8).split(separator: " ").compactMap {
+                Int32($0.trimmingCharacters(in: .whitespacesAndNewlines))
+            }
+        }
+        let poller = try APIClient(port: port)
+        let answer = Locked<RawResponse?>(nil)
+        let answered = DispatchSemaphore(value: 0)
+        let polled = tasks[1]
+        Thread {
+            answer.withLock { $0 = try? poller.call("GET", "/tasks/\(polled)?wait=30", timeout: 10) }
+            answered.signal()
+        }.start()
+        // The poll is parked once the server counts it.
+        try pollUntil("the long poll to wait") {
+            (try? client.call("GET", "/metrics").text.contains("taskloop_http_long_polls 1")) == true
+        }
+        let started = Date()
+        kill(binary.process.processIdentifier, SIGTERM)
+        #expect(answered.wait(timeout: .now() + 5) == .success)
+        let poll = try #require(answer.value)
+        #expect(poll.status == 200 && poll.header("Connection") == "close")
+        #expect(poll.json["cancel_requested"] as? Bool == true)
+        #expect(try binary.waitForExit(timeout: 10) == 0)
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(elapsed >= 1.9 && elapsed < 3.0, "exited after \(elapsed) s")
+        for pid in pids { try Self.waitUntilReaped(pid, timeout: 1) }
+    }
+
     /// A thousand short `exec` runs leave no zombie child and no open descriptor behind.
     @Test func thousandExecRunsLeakNothing() throws {
         let binary = try RunningBinary(arguments: ["--port", "0", "--allow-exec", "--default-concurrency", "16",

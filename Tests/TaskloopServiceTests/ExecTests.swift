@@ -125,4 +125,82 @@ import TaskloopTestSupport
         try Self.waitUntilGone(family.grandchild)
         try service.stop()
     }
+
+    // MARK: descendants that leave the process group
+
+    /// A program that leaves two descendants behind outside its process group, each writing its
+    /// pid to a file and holding the program's stdout: one through `setsid`, one through a
+    /// double fork into a new session. Returns the task, the two pids and the directory of their
+    /// files, which the program waits for (the caller removes it).
+    func startEscapees(_ client: APIClient, then rest: String, extra: [String: Any] = [:]) throws
+        -> (task: String, escapees: [Int32], directory: String) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("escapees-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let script = """
+            setsid sh -c 'echo $$ > \(directory)/a.tmp; mv \(directory)/a.tmp \(directory)/a; exec sleep 300' &
+            (setsid sh -c 'echo $$ > \(directory)/b.tmp; mv \(directory)/b.tmp \(directory)/b; exec sleep 300' &)
+            while [ ! -e \(directory)/a ] || [ ! -e \(directory)/b ]; do sleep 0.01; done
+            \(rest)
+            """
+        let task = try submit(client, ["sh", "-c", script], extra: extra)
+        try pollUntil("the escapees to start") {
+            FileManager.default.fileExists(atPath: "\(directory)/a") && FileManager.default.fileExists(atPath: "\(directory)/b")
+        }
+        let pids = try ["a", "b"].map { name in
+            try #require(Int32(try String(contentsOfFile: "\(directory)/\(name)", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
+        }
+        for pid in pids { #expect(!Self.isGone(pid)) }
+        return (task, pids, directory)
+    }
+
+    /// Before the cookie, cancelling killed the group but not these; holding stdout, they kept
+    /// the task cancelling until the engine's grace ended it (10 s), and lived on.
+    @Test func cancelKillsDescendantsThatLeftTheGroup() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startEscapees(client, then: "sleep 300")
+        defer { try? FileManager.default.removeItem(atPath: family.directory) }
+        let started = Date()
+        #expect(try client.call("DELETE", "/tasks/\(family.task)").status == 202)
+        let cancelled = try client.waitForState(family.task, "cancelled", timeout: 5)
+        #expect((cancelled["error"] as? [String: Any])?["message"] as? String == "The task was cancelled.")
+        #expect(Date().timeIntervalSince(started) < 5)
+        for pid in family.escapees { try Self.waitUntilGone(pid, timeout: 5) }
+        try service.stop()
+    }
+
+    /// A program that exits leaving a daemon holding its stdout ends with its daemon, at once.
+    /// (Before, the pipe never reached EOF and the task ran forever.)
+    @Test func whatAProgramLeavesBehindDiesWithIt() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startEscapees(client, then: "echo daemons started")
+        defer { try? FileManager.default.removeItem(atPath: family.directory) }
+        let done = try client.waitForState(family.task, "succeeded", timeout: 5)
+        #expect((done["result"] as? [String: Any])?["exit_code"] as? Int == 0)
+        for pid in family.escapees { try Self.waitUntilGone(pid, timeout: 5) }
+        try service.stop()
+    }
+
+    @Test func aTimeoutKillsDescendantsThatLeftTheGroup() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startEscapees(client, then: "sleep 300", extra: ["timeout_ms": 1_000])
+        defer { try? FileManager.default.removeItem(atPath: family.directory) }
+        let failed = try client.waitForState(family.task, "failed", timeout: 6)
+        #expect((failed["error"] as? [String: Any])?["code"] as? String == "timeout")
+        for pid in family.escapees { try Self.waitUntilGone(pid, timeout: 5) }
+        try service.stop()
+    }
+
+    @Test func everyProcessCarriesTheTaskCookie() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let id = try submit(client, ["sh", "-c", "sh -c 'env' | grep ^TASKLOOP_ | sort"], extra: ["retry": ["max_attempts": 1]])
+        let output = (try client.waitForState(id, "succeeded")["result"] as? [String: Any])?["stdout"] as? String
+        #expect(output == "TASKLOOP_TASK_ATTEMPT=1\nTASKLOOP_TASK_ID=\(id)\n")
+        let spoof = try client.call("POST", "/tasks", json: #"{"kind":"exec","params":{"argv":["true"],"env":{"TASKLOOP_TASK_ID":"x"}}}"#)
+        #expect(spoof.status == 422 && spoof.text.contains(#""field":"params.env.TASKLOOP_TASK_ID""#), "\(spoof.text)")
+        try service.stop()
+    }
 }
