@@ -13,6 +13,10 @@ public struct EngineConfiguration: Sendable {
     /// A running task whose executor does not confirm a cancellation within this is finished
     /// as cancelled anyway; its late reports are ignored.
     public var cancelGraceMilliseconds: UInt64 = 10_000
+    /// Most queues known at once. Any name creates a queue, so without a bound a client could
+    /// grow memory and metric series without end; a queue that holds no task and has default
+    /// settings is forgotten when it comes to that (or when its last task is evicted).
+    public var maxQueues = 1_000
 
     public init() {}
 }
@@ -302,6 +306,7 @@ public final class Engine {
         guard lastQueue?.name == spec.queue || queues[spec.queue] != nil || Self.isValidQueueName(spec.queue) else {
             throw EngineError(.invalid, "queue must be 1 to 64 letters, digits, '-', '_' or '.'.", field: "\(at())queue")
         }
+        if lastQueue?.name != spec.queue && queues[spec.queue] == nil { try makeRoomForQueues(1, field: "\(at())queue") }
         if let timeout = spec.timeoutMilliseconds, !(1...86_400_000 * 7).contains(timeout) {
             throw EngineError(.invalid, "timeout_ms must be from 1 to 604800000.", field: "\(at())timeout_ms")
         }
@@ -362,12 +367,35 @@ public final class Engine {
             }
             checked.append(CheckedMember(executor: executor, dependencies: dependencies))
         }
+        let newQueues = Set(batch.lazy.map(\.spec.queue).filter { self.queues[$0] == nil })
+        if newQueues.count > 1 { try makeRoomForQueues(newQueues.count, field: "tasks") }
         if let cycle = Self.findCycle(checked.map(\.dependencies)) {
             let keys = cycle.map { batch[$0].key }
             throw EngineError(.cycle, "The tasks depend on each other in a circle: \(keys.joined(separator: " -> ")).",
                               field: "tasks", keys: keys)
         }
         return checked
+    }
+
+    /// Makes sure `count` more queues fit under `maxQueues`, forgetting idle ones if need be.
+    private func makeRoomForQueues(_ count: Int, field: String) throws(EngineError) {
+        guard queues.count + count > configuration.maxQueues else { return }
+        for queue in Array(queues.values) where isIdle(queue) { forget(queue) }
+        guard queues.count + count <= configuration.maxQueues else {
+            throw EngineError(.tooManyQueues, "The server already holds \(queues.count) queues (limit \(configuration.maxQueues)).",
+                              field: field)
+        }
+    }
+
+    /// A queue that holds no task and has default settings: forgetting it changes nothing.
+    private func isIdle(_ queue: TaskQueue) -> Bool {
+        queue.counts.total == 0 && !queue.paused && queue.maxConcurrency == configuration.defaultConcurrency
+            && queue.name != "default"
+    }
+
+    private func forget(_ queue: TaskQueue) {
+        queues.removeValue(forKey: queue.name)
+        if lastQueue === queue { lastQueue = nil }
     }
 
     static func isValidQueueName(_ name: String) -> Bool {
@@ -621,6 +649,7 @@ public final class Engine {
         if let maxConcurrency, !(1...10_000).contains(maxConcurrency) {
             throw EngineError(.invalid, "max_concurrency must be from 1 to 10000.", field: "max_concurrency")
         }
+        if queues[name] == nil { try makeRoomForQueues(1, field: "name") }
         return settling {
             let queue = queue(named: name)
             if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
@@ -742,6 +771,7 @@ public final class Engine {
     private func evict(_ record: TaskRecord) {
         tasks.remove(record.id)
         record.queue.count(record.state, -1)
+        if isIdle(record.queue) { forget(record.queue) }
         if let workflow = record.workflow {
             workflow.evicted(record)
             if workflow.tasks.isEmpty { workflows.removeValue(forKey: workflow.id) }

@@ -12,6 +12,8 @@ public struct EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case cycle
         /// `maxUnfinishedTasks` would be exceeded.
         case tooManyUnfinishedTasks = "too_many_unfinished_tasks"
+        /// `maxQueues` would be exceeded.
+        case tooManyQueues = "too_many_queues"
         case notFound = "not_found"
         /// The task already finished; its state never changes again.
         case alreadyTerminal = "already_terminal"

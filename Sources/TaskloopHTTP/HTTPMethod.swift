@@ -21,7 +21,7 @@ public struct HTTPMethod: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// A method http_parser does not know, by its token.
-    init(token: String) {
+    public init(token: String) {
         code = Self.unparsedCode
         self.token = token
     }

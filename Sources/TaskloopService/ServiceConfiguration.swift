@@ -20,5 +20,8 @@ public struct ServiceConfiguration: Sendable {
     /// Most connections `http` tasks open to one host; further requests wait for one.
     public var httpMaxHostConnections = 64
 
+    /// Where the logger's lines go, for the count of dropped lines in the metrics.
+    public var logSink: LogSink?
+
     public init() {}
 }

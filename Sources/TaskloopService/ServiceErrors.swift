@@ -10,7 +10,7 @@ extension EngineError: HTTPResponseError {
         var extensions: JSONObject = [:]
         if !keys.isEmpty { extensions["keys"] = .array(keys.map { .string($0) }) }
         switch code {
-        case .invalid, .unknownKind, .unknownDependency, .selfDependency, .duplicateDependency, .cycle:
+        case .invalid, .unknownKind, .unknownDependency, .selfDependency, .duplicateDependency, .cycle, .tooManyQueues:
             return HTTPProblem(.unprocessableContent, detail: message, type: ProblemType.validation, code: code.rawValue,
                                fieldErrors: [HTTPProblem.FieldError(field: field ?? "body", message: message)],
                                extensions: extensions)

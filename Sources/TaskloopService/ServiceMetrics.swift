@@ -4,6 +4,9 @@ import TaskloopHTTP
 
 /// What `GET /metrics` shows, through swift-prometheus's registry and text format.
 ///
+/// Every family is declared from the first scrape: its known label values (kinds, final
+/// states, routes with the statuses they answer) start at zero, so a fresh server's dashboards
+/// show zeros, not gaps; queues get their series as they appear, and lose them when forgotten.
 /// Collectors are looked up once per label set and kept here, so recording is a dictionary hit
 /// and an atomic add, not a registry lookup. Gauges of current state (tasks by queue and state,
 /// open connections) are read from the engine and the server when scraped.
@@ -16,13 +19,15 @@ final class ServiceMetrics {
     private var runTime: [String: ValueHistogram] = [:]
     private var requests: [RequestKey: Counter] = [:]
     private var latency: [String: ValueHistogram] = [:]
-    private var taskGauges: [LabelPair: Gauge] = [:]
+    private var taskGauges: [String: [Gauge]] = [:]
     private let openConnections: Gauge
     private let waiting: Gauge
     private let transfers: Gauge
+    private let droppedLogLines: Counter
+    private var droppedLogLinesCounted = 0
 
-    /// Two label values (kind and state, queue and state): a struct, not a joined string, so a
-    /// lookup on the per-task path allocates nothing.
+    /// Two label values (kind and state): a struct, not a joined string, so a lookup on the
+    /// per-task path allocates nothing.
     private struct LabelPair: Hashable {
         let first: String
         let state: TaskState
@@ -37,10 +42,21 @@ final class ServiceMetrics {
     private static let runTimeBuckets: [Double] = [0.001, 0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3_600]
     private static let latencyBuckets: [Double] = [0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05, 0.25, 1, 10, 60]
 
-    init() {
+    init(kinds: [String], routes: [Route]) {
         openConnections = registry.makeGauge(descriptor: Self.name("http_open_connections", "", "Client connections open now."))
         waiting = registry.makeGauge(descriptor: Self.name("http_long_polls", "", "GET /tasks/{id}?wait= requests waiting now."))
         transfers = registry.makeGauge(descriptor: Self.name("http_task_transfers", "", "Requests of http tasks in flight now."))
+        droppedLogLines = registry.makeCounter(descriptor: Self.name(
+            "log_lines_dropped", "total", "Log lines dropped because standard error's reader was too slow."))
+        for kind in kinds {
+            _ = submittedCounter(kind)
+            _ = runTimeHistogram(kind)
+            for state in TaskState.allCases where state.isTerminal { _ = finishedCounter(kind, state) }
+        }
+        for route in routes {
+            _ = latencyHistogram(route.pattern)
+            for status in route.answers { _ = requestCounter(RequestKey(route: route.pattern, method: route.method, status: status)) }
+        }
     }
 
     private static func name(_ metric: String, _ unit: String, _ help: String) -> MetricNameDescriptor {
@@ -57,56 +73,89 @@ final class ServiceMetrics {
         return collector
     }
 
-    func taskSubmitted(kind: String) {
+    private func submittedCounter(_ kind: String) -> Counter {
         Self.collector(kind, in: &submitted) {
             registry.makeCounter(descriptor: Self.name("tasks_submitted", "total", "Tasks accepted, by kind."),
                                  labels: [("kind", kind)])
-        }.increment()
+        }
     }
 
-    func taskFinished(_ task: TaskRecord) {
-        Self.collector(LabelPair(first: task.kind, state: task.state), in: &finished) {
+    private func finishedCounter(_ kind: String, _ state: TaskState) -> Counter {
+        Self.collector(LabelPair(first: kind, state: state), in: &finished) {
             registry.makeCounter(
                 descriptor: Self.name("tasks_finished", "total", "Tasks that reached a terminal state, by kind and state."),
-                labels: [("kind", task.kind), ("state", task.state.rawValue)])
-        }.increment()
-        guard let started = task.startedAt, let ended = task.finishedAt else { return }
-        Self.collector(task.kind, in: &runTime) {
-            registry.makeValueHistogram(
-                descriptor: Self.name("task_run", "seconds", "Time from a task's first start to its end, by kind."),
-                labels: [("kind", task.kind)], buckets: Self.runTimeBuckets)
-        }.record(Double(max(0, ended - started)) / 1_000)
+                labels: [("kind", kind), ("state", state.rawValue)])
+        }
     }
 
-    func requestAnswered(route: String, method: HTTPMethod, status: HTTPStatus, seconds: Double) {
-        Self.collector(RequestKey(route: route, method: method, status: status.code), in: &requests) {
+    private func runTimeHistogram(_ kind: String) -> ValueHistogram {
+        Self.collector(kind, in: &runTime) {
+            registry.makeValueHistogram(
+                descriptor: Self.name("task_run", "seconds", "Time from a task's first start to its end, by kind."),
+                labels: [("kind", kind)], buckets: Self.runTimeBuckets)
+        }
+    }
+
+    private func requestCounter(_ key: RequestKey) -> Counter {
+        Self.collector(key, in: &requests) {
             registry.makeCounter(
                 descriptor: Self.name("http_requests", "total", "Requests answered, by route, method and status."),
-                labels: [("route", route), ("method", method.description), ("status", String(status.code))])
-        }.increment()
+                labels: [("route", key.route), ("method", key.method.description), ("status", String(key.status))])
+        }
+    }
+
+    private func latencyHistogram(_ route: String) -> ValueHistogram {
         Self.collector(route, in: &latency) {
             registry.makeValueHistogram(
                 descriptor: Self.name("http_request_duration", "seconds", "Time from a request's arrival to its answer, by route."),
                 labels: [("route", route)], buckets: Self.latencyBuckets)
-        }.record(seconds)
+        }
     }
 
+    func taskSubmitted(kind: String) {
+        submittedCounter(kind).increment()
+    }
+
+    func taskFinished(_ task: TaskRecord) {
+        finishedCounter(task.kind, task.state).increment()
+        guard let started = task.startedAt, let ended = task.finishedAt else { return }
+        runTimeHistogram(task.kind).record(Double(max(0, ended - started)) / 1_000)
+    }
+
+    func requestAnswered(route: String, method: HTTPMethod, status: HTTPStatus, seconds: Double) {
+        // A method outside HTTP's general-purpose ones is any token a client sends: one label
+        // value for all of them keeps the series bounded.
+        let method = method.isGeneralPurpose ? method : Self.otherMethod
+        requestCounter(RequestKey(route: route, method: method, status: status.code)).increment()
+        latencyHistogram(route).record(seconds)
+    }
+
+    private static let otherMethod = HTTPMethod(token: "OTHER")
+
     /// The text exposition, with the state gauges brought up to date first.
-    func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int) -> [UInt8] {
+    func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int, droppedLogLines dropped: Int) -> [UInt8] {
         for (name, queue) in engine.queues {
-            for state in TaskState.allCases {
-                Self.collector(LabelPair(first: name, state: state), in: &taskGauges) {
-                    registry.makeGauge(
-                        descriptor: Self.name("tasks", "", "Tasks known now, by queue and state (finished ones until evicted)."),
-                        labels: [("queue", name), ("state", state.rawValue)])
-                }.set(Double(queue.counts[state]))
+            let gauges = taskGauges[name] ?? TaskState.allCases.map { state in
+                registry.makeGauge(
+                    descriptor: Self.name("tasks", "", "Tasks known now, by queue and state (finished ones until evicted)."),
+                    labels: [("queue", name), ("state", state.rawValue)])
             }
+            taskGauges[name] = gauges
+            for (state, gauge) in zip(TaskState.allCases, gauges) { gauge.set(Double(queue.counts[state])) }
+        }
+        for (name, gauges) in taskGauges where engine.queues[name] == nil {
+            for gauge in gauges { registry.unregisterGauge(gauge) }
+            taskGauges[name] = nil
         }
         openConnections.set(Double(connections))
         waiting.set(Double(longPolls))
         transfers.set(Double(activeTransfers))
+        if dropped > droppedLogLinesCounted {
+            droppedLogLines.increment(by: Int64(dropped - droppedLogLinesCounted))
+            droppedLogLinesCounted = dropped
+        }
         var buffer: [UInt8] = []
-        buffer.reserveCapacity(8_192)
+        buffer.reserveCapacity(16_384)
         registry.emit(into: &buffer)
         return buffer
     }

@@ -4,60 +4,94 @@ import TaskloopJSON
 
 /// The REST API of the contract: each route reads its input, asks the engine, and renders.
 /// Validation problems are 422 with `errors[].field`; engine errors map in `ServiceErrors`.
+/// One route as data: method, path pattern, the statuses its handler answers (a request may
+/// also get any of `Route.anyRequest`), and the handler. openapi.yaml documents exactly these (a
+/// test holds the two together), and the metrics count each from zero.
+struct Route {
+    let method: HTTPMethod
+    let pattern: String
+    let answers: [Int]
+    let handler: ServiceHandler
+
+    init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], _ handler: @escaping ServiceHandler) {
+        self.method = method
+        self.pattern = pattern
+        self.answers = answers
+        self.handler = handler
+    }
+
+    /// What the HTTP layer and access control may answer any request: malformed, slow, too
+    /// large (body, target, head), no token (with --auth-token), too many connections or
+    /// shutting down.
+    static let anyRequest = [400, 401, 408, 413, 414, 431, 503]
+}
+
 extension TaskloopApplication {
-    func makeRouter() -> Router<ServiceHandler> {
+    func routes() -> [Route] {
+        [
+            Route(.GET, "/healthz", [200]) { [unowned self] _, reply in
+                reply.send(isDraining
+                    ? HTTPProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
+                    : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
+            },
+            Route(.GET, "/openapi.yaml", [200]) { _, reply in
+                reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: OpenAPISpec.bytes))
+            },
+            Route(.GET, "/metrics", [200]) { [unowned self] _, reply in
+                reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
+                                        body: renderMetrics()))
+            },
+            Route(.POST, "/tasks", [201, 415, 422, 429]) { [unowned self] request, reply in try submitTask(request, reply) },
+            Route(.GET, "/tasks", [200]) { [unowned self] request, reply in try listTasks(request, reply) },
+            Route(.GET, "/tasks/{id}", [200, 404]) { [unowned self] request, reply in try getTask(request, reply) },
+            Route(.DELETE, "/tasks/{id}", [200, 202, 404, 409]) { [unowned self] request, reply in
+                let task = try existingTask(request)
+                let outcome = try engine.cancel(task.id)
+                reply.send(.json(outcome == .cancelled ? .ok : .accepted, Representation.task(task)))
+            },
+            Route(.POST, "/tasks/{id}/progress", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+                try reportProgress(request, reply)
+            },
+            Route(.POST, "/tasks/{id}/complete", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+                try reportCompletion(request, reply)
+            },
+            Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+                try reportFailure(request, reply)
+            },
+            Route(.POST, "/workflows", [201, 415, 422, 429]) { [unowned self] request, reply in try submitWorkflow(request, reply) },
+            Route(.GET, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
+                reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request))))
+            },
+            Route(.DELETE, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
+                let workflow = try existingWorkflow(request)
+                try engine.cancelWorkflow(workflow.id)
+                reply.send(.json(.ok, Representation.workflow(workflow)))
+            },
+            Route(.GET, "/queues", [200]) { [unowned self] _, reply in
+                var json = JSONWriter(capacity: 1_024)
+                json.beginObject()
+                json.key(static: "queues")
+                json.beginArray()
+                for name in engine.queues.keys.sorted() { Representation.write(engine.queues[name]!, into: &json) }
+                json.endArray()
+                json.endObject()
+                reply.send(.json(.ok, json.bytes))
+            },
+            Route(.GET, "/queues/{name}", [200, 404]) { [unowned self] request, reply in
+                reply.send(.json(.ok, Representation.queue(try existingQueue(request))))
+            },
+            Route(.PATCH, "/queues/{name}", [200, 415, 422]) { [unowned self] request, reply in try updateQueue(request, reply) },
+            Route(.POST, "/queues/{name}/cancel", [200, 404]) { [unowned self] request, reply in
+                let queue = try existingQueue(request)
+                let count = engine.cancelAll(inQueue: queue.name)
+                reply.send(.json(.ok, Array(#"{"cancelled":\#(count)}"#.utf8)))
+            },
+        ]
+    }
+
+    func makeRouter(_ routes: [Route]) -> Router<ServiceHandler> {
         var router = Router<ServiceHandler>()
-        router.add(.GET, "/healthz") { [unowned self] _, reply in
-            reply.send(isDraining
-                ? HTTPProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
-                : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
-        }
-        router.add(.GET, "/openapi.yaml") { _, reply in
-            reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: OpenAPISpec.bytes))
-        }
-        router.add(.GET, "/metrics") { [unowned self] _, reply in
-            reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
-                                    body: renderMetrics()))
-        }
-        router.add(.POST, "/tasks") { [unowned self] request, reply in try submitTask(request, reply) }
-        router.add(.GET, "/tasks") { [unowned self] request, reply in try listTasks(request, reply) }
-        router.add(.GET, "/tasks/{id}") { [unowned self] request, reply in try getTask(request, reply) }
-        router.add(.DELETE, "/tasks/{id}") { [unowned self] request, reply in
-            let task = try existingTask(request)
-            let outcome = try engine.cancel(task.id)
-            reply.send(.json(outcome == .cancelled ? .ok : .accepted, Representation.task(task)))
-        }
-        router.add(.POST, "/tasks/{id}/progress") { [unowned self] request, reply in try reportProgress(request, reply) }
-        router.add(.POST, "/tasks/{id}/complete") { [unowned self] request, reply in try reportCompletion(request, reply) }
-        router.add(.POST, "/tasks/{id}/fail") { [unowned self] request, reply in try reportFailure(request, reply) }
-        router.add(.POST, "/workflows") { [unowned self] request, reply in try submitWorkflow(request, reply) }
-        router.add(.GET, "/workflows/{id}") { [unowned self] request, reply in
-            reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request))))
-        }
-        router.add(.DELETE, "/workflows/{id}") { [unowned self] request, reply in
-            let workflow = try existingWorkflow(request)
-            try engine.cancelWorkflow(workflow.id)
-            reply.send(.json(.ok, Representation.workflow(workflow)))
-        }
-        router.add(.GET, "/queues") { [unowned self] _, reply in
-            var json = JSONWriter(capacity: 1_024)
-            json.beginObject()
-            json.key(static: "queues")
-            json.beginArray()
-            for name in engine.queues.keys.sorted() { Representation.write(engine.queues[name]!, into: &json) }
-            json.endArray()
-            json.endObject()
-            reply.send(.json(.ok, json.bytes))
-        }
-        router.add(.GET, "/queues/{name}") { [unowned self] request, reply in
-            reply.send(.json(.ok, Representation.queue(try existingQueue(request))))
-        }
-        router.add(.PATCH, "/queues/{name}") { [unowned self] request, reply in try updateQueue(request, reply) }
-        router.add(.POST, "/queues/{name}/cancel") { [unowned self] request, reply in
-            let queue = try existingQueue(request)
-            let count = engine.cancelAll(inQueue: queue.name)
-            reply.send(.json(.ok, Array(#"{"cancelled":\#(count)}"#.utf8)))
-        }
+        for route in routes { router.add(route.method, route.pattern, route.handler) }
         return router
     }
 

@@ -39,7 +39,7 @@ public final class TaskloopApplication {
     private var serverClosed = false
     private var stopCompletion: (() -> Void)?
     private let authToken: [UInt8]?
-    let metrics = ServiceMetrics()
+    private(set) var metrics: ServiceMetrics!
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
         self.loop = loop
@@ -71,7 +71,9 @@ public final class TaskloopApplication {
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
         engine.addObserver { [unowned self] events in settled(events) }
-        router = makeRouter()
+        let routes = routes()
+        metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
+        router = makeRouter(routes)
         let server = HTTPServer(loop: loop, configuration: configuration.http) { [unowned self] request, responder in
             handle(request, responder)
         }
@@ -208,7 +210,7 @@ public final class TaskloopApplication {
 
     func renderMetrics() -> [UInt8] {
         metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count,
-                       transfers: activeTransfers)
+                       transfers: activeTransfers, droppedLogLines: configuration.logSink?.dropped ?? 0)
     }
 
     /// The task as JSON, or 404 if it is gone.

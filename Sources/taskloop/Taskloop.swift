@@ -74,6 +74,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "max_concurrency of queues created on first use; default: the number of cores. [env: TASKLOOP_DEFAULT_CONCURRENCY]")
     var defaultConcurrency: Int = Environment.int("DEFAULT_CONCURRENCY") ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
 
+    @Option(help: "Most queues known at once; a new one beyond is refused with 422 (idle queues with default settings are forgotten first). [env: TASKLOOP_MAX_QUEUES]")
+    var maxQueues: Int = Environment.int("MAX_QUEUES") ?? 1_000
+
     @Option(help: "Most unfinished tasks held; submissions beyond are refused with 429. [env: TASKLOOP_MAX_UNFINISHED_TASKS]")
     var maxUnfinishedTasks: Int = Environment.int("MAX_UNFINISHED_TASKS") ?? 100_000
 
@@ -88,6 +91,9 @@ struct Taskloop: ParsableCommand {
 
     @Option(help: "text or json (one object per line), on standard error. [env: TASKLOOP_LOG_FORMAT]")
     var logFormat: String = Environment.string("LOG_FORMAT") ?? "text"
+
+    @Option(help: "Bytes of log lines held for a slow reader of standard error; beyond them lines are dropped and counted, never waited for. [env: TASKLOOP_LOG_BUFFER_BYTES]")
+    var logBufferBytes: Int = Environment.int("LOG_BUFFER_BYTES") ?? 1 << 20
 
     @Flag(help: "Ask the server at --host/--port for /healthz and exit 0 if it answers 200, else 1 (for container health checks).")
     var healthCheck = false
@@ -104,6 +110,7 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("--default-concurrency must be 1...10000")
         }
         guard maxUnfinishedTasks >= 1 else { throw ValidationError("--max-unfinished-tasks must be at least 1") }
+        guard maxQueues >= 1 else { throw ValidationError("--max-queues must be at least 1") }
         guard maxRetainedTasks >= 0 else { throw ValidationError("--max-retained-tasks must not be negative") }
         guard retentionSeconds >= 0 && retentionSeconds <= 31_536_000 else {
             throw ValidationError("--retention-seconds must be a non-negative number")
@@ -118,6 +125,7 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("--http-allow-hosts: \(text) is not a host pattern (host, *.domain or IP address, optionally :port)")
         }
         guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("--log-format must be text or json") }
+        guard (4_096...1 << 30).contains(logBufferBytes) else { throw ValidationError("--log-buffer-bytes must be 4096...1073741824") }
         if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
         }
@@ -150,13 +158,16 @@ struct Taskloop: ParsableCommand {
         configuration.httpPolicy = HostPolicy(allowedHosts: allowedHostPatterns.compactMap(\.1), denyPrivateAddresses: httpDenyPrivate)
         configuration.engine.defaultConcurrency = defaultConcurrency
         configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks
+        configuration.engine.maxQueues = maxQueues
         configuration.engine.maxRetainedTasks = maxRetainedTasks
         configuration.engine.retentionMilliseconds = UInt64(retentionSeconds * 1000)
         configuration.engine.cancelGraceMilliseconds = configuration.shutdownGraceMilliseconds
 
         let level = Logger.Level(rawValue: logLevel)!
         let format = LogFormat(rawValue: logFormat)!
-        LoggingSystem.bootstrap { label in format.makeHandler(label: label, level: level) }
+        let logSink = LogSink(capacity: logBufferBytes)
+        LoggingSystem.bootstrap { label in format.makeHandler(label: label, level: level, sink: logSink) }
+        configuration.logSink = logSink
         let logger = Logger(label: "taskloop")
 
         let loop = try EventLoop()
@@ -188,6 +199,7 @@ struct Taskloop: ParsableCommand {
         print("taskloop listening on http://\(address)")
         fflush(nil)
         try loop.run()
+        logSink.flush()
         print("taskloop stopped")
     }
 }

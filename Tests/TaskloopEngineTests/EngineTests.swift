@@ -453,6 +453,42 @@ import TaskloopJSON
         h.settle()
         #expect(throws: Never.self) { try h.submit("d") }
     }
+
+    @Test func queuesAreBoundedAndIdleOnesForgotten() throws {
+        let h = EngineHarness {
+            $0.maxQueues = 3
+            $0.retentionMilliseconds = 1_000
+        }
+        try h.submit("a1", "sleep", params: h.sleep(100), queue: "a")
+        try h.submit("b1", "sleep", params: h.sleep(100), queue: "b")
+        // default, a and b hold tasks: a fourth queue is refused, by submit and by PATCH alike.
+        for attempt in [{ _ = try h.submit("c1", queue: "c") }, { _ = try h.engine.updateQueue("c", paused: true) }] {
+            do {
+                try attempt()
+                Issue.record("a fourth queue was accepted")
+            } catch let error as EngineError {
+                #expect(error.code == .tooManyQueues)
+            }
+        }
+        #expect(h.engine.queues.count == 3 && h.engine.taskCount == 2)
+        h.clock.advance(by: 100)
+        h.clock.advance(by: 1_000)  // a1 and b1 finished and were evicted: a and b are idle and forgotten
+        #expect(h.engine.taskCount == 0)
+        #expect(Set(h.engine.queues.keys) == ["default"])
+        _ = try h.engine.updateQueue("slow", maxConcurrency: 1)   // not default: kept while empty
+        _ = try h.engine.updateQueue("idle")                       // default settings, no task
+        // A workflow that needs two new queues at once is refused whole.
+        do {
+            _ = try h.engine.submitWorkflow(name: nil, tasks: [("x", TaskSpec(kind: "noop", queue: "x")),
+                                                               ("y", TaskSpec(kind: "noop", queue: "y"))])
+            Issue.record("two new queues over the limit were accepted")
+        } catch {
+            #expect(error.code == .tooManyQueues)
+        }
+        // One new queue fits once the idle one is forgotten to make room.
+        try h.submit("x1", queue: "x")
+        #expect(Set(h.engine.queues.keys) == ["default", "slow", "x"])
+    }
 }
 
 @Suite struct TaskIDTests {

@@ -204,6 +204,81 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// swift-prometheus declares a labelled series when it is first used; every family with its
+    /// known label values is declared at start, so a fresh server's dashboards show zeros.
+    @Test func metricsDeclareEveryFamilyFromTheFirstScrape() throws {
+        let service = try ServiceHarness()
+        let text = try service.client().call("GET", "/metrics").text
+        for line in [#"taskloop_tasks_submitted_total{kind="sleep"} 0"#,
+                     #"taskloop_tasks_finished_total{kind="http",state="failed"} 0"#,
+                     #"taskloop_tasks_finished_total{kind="external",state="cancelled"} 0"#,
+                     #"taskloop_task_run_seconds_count{kind="noop"} 0"#,
+                     #"taskloop_http_requests_total{route="/tasks",method="POST",status="201"} 0"#,
+                     #"taskloop_http_requests_total{route="/tasks",method="POST",status="429"} 0"#,
+                     #"taskloop_http_requests_total{route="/tasks/{id}",method="DELETE",status="409"} 0"#,
+                     #"taskloop_http_request_duration_seconds_count{route="/workflows/{id}"} 0"#,
+                     #"taskloop_tasks{queue="default",state="pending"} 0"#,
+                     "taskloop_log_lines_dropped_total 0"] {
+            #expect(text.contains(line), "metrics show \(line)")
+        }
+        // Methods outside HTTP's general-purpose ones share one label value.
+        let brew = try service.client().call("BREW", "/tasks")
+        #expect(brew.status == 501)
+        #expect(try service.client().call("GET", "/metrics").text
+            .contains(#"taskloop_http_requests_total{route="unmatched",method="OTHER",status="501"} 1"#))
+        try service.stop()
+    }
+
+    @Test func queuesAreCappedAndForgottenOnesLeaveTheMetrics() throws {
+        let service = try ServiceHarness { $0.engine.maxQueues = 2 }
+        let client = try service.client()
+        #expect(try client.call("PATCH", "/queues/busy", json: #"{"max_concurrency":7}"#).status == 200)
+        // default and busy: no room for a third, whether named by PATCH or by a submission.
+        let patched = try client.call("PATCH", "/queues/more", json: #"{"paused":true}"#)
+        #expect(patched.status == 422 && patched.json["code"] as? String == "too_many_queues")
+        let submitted = try client.call("POST", "/tasks", json: #"{"kind":"noop","queue":"more"}"#)
+        #expect(submitted.status == 422 && submitted.text.contains(#""field":"queue""#), "\(submitted.text)")
+        #expect(try client.call("GET", "/queues/more").status == 404)
+        #expect(try client.call("GET", "/metrics").text.contains(#"taskloop_tasks{queue="busy",state="queued"} 0"#))
+        // Back to default settings with no task, busy is idle: it is forgotten to make room.
+        let defaults = #"{"max_concurrency":\#(ServiceConfiguration().engine.defaultConcurrency)}"#
+        #expect(try client.call("PATCH", "/queues/busy", json: defaults).status == 200)
+        #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop","queue":"more"}"#).status == 201)
+        #expect(try client.call("GET", "/queues/busy").status == 404)
+        let metrics = try client.call("GET", "/metrics").text
+        #expect(!metrics.contains(#"queue="busy""#) && metrics.contains(#"taskloop_tasks{queue="more",state="succeeded"} 1"#))
+        try service.stop()
+    }
+
+    /// A log reader that does not read (a full pipe) must not slow the loop: lines beyond the
+    /// sink's buffer are dropped and counted, and every request is answered meanwhile.
+    @Test func aStalledLogReaderNeverBlocksTheServer() throws {
+        var ends: [Int32] = [0, 0]
+        #expect(pipe(&ends) == 0)
+        defer { close(ends[0]); close(ends[1]) }
+        let sink = LogSink(fd: ends[1], capacity: 8_192)
+        let service = try ServiceHarness(logHandler: LogFormat.text.makeHandler(label: "test", level: .debug, sink: sink)) {
+            $0.logSink = sink
+        }
+        let client = try service.client()
+        // Each request logs lines at debug: far more than the pipe (64 KiB) and the buffer hold.
+        for _ in 0..<2_000 { #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop"}"#, timeout: 2).status == 201) }
+        #expect(sink.dropped > 0)
+        let metrics = try client.call("GET", "/metrics").text
+        let counted = metrics.split(separator: "\n").first { $0.hasPrefix("taskloop_log_lines_dropped_total ") }
+            .flatMap { Int($0.split(separator: " ")[1]) }
+        #expect((counted ?? 0) > 0, "\(String(describing: counted))")
+        try service.stop()
+        // Once the reader reads again, the writer catches up and says what was lost.
+        let reader = FileHandle(fileDescriptor: ends[0], closeOnDealloc: false)
+        var text = ""
+        try pollUntil("the drop notice") {
+            text += String(decoding: reader.availableData, as: UTF8.self)
+            return text.contains("log line(s) dropped: the log's reader was too slow.")
+        }
+        #expect(text.contains(" debug test: POST /tasks 201"))
+    }
+
     @Test func cursorsStayCorrectWhileTasksAreAddedAndEvicted() throws {
         let service = try ServiceHarness { $0.engine.maxRetainedTasks = 8 }
         let client = try service.client()

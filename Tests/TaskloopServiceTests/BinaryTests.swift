@@ -122,7 +122,8 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() == 0)
         for flag in ["--auth-token", "--allow-exec", "--default-concurrency", "--max-unfinished-tasks", "--retention-seconds",
                      "--max-retained-tasks", "--log-level", "--log-format", "--max-body-bytes", "--max-header-bytes",
-                     "--header-timeout-seconds", "--idle-timeout-seconds", "--max-connections"] {
+                     "--header-timeout-seconds", "--body-timeout-seconds", "--idle-timeout-seconds", "--max-connections",
+                     "--max-queues", "--log-buffer-bytes"] {
             #expect(binary.printed.contains(flag), "--help lists \(flag)")
         }
     }

@@ -14,15 +14,15 @@ final class ServiceHarness: @unchecked Sendable {
     private let thread: LoopThread
     private let stopped = Locked(false)
 
-    init(_ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
+    init(logHandler: LogHandler? = nil, _ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
         var configuration = ServiceConfiguration()
         configuration.http.host = "127.0.0.1"
         configuration.http.port = 0
         configuration.shutdownGraceMilliseconds = 2_000
         configure(&configuration)
         let loop = try EventLoop()
-        var logger = Logger(label: "test")
-        logger.logLevel = .critical
+        var logger = logHandler.map { handler in Logger(label: "test") { _ in handler } } ?? Logger(label: "test")
+        if logHandler == nil { logger.logLevel = .critical }
         let application = TaskloopApplication(loop: loop, configuration: configuration, logger: logger)
         port = try application.start().port
         self.loop = loop
