@@ -5,7 +5,8 @@ public final class NoopExecutor: TaskExecutor {
     public init() {}
 
     public func validate(_ params: JSONValue) throws(EngineError) {
-        guard params.objectValue != nil else { throw EngineError(.invalid, "params must be an object.", field: "") }
+        guard let object = params.objectValue else { throw EngineError(.invalid, "params must be an object.", field: "") }
+        if let key = object.keys.first { throw EngineError(.invalid, "Unknown parameter \(key): noop takes none.", field: key) }
     }
 
     public func start(_ run: TaskRun) {

@@ -274,9 +274,10 @@ public final class Engine {
         }
     }
 
-    private func makeRecord(_ spec: TaskSpec, executor: TaskExecutor, dependencies: [TaskID], createdAt: Int64) -> TaskRecord {
+    private func makeRecord(_ spec: TaskSpec, executor: TaskExecutor, dependencies: [TaskID], createdAt: Int64,
+                            id: TaskID? = nil) -> TaskRecord {
         sequence += 1
-        return TaskRecord(id: ids.next(wallClockMilliseconds: createdAt), sequence: sequence, spec: spec,
+        return TaskRecord(id: id ?? ids.next(wallClockMilliseconds: createdAt), sequence: sequence, spec: spec,
                           executor: executor, queue: queue(named: spec.queue), dependencies: dependencies,
                           createdAt: createdAt)
     }
@@ -791,16 +792,19 @@ public final class Engine {
         try admit(batch.count)
         let now = scheduler.wallClock
         let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: now), name: name, createdAt: now)
+        // Every member's id first: a task may depend on a sibling listed after it.
+        let memberIDs = batch.map { _ in ids.next(wallClockMilliseconds: now) }
         var records: [TaskRecord] = []
         records.reserveCapacity(batch.count)
-        for (member, checked) in zip(batch, checked) {
+        for (position, (member, checked)) in zip(batch, checked).enumerated() {
             let dependencyIDs = checked.dependencies.map { reference -> TaskID in
                 switch reference {
                 case .existing(let record): record.id
-                case .sibling(let position): records[position].id
+                case .sibling(let sibling): memberIDs[sibling]
                 }
             }
-            let record = makeRecord(member.spec, executor: checked.executor, dependencies: dependencyIDs, createdAt: now)
+            let record = makeRecord(member.spec, executor: checked.executor, dependencies: dependencyIDs, createdAt: now,
+                                    id: memberIDs[position])
             record.workflow = workflow
             records.append(record)
         }

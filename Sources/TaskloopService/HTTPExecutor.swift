@@ -1,3 +1,4 @@
+import Glibc
 import TaskloopEngine
 import TaskloopHTTPClient
 import TaskloopJSON
@@ -36,13 +37,17 @@ final class HTTPExecutor: TaskExecutor {
         }
         var method = "GET"
         if let value = object.nonNull("method") {
-            guard let text = value.stringValue?.uppercased(), methods.contains(text) else {
+            guard let text = value.stringValue, methods.contains(text) else {
                 throw EngineError(.invalid, "method must be one of \(methods.sorted().joined(separator: ", ")).", field: "method")
             }
             method = text
         }
         guard let text = object["url"]?.stringValue else {
             throw EngineError(.invalid, "url is required: an absolute http or https URL.", field: "url")
+        }
+        guard isDocumentedURL(text) else {
+            throw EngineError(.invalid, "url must be an absolute http or https URL of at most 8192 characters, without user "
+                + "information, with its path, query and fragment in printable ASCII (percent-encode the rest).", field: "url")
         }
         let url: HTTPURL
         do {
@@ -66,9 +71,9 @@ final class HTTPExecutor: TaskExecutor {
                 guard !["content-length", "transfer-encoding"].contains(member.key.lowercased()) else {
                     throw EngineError(.invalid, "\(field) is set from the body, not given.", field: field)
                 }
-                guard let text = member.value.stringValue, text.utf8.count <= 8_192,
+                guard let text = member.value.stringValue, text.utf8.count <= 8_192 || text.unicodeScalars.count <= 8_192,
                       !text.utf8.contains(where: { $0 == 0x0d || $0 == 0x0a || $0 == 0 }) else {
-                    throw EngineError(.invalid, "\(field) must be a string without line breaks, at most 8192 bytes.", field: field)
+                    throw EngineError(.invalid, "\(field) must be a string without line breaks, at most 8192 characters.", field: field)
                 }
                 hasContentType = hasContentType || member.key.lowercased() == "content-type"
                 request.headers.append(HTTPHeaderField(member.key, text))
@@ -138,9 +143,63 @@ final class HTTPExecutor: TaskExecutor {
             return digit * 100...digit * 100 + 99
         }
         let bounds = text.split(separator: "-", omittingEmptySubsequences: false)
-        guard bounds.count == 2, let low = Int(bounds[0]), let high = Int(bounds[1]),
-              valid.contains(low), valid.contains(high), low <= high else { return nil }
-        return low...high
+        guard bounds.count == 2, bounds.allSatisfy({ $0.utf8.count == 3 }), let low = Int(bounds[0]), let high = Int(bounds[1]),
+              valid.contains(low), valid.contains(high) else { return nil }
+        // The bounds in either order: a pattern can say "two statuses", not "the first is lower".
+        return min(low, high)...max(low, high)
+    }
+
+    /// The URL pattern openapi.yaml documents, checked byte by byte: http or https, a host of
+    /// `[A-Za-z0-9._~-]` or a bracketed IPv6 address (no embedded IPv4), a port up to 65535,
+    /// then `/`, `?` or `#` and printable ASCII. Every such URL is one libcurl parses.
+    static func isDocumentedURL(_ text: String) -> Bool {
+        let bytes = Array(text.utf8)
+        guard bytes.count <= 8_192 else { return false }
+        var index = 0
+        func take(_ prefix: String) -> Bool {
+            let expected = Array(prefix.utf8)
+            guard index + expected.count <= bytes.count,
+                  zip(bytes[index..<index + expected.count], expected).allSatisfy({ ($0 &- 65 < 26 ? $0 | 0x20 : $0) == $1 }) else {
+                return false
+            }
+            index += expected.count
+            return true
+        }
+        guard take("https://") || take("http://") else { return false }
+        if index < bytes.count && bytes[index] == UInt8(ascii: "[") {
+            guard let close = bytes[index...].firstIndex(of: UInt8(ascii: "]")) else { return false }
+            let literal = String(decoding: bytes[(index + 1)..<close], as: UTF8.self)
+            var address = in6_addr()
+            guard !literal.contains("."), !literal.isEmpty, inet_pton(AF_INET6, literal, &address) == 1 else { return false }
+            index = close + 1
+        } else {
+            let start = index
+            while index < bytes.count, isHostByte(bytes[index]) { index += 1 }
+            guard index > start else { return false }
+        }
+        if index < bytes.count && bytes[index] == UInt8(ascii: ":") {
+            index += 1
+            let start = index
+            while index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) { index += 1 }
+            let digits = bytes[start..<index]
+            guard (1...5).contains(digits.count) else { return false }
+            if digits.count == 5 {
+                guard digits.first != UInt8(ascii: "0"), let port = Int(String(decoding: digits, as: UTF8.self)), port <= 65_535 else {
+                    return false
+                }
+            }
+        }
+        guard index < bytes.count else { return true }
+        guard [UInt8(ascii: "/"), UInt8(ascii: "?"), UInt8(ascii: "#")].contains(bytes[index]) else { return false }
+        return bytes[(index + 1)...].allSatisfy { (0x21...0x7E).contains($0) }
+    }
+
+    private static func isHostByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
+        case UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"), UInt8(ascii: "-"): true
+        default: false
+        }
     }
 
     func validate(_ params: JSONValue) throws(EngineError) {

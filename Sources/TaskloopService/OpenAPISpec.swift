@@ -4,15 +4,27 @@ enum OpenAPISpec {
 openapi: 3.1.0
 info:
   title: Taskloop
-  version: "1.0.0"
+  version: "1.1.0"
   summary: Submit tasks over HTTP, watch them run, cancel them.
   description: |
     Taskloop runs tasks (noop, sleep, external, http, exec) in an in-process operation queue:
     a task is ready when its dependencies succeeded, ready tasks run by priority up to each
     queue's concurrency limit, cancellation reaches running work, and progress flows back as
-    fraction, message and details. Every 4xx/5xx body is `application/problem+json`
-    (RFC 9457). When the server is started with `--auth-token`, every endpoint but
-    `GET /healthz` requires `Authorization: Bearer <token>`.
+    fraction, message and details.
+
+    Every 4xx/5xx body is `application/problem+json` (RFC 9457) with a `code`, a snake_case
+    word for programs. Besides the answers each operation lists, any request may get: 400
+    (malformed HTTP: whitespace before a header's colon, a missing or repeated `Host` in
+    HTTP/1.1, `Content-Length` with `Transfer-Encoding`, two lengths, folded header lines),
+    401 (with `--auth-token`), 408 (head or body too slow), 413 (body over
+    `--max-body-bytes`), 414 (target too long), 431 (head over `--max-header-bytes`) and 503
+    (too many connections, or shutting down). A general-purpose method (GET, HEAD, POST, PUT,
+    DELETE, OPTIONS, TRACE, PATCH, QUERY) that a path does not take is 405 with `Allow`; any
+    other method is implemented nowhere here: 501. `HEAD` works wherever `GET` does.
+
+    `null` is accepted exactly where a field's type says so, and means the same as leaving
+    the field out. When the server is started with `--auth-token`, every endpoint but
+    `GET /healthz` requires `Authorization: Bearer <token>` (the scheme in any case).
   license:
     name: MIT
     identifier: MIT
@@ -41,7 +53,7 @@ paths:
               sleep:
                 value: { kind: sleep, params: { duration_ms: 1500, steps: 10 }, name: resize-images, priority: 2 }
               join:
-                value: { kind: noop, dependencies: ["01JD3V8Q4W6F6M2K9T7B5R3N1A"] }
+                value: { kind: noop, name: join }
               download:
                 value:
                   kind: http
@@ -58,13 +70,22 @@ paths:
           content:
             application/json:
               schema: { $ref: "#/components/schemas/Task" }
+          links:
+            GetTask: { operationId: getTask, parameters: { id: "$response.body#/id" } }
+            CancelTask: { operationId: cancelTask, parameters: { id: "$response.body#/id" } }
+            ReportProgress: { operationId: reportProgress, parameters: { id: "$response.body#/id" } }
+            CompleteTask: { operationId: completeTask, parameters: { id: "$response.body#/id" } }
+            FailTask: { operationId: failTask, parameters: { id: "$response.body#/id" } }
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
+        "408": { $ref: "#/components/responses/TooSlow" }
         "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
         "415": { $ref: "#/components/responses/NotJSON" }
         "422": { $ref: "#/components/responses/Invalid" }
         "429": { $ref: "#/components/responses/TooManyTasks" }
-        "503": { $ref: "#/components/responses/ShuttingDown" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
     get:
       tags: [tasks]
       operationId: listTasks
@@ -75,18 +96,19 @@ paths:
           schema: { $ref: "#/components/schemas/TaskState" }
         - name: queue
           in: query
+          description: A queue name; an unknown one lists nothing.
           schema: { type: string }
         - name: workflow
           in: query
-          description: A workflow id; only its tasks.
+          description: A workflow id; only its tasks (an unknown one lists nothing).
           schema: { type: string }
         - name: limit
           in: query
           schema: { type: integer, minimum: 1, maximum: 1000, default: 100 }
         - name: after
           in: query
-          description: The `next` cursor of the previous page (opaque).
-          schema: { type: string }
+          description: The `next` cursor of the previous page (empty for the first page); anything else is 400.
+          schema: { type: string, pattern: "^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25})?$" }
       responses:
         "200":
           description: One page of tasks.
@@ -95,6 +117,11 @@ paths:
               schema: { $ref: "#/components/schemas/TaskPage" }
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /tasks/{id}:
     parameters:
       - $ref: "#/components/parameters/TaskID"
@@ -116,13 +143,18 @@ paths:
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
     delete:
       tags: [tasks]
       operationId: cancelTask
       summary: Cancel a task
       description: |
         200 when the task is now `cancelled`; 202 with `cancel_requested: true` while running
-        work stops; 409 when the task had already finished.
+        work stops; 409 when the task had already finished. The task stays readable, cancelled.
       responses:
         "200":
           description: The task, cancelled.
@@ -134,9 +166,15 @@ paths:
           content:
             application/json:
               schema: { $ref: "#/components/schemas/Task" }
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
         "409": { $ref: "#/components/responses/Conflict" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /tasks/{id}/progress:
     parameters:
       - $ref: "#/components/parameters/TaskID"
@@ -155,10 +193,14 @@ paths:
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
         "409": { $ref: "#/components/responses/Conflict" }
         "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
         "415": { $ref: "#/components/responses/NotJSON" }
         "422": { $ref: "#/components/responses/Invalid" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /tasks/{id}/complete:
     parameters:
       - $ref: "#/components/parameters/TaskID"
@@ -177,10 +219,14 @@ paths:
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
         "409": { $ref: "#/components/responses/Conflict" }
         "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
         "415": { $ref: "#/components/responses/NotJSON" }
         "422": { $ref: "#/components/responses/Invalid" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /tasks/{id}/fail:
     parameters:
       - $ref: "#/components/parameters/TaskID"
@@ -199,10 +245,14 @@ paths:
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
         "409": { $ref: "#/components/responses/Conflict" }
         "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
         "415": { $ref: "#/components/responses/NotJSON" }
         "422": { $ref: "#/components/responses/Invalid" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /workflows:
     post:
       tags: [workflows]
@@ -228,35 +278,55 @@ paths:
           content:
             application/json:
               schema: { $ref: "#/components/schemas/Workflow" }
+          links:
+            GetWorkflow: { operationId: getWorkflow, parameters: { id: "$response.body#/id" } }
+            CancelWorkflow: { operationId: cancelWorkflow, parameters: { id: "$response.body#/id" } }
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
+        "408": { $ref: "#/components/responses/TooSlow" }
         "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
         "415": { $ref: "#/components/responses/NotJSON" }
         "422": { $ref: "#/components/responses/Invalid" }
         "429": { $ref: "#/components/responses/TooManyTasks" }
-        "503": { $ref: "#/components/responses/ShuttingDown" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /workflows/{id}:
     parameters:
       - name: id
         in: path
         required: true
-        schema: { type: string }
+        description: A workflow id (26 characters, URL-safe, sorting by creation time).
+        schema: { $ref: "#/components/schemas/TaskID" }
     get:
       tags: [workflows]
       operationId: getWorkflow
       summary: Read a workflow with its tasks
       responses:
         "200": { $ref: "#/components/responses/WorkflowAnswer" }
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
     delete:
       tags: [workflows]
       operationId: cancelWorkflow
       summary: Cancel every unfinished task of a workflow
+      description: The workflow stays readable, its tasks cancelled.
       responses:
         "200": { $ref: "#/components/responses/WorkflowAnswer" }
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /queues:
     get:
       tags: [queues]
@@ -274,7 +344,13 @@ paths:
                   queues:
                     type: array
                     items: { $ref: "#/components/schemas/Queue" }
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /queues/{name}:
     parameters:
       - $ref: "#/components/parameters/QueueName"
@@ -284,12 +360,21 @@ paths:
       summary: One queue with its counts
       responses:
         "200": { $ref: "#/components/responses/QueueAnswer" }
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
     patch:
       tags: [queues]
       operationId: updateQueue
       summary: Change a queue's limit or pause switch (creating it if needed)
+      description: |
+        A new queue past `--max-queues` is 422 `too_many_queues` (queues that hold no task and
+        have default settings are forgotten first).
       requestBody:
         required: true
         content:
@@ -300,9 +385,13 @@ paths:
         "200": { $ref: "#/components/responses/QueueAnswer" }
         "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
+        "408": { $ref: "#/components/responses/TooSlow" }
         "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
         "415": { $ref: "#/components/responses/NotJSON" }
         "422": { $ref: "#/components/responses/Invalid" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /queues/{name}/cancel:
     parameters:
       - $ref: "#/components/parameters/QueueName"
@@ -320,8 +409,14 @@ paths:
                 required: [cancelled]
                 properties:
                   cancelled: { type: integer, minimum: 0 }
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
         "404": { $ref: "#/components/responses/NotFound" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /healthz:
     get:
       tags: [service]
@@ -338,7 +433,12 @@ paths:
                 required: [status]
                 properties:
                   status: { type: string, const: ok }
-        "503": { $ref: "#/components/responses/ShuttingDown" }
+        "400": { $ref: "#/components/responses/BadRequest" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /metrics:
     get:
       tags: [service]
@@ -350,7 +450,13 @@ paths:
           content:
             text/plain:
               schema: { type: string }
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
   /openapi.yaml:
     get:
       tags: [service]
@@ -361,7 +467,13 @@ paths:
           description: The OpenAPI document.
           content:
             application/yaml: {}
+        "400": { $ref: "#/components/responses/BadRequest" }
         "401": { $ref: "#/components/responses/Unauthorized" }
+        "408": { $ref: "#/components/responses/TooSlow" }
+        "413": { $ref: "#/components/responses/TooLarge" }
+        "414": { $ref: "#/components/responses/TargetTooLong" }
+        "431": { $ref: "#/components/responses/HeadTooLarge" }
+        "503": { $ref: "#/components/responses/Unavailable" }
 components:
   securitySchemes:
     bearer:
@@ -373,12 +485,12 @@ components:
       in: path
       required: true
       description: A task id (26 characters, URL-safe, sorting by creation time).
-      schema: { type: string, example: 01JD3V8Q4W6F6M2K9T7B5R3N1X }
+      schema: { $ref: "#/components/schemas/TaskID" }
     QueueName:
       name: name
       in: path
       required: true
-      schema: { type: string, example: default }
+      schema: { $ref: "#/components/schemas/QueueName" }
   responses:
     TaskAnswer:
       description: The task.
@@ -396,7 +508,7 @@ components:
         application/json:
           schema: { $ref: "#/components/schemas/Queue" }
     BadRequest:
-      description: Malformed JSON, HTTP or query parameter.
+      description: Malformed HTTP (code `malformed_request`), JSON (`malformed_json`, a repeated member name included) or query parameter (`invalid_query`).
       content:
         application/problem+json:
           schema: { $ref: "#/components/schemas/Problem" }
@@ -413,13 +525,23 @@ components:
       content:
         application/problem+json:
           schema: { $ref: "#/components/schemas/Problem" }
+    TooSlow:
+      description: The request head did not arrive within --header-timeout-seconds, or its body within --body-timeout-seconds; the connection is closed.
+      content:
+        application/problem+json:
+          schema: { $ref: "#/components/schemas/Problem" }
     Conflict:
       description: The task's state does not allow this (already finished, or not a running external task).
       content:
         application/problem+json:
           schema: { $ref: "#/components/schemas/Problem" }
     TooLarge:
-      description: The body is larger than --max-body-bytes.
+      description: The body is larger than --max-body-bytes (refused before it is read).
+      content:
+        application/problem+json:
+          schema: { $ref: "#/components/schemas/Problem" }
+    TargetTooLong:
+      description: The request target is longer than 8 KiB.
       content:
         application/problem+json:
           schema: { $ref: "#/components/schemas/Problem" }
@@ -438,6 +560,7 @@ components:
             title: Unprocessable Content
             status: 422
             detail: "priority: must be from -8 to 8."
+            code: invalid
             errors: [{ field: priority, message: must be from -8 to 8. }]
     TooManyTasks:
       description: The server holds --max-unfinished-tasks unfinished tasks already.
@@ -447,12 +570,26 @@ components:
       content:
         application/problem+json:
           schema: { $ref: "#/components/schemas/Problem" }
-    ShuttingDown:
-      description: The server is shutting down.
+    HeadTooLarge:
+      description: The request head (request line and header fields) is larger than --max-header-bytes.
+      content:
+        application/problem+json:
+          schema: { $ref: "#/components/schemas/Problem" }
+    Unavailable:
+      description: Too many open connections (with `Retry-After`), or the server is shutting down.
       content:
         application/problem+json:
           schema: { $ref: "#/components/schemas/Problem" }
   schemas:
+    TaskID:
+      type: string
+      description: 26 characters of Crockford base32 (either case), sorting by creation time.
+      pattern: "^[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}$"
+      example: 01JD3V8Q4W6F6M2K9T7B5R3N1X
+    QueueName:
+      type: string
+      pattern: "^[A-Za-z0-9._-]{1,64}$"
+      example: default
     TaskState:
       type: string
       enum: [pending, queued, running, succeeded, failed, cancelled]
@@ -463,14 +600,17 @@ components:
       example: "2026-11-22T14:50:00.123Z"
     Problem:
       type: object
-      description: RFC 9457 problem details.
-      required: [type, title, status, detail]
+      description: RFC 9457 problem details, with a `code` for programs.
+      required: [type, title, status, detail, code]
       properties:
         type: { type: string }
         title: { type: string }
         status: { type: integer }
         detail: { type: string }
-        code: { type: string, description: "A machine-readable reason, e.g. cycle or unknown_dependency." }
+        code:
+          type: string
+          pattern: "^[a-z][a-z0-9_]*$"
+          description: "A snake_case word for programs: not_found, invalid, cycle, unknown_dependency, too_many_queues, malformed_json, not_implemented, ..."
         keys:
           type: array
           description: For a dependency cycle, the workflow keys on it.
@@ -483,6 +623,21 @@ components:
             properties:
               field: { type: string, example: "tasks[2].dependencies[0]" }
               message: { type: string }
+    # --- task submissions: the fields every kind shares, then one schema per kind ---
+    TaskName: { type: [string, "null"], maxLength: 256 }
+    Priority: { type: integer, minimum: -8, maximum: 8, default: 0 }
+    TaskDependencies:
+      type: array
+      description: Ids of existing tasks (each must exist; an unknown one is 422).
+      uniqueItems: true
+      items: { $ref: "#/components/schemas/TaskID" }
+    WorkflowDependencies:
+      type: array
+      description: Keys of sibling tasks in the workflow, or ids of existing tasks.
+      uniqueItems: true
+      items: { type: string, minLength: 1 }
+    OnDependencyFailure: { type: string, enum: [cancel, run], default: cancel }
+    TimeoutMs: { type: [integer, "null"], minimum: 1, maximum: 604800000 }
     Retry:
       type: object
       additionalProperties: false
@@ -490,58 +645,299 @@ components:
         max_attempts: { type: integer, minimum: 1, maximum: 100, default: 1 }
         backoff_ms: { type: integer, minimum: 0, maximum: 86400000, default: 1000 }
         backoff_factor: { type: number, minimum: 1, maximum: 10, default: 2 }
-    TaskFields:
+    Metadata: { type: [object, "null"], description: Returned as given. }
+    WorkflowKey: { type: string, minLength: 1, maxLength: 128 }
+    NoopParams:
+      type: object
+      description: "`noop` finishes at once (a join point)."
+      maxProperties: 0
+    SleepParams:
+      type: object
+      description: A timer that reports progress `steps` times; cancellation stops it at once.
+      required: [duration_ms]
+      additionalProperties: false
+      properties:
+        duration_ms: { type: integer, minimum: 0, maximum: 86400000 }
+        steps: { type: integer, minimum: 1, maximum: 10000, default: 10 }
+        outcome: { type: string, enum: [succeed, fail], default: succeed }
+    ExternalParams:
+      type: object
+      description: Run by an outside worker through the progress, complete and fail reports.
+      additionalProperties: false
+      properties:
+        heartbeat_timeout_ms:
+          type: [integer, "null"]
+          minimum: 1
+          maximum: 86400000
+          description: Without a report for this long the attempt fails with `heartbeat_timeout`.
+    HTTPParams:
+      type: object
+      description: |
+        One request, made by the server. The result is `{status, headers, body, body_encoding
+        (utf8 | base64), bytes, sha256, truncated, duration_ms, url, redirects}`; a status
+        outside `expect_status` fails the task with code `http_status`. The server's
+        --http-allow-hosts refuses other hosts with 422.
+      required: [url]
+      additionalProperties: false
+      properties:
+        url:
+          type: string
+          maxLength: 8192
+          description: An absolute http or https URL; no user information (send credentials in `headers`), the path, query and fragment in printable ASCII (percent-encode the rest).
+          pattern: "^[Hh][Tt][Tt][Pp][Ss]?://([A-Za-z0-9._~-]+|\\[(([0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}|([0-9A-Fa-f]{1,4}:){1,7}:|([0-9A-Fa-f]{1,4}:){1,6}:[0-9A-Fa-f]{1,4}|([0-9A-Fa-f]{1,4}:){1,5}(:[0-9A-Fa-f]{1,4}){1,2}|([0-9A-Fa-f]{1,4}:){1,4}(:[0-9A-Fa-f]{1,4}){1,3}|([0-9A-Fa-f]{1,4}:){1,3}(:[0-9A-Fa-f]{1,4}){1,4}|([0-9A-Fa-f]{1,4}:){1,2}(:[0-9A-Fa-f]{1,4}){1,5}|[0-9A-Fa-f]{1,4}:(:[0-9A-Fa-f]{1,4}){1,6}|:((:[0-9A-Fa-f]{1,4}){1,7}|:))\\])(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?([/?#][!-~]*)?$"
+          example: https://example.com/data.csv
+        method: { type: [string, "null"], enum: [GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, null], default: GET }
+        headers:
+          type: [object, "null"]
+          description: Request header fields; `Content-Length` and `Transfer-Encoding` come from the body.
+          maxProperties: 100
+          propertyNames:
+            pattern: "^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$"
+            not: { pattern: "^([Cc][Oo][Nn][Tt][Ee][Nn][Tt]-[Ll][Ee][Nn][Gg][Tt][Hh]|[Tt][Rr][Aa][Nn][Ss][Ff][Ee][Rr]-[Ee][Nn][Cc][Oo][Dd][Ii][Nn][Gg])$" }
+          additionalProperties: { type: string, maxLength: 8192, pattern: "^[^\\r\\n\\x00]*$" }
+        body:
+          description: A string (sent as is, text/plain unless headers say otherwise) or any other JSON value (sent as JSON); not with HEAD.
+        expect_status:
+          type: [array, "null"]
+          description: Accepted statuses (default 2xx); integers, classes like "4xx", ranges like "200-204".
+          minItems: 1
+          maxItems: 64
+          items:
+            oneOf:
+              - { type: integer, minimum: 100, maximum: 599 }
+              - { type: string, pattern: "^([1-5][Xx][Xx]|[1-5][0-9][0-9]-[1-5][0-9][0-9])$" }
+        max_response_bytes: { type: [integer, "null"], minimum: 0, maximum: 16777216, default: 1048576 }
+        follow_redirects: { type: [boolean, "null"], default: true }
+        connect_timeout_ms: { type: [integer, "null"], minimum: 1, maximum: 300000, default: 30000 }
+      if:
+        required: [method]
+        properties: { method: { const: HEAD } }
+      then:
+        properties: { body: { type: "null" } }
+    ExecParams:
+      type: object
+      description: |
+        Only when the server runs with --allow-exec. Runs `argv` (no shell unless it names one)
+        in its own process group with `PATH`, `HOME`, `LANG` and `env`, marked with
+        `TASKLOOP_TASK_ID` and `TASKLOOP_TASK_ATTEMPT`; stdout lines `PROGRESS <fraction|n%>
+        [message]` report progress; exit 0 succeeds. Cancel and timeout send SIGTERM to the
+        process tree, SIGKILL after `grace_ms`.
+      required: [argv]
+      additionalProperties: false
+      properties:
+        argv:
+          type: array
+          minItems: 1
+          maxItems: 1024
+          prefixItems: [{ type: string, minLength: 1, pattern: "^[^\\x00]*$" }]
+          items: { type: string, pattern: "^[^\\x00]*$" }
+        env:
+          type: [object, "null"]
+          propertyNames:
+            pattern: "^[^=\\x00]+$"
+            not: { enum: [TASKLOOP_TASK_ID, TASKLOOP_TASK_ATTEMPT] }
+          additionalProperties: { type: string, pattern: "^[^\\x00]*$" }
+        cwd: { type: [string, "null"], minLength: 1, pattern: "^[^\\x00]*$" }
+        grace_ms: { type: [integer, "null"], minimum: 0, maximum: 600000, default: 5000 }
+    NoopTask:
       type: object
       required: [kind]
+      additionalProperties: false
       properties:
-        kind:
-          type: string
-          description: noop, sleep, external, http or exec (exec only with --allow-exec).
-          example: sleep
-        params:
-          type: object
-          description: |
-            noop `{}`; sleep `{duration_ms, steps = 10, outcome = succeed | fail}`;
-            external `{heartbeat_timeout_ms?}`;
-            http `{url, method = GET, headers?, body? (string or JSON), expect_status = ["2xx"]
-            (integers, "4xx" classes, "200-204" ranges), max_response_bytes = 1048576,
-            follow_redirects = true, connect_timeout_ms = 30000}`, result `{status, headers, body,
-            body_encoding (utf8 | base64), bytes, sha256, truncated, duration_ms, url, redirects}`;
-            the server's --http-allow-hosts refuses other hosts with 422;
-            exec `{argv, env?, cwd?, grace_ms = 5000}` (with --allow-exec). Details in the README.
-        name: { type: [string, "null"], maxLength: 256 }
-        queue: { type: string, default: default, pattern: "^[A-Za-z0-9._-]{1,64}$" }
-        priority: { type: integer, minimum: -8, maximum: 8, default: 0 }
-        dependencies:
-          type: array
-          description: Task ids; inside a workflow also sibling keys.
-          items: { type: string }
-        on_dependency_failure: { type: string, enum: [cancel, run], default: cancel }
-        timeout_ms: { type: [integer, "null"], minimum: 1, maximum: 604800000 }
+        kind: { const: noop }
+        params: { $ref: "#/components/schemas/NoopParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/TaskDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
         retry: { $ref: "#/components/schemas/Retry" }
-        metadata: { type: [object, "null"], description: Returned as given. }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    SleepTask:
+      type: object
+      required: [kind, params]
+      additionalProperties: false
+      properties:
+        kind: { const: sleep }
+        params: { $ref: "#/components/schemas/SleepParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/TaskDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    ExternalTask:
+      type: object
+      required: [kind]
+      additionalProperties: false
+      properties:
+        kind: { const: external }
+        params: { $ref: "#/components/schemas/ExternalParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/TaskDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    HTTPTask:
+      type: object
+      required: [kind, params]
+      additionalProperties: false
+      properties:
+        kind: { const: http }
+        params: { $ref: "#/components/schemas/HTTPParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/TaskDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    ExecTask:
+      type: object
+      required: [kind, params]
+      additionalProperties: false
+      properties:
+        kind: { const: exec }
+        params: { $ref: "#/components/schemas/ExecParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/TaskDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
     TaskSubmission:
-      allOf:
-        - $ref: "#/components/schemas/TaskFields"
-      unevaluatedProperties: false
+      description: One task; its `kind` says which `params` it takes.
+      oneOf:
+        - $ref: "#/components/schemas/NoopTask"
+        - $ref: "#/components/schemas/SleepTask"
+        - $ref: "#/components/schemas/ExternalTask"
+        - $ref: "#/components/schemas/HTTPTask"
+        - $ref: "#/components/schemas/ExecTask"
+      discriminator:
+        propertyName: kind
+        mapping:
+          noop: "#/components/schemas/NoopTask"
+          sleep: "#/components/schemas/SleepTask"
+          external: "#/components/schemas/ExternalTask"
+          http: "#/components/schemas/HTTPTask"
+          exec: "#/components/schemas/ExecTask"
+    NoopWorkflowTask:
+      type: object
+      required: [key, kind]
+      additionalProperties: false
+      properties:
+        key: { $ref: "#/components/schemas/WorkflowKey" }
+        kind: { const: noop }
+        params: { $ref: "#/components/schemas/NoopParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/WorkflowDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    SleepWorkflowTask:
+      type: object
+      required: [key, kind, params]
+      additionalProperties: false
+      properties:
+        key: { $ref: "#/components/schemas/WorkflowKey" }
+        kind: { const: sleep }
+        params: { $ref: "#/components/schemas/SleepParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/WorkflowDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    ExternalWorkflowTask:
+      type: object
+      required: [key, kind]
+      additionalProperties: false
+      properties:
+        key: { $ref: "#/components/schemas/WorkflowKey" }
+        kind: { const: external }
+        params: { $ref: "#/components/schemas/ExternalParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/WorkflowDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    HTTPWorkflowTask:
+      type: object
+      required: [key, kind, params]
+      additionalProperties: false
+      properties:
+        key: { $ref: "#/components/schemas/WorkflowKey" }
+        kind: { const: http }
+        params: { $ref: "#/components/schemas/HTTPParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/WorkflowDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
+    ExecWorkflowTask:
+      type: object
+      required: [key, kind, params]
+      additionalProperties: false
+      properties:
+        key: { $ref: "#/components/schemas/WorkflowKey" }
+        kind: { const: exec }
+        params: { $ref: "#/components/schemas/ExecParams" }
+        name: { $ref: "#/components/schemas/TaskName" }
+        queue: { $ref: "#/components/schemas/QueueName" }
+        priority: { $ref: "#/components/schemas/Priority" }
+        dependencies: { $ref: "#/components/schemas/WorkflowDependencies" }
+        on_dependency_failure: { $ref: "#/components/schemas/OnDependencyFailure" }
+        timeout_ms: { $ref: "#/components/schemas/TimeoutMs" }
+        retry: { $ref: "#/components/schemas/Retry" }
+        metadata: { $ref: "#/components/schemas/Metadata" }
     WorkflowTask:
-      allOf:
-        - $ref: "#/components/schemas/TaskFields"
-        - type: object
-          required: [key]
-          properties:
-            key: { type: string, minLength: 1, maxLength: 128 }
-      unevaluatedProperties: false
+      description: One task of a workflow, with its `key`; dependencies may name sibling keys.
+      oneOf:
+        - $ref: "#/components/schemas/NoopWorkflowTask"
+        - $ref: "#/components/schemas/SleepWorkflowTask"
+        - $ref: "#/components/schemas/ExternalWorkflowTask"
+        - $ref: "#/components/schemas/HTTPWorkflowTask"
+        - $ref: "#/components/schemas/ExecWorkflowTask"
+      discriminator:
+        propertyName: kind
+        mapping:
+          noop: "#/components/schemas/NoopWorkflowTask"
+          sleep: "#/components/schemas/SleepWorkflowTask"
+          external: "#/components/schemas/ExternalWorkflowTask"
+          http: "#/components/schemas/HTTPWorkflowTask"
+          exec: "#/components/schemas/ExecWorkflowTask"
     WorkflowSubmission:
       type: object
+      description: Keys are unique in a workflow; dependencies on keys must not form a cycle (422, naming the keys).
       required: [tasks]
       additionalProperties: false
       properties:
-        name: { type: [string, "null"], maxLength: 256 }
+        name: { $ref: "#/components/schemas/TaskName" }
         tasks:
           type: array
           minItems: 1
           items: { $ref: "#/components/schemas/WorkflowTask" }
+    # --- what the server answers ---
     Progress:
       type: object
       required: [fraction, message, details, updated_at]
@@ -565,17 +961,17 @@ components:
                  on_dependency_failure, progress, attempt, max_attempts, timeout_ms, retry, created_at,
                  started_at, finished_at, result, error, metadata, workflow]
       properties:
-        id: { type: string, example: 01JD3V8Q4W6F6M2K9T7B5R3N1X }
+        id: { $ref: "#/components/schemas/TaskID" }
         name: { type: [string, "null"] }
-        kind: { type: string }
+        kind: { type: string, enum: [noop, sleep, external, http, exec] }
         params: { type: object }
-        queue: { type: string }
+        queue: { $ref: "#/components/schemas/QueueName" }
         priority: { type: integer, minimum: -8, maximum: 8 }
         state: { $ref: "#/components/schemas/TaskState" }
         cancel_requested: { type: boolean }
         dependencies:
           type: array
-          items: { type: string }
+          items: { $ref: "#/components/schemas/TaskID" }
         on_dependency_failure: { type: string, enum: [cancel, run] }
         progress: { $ref: "#/components/schemas/Progress" }
         attempt: { type: integer, minimum: 1 }
@@ -597,7 +993,10 @@ components:
             - $ref: "#/components/schemas/TaskError"
             - type: "null"
         metadata: { type: [object, "null"] }
-        workflow: { type: [string, "null"], description: The workflow's id. }
+        workflow:
+          oneOf:
+            - $ref: "#/components/schemas/TaskID"
+            - type: "null"
     TaskPage:
       type: object
       required: [tasks, next]
@@ -606,13 +1005,15 @@ components:
           type: array
           items: { $ref: "#/components/schemas/Task" }
         next:
-          type: [string, "null"]
           description: Pass as `after` for the next page; null on the last.
+          oneOf:
+            - $ref: "#/components/schemas/TaskID"
+            - type: "null"
     Workflow:
       type: object
       required: [id, name, state, progress, created_at, tasks, keys]
       properties:
-        id: { type: string }
+        id: { $ref: "#/components/schemas/TaskID" }
         name: { type: [string, "null"] }
         state: { type: string, enum: [running, succeeded, failed, cancelled] }
         progress:
@@ -626,12 +1027,12 @@ components:
           items: { $ref: "#/components/schemas/Task" }
         keys:
           type: object
-          additionalProperties: { type: string }
+          additionalProperties: { $ref: "#/components/schemas/TaskID" }
     Queue:
       type: object
       required: [name, max_concurrency, paused, counts]
       properties:
-        name: { type: string }
+        name: { $ref: "#/components/schemas/QueueName" }
         max_concurrency: { type: integer, minimum: 1 }
         paused: { type: boolean }
         counts:
@@ -644,6 +1045,7 @@ components:
             succeeded: { type: integer, minimum: 0 }
             failed: { type: integer, minimum: 0 }
             cancelled: { type: integer, minimum: 0 }
+    # --- other requests ---
     QueueUpdate:
       type: object
       additionalProperties: false
@@ -669,6 +1071,7 @@ components:
       properties:
         error:
           type: object
+          description: Further members are kept as details of the task's error.
           required: [message]
           properties:
             code: { type: string, maxLength: 64 }

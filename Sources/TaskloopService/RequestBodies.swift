@@ -82,12 +82,20 @@ struct BodyReader {
     }
 
     /// A field's value: `.none` when it is absent or refused (the refusal recorded), `.some(nil)`
-    /// for null, else what `read` made of it.
+    /// for null where the field is `nullable` (null elsewhere is refused: the spec says where it
+    /// may appear), else what `read` made of it.
     private mutating func field<Value>(
-        _ object: JSONObject, _ key: String, prefix: String, _ read: (JSONValue) -> Result<Value, Refusal>
+        _ object: JSONObject, _ key: String, prefix: String, nullable: Bool,
+        _ read: (JSONValue) -> Result<Value, Refusal>
     ) -> Value?? {
         guard let value = object[key] else { return .none }
-        if value.isNull { return .some(nil) }
+        if value.isNull {
+            guard nullable else {
+                fail(prefix + key, "must not be null.")
+                return .none
+            }
+            return .some(nil)
+        }
         switch read(value) {
         case .success(let converted): return .some(converted)
         case .failure(let refusal):
@@ -96,16 +104,21 @@ struct BodyReader {
         }
     }
 
-    mutating func string(_ object: JSONObject, _ key: String, prefix: String, maxLength: Int = 256) -> String?? {
-        field(object, key, prefix: prefix) { value in
+    /// A string of at most `maxLength` characters (Unicode scalars, as JSON Schema counts).
+    mutating func string(_ object: JSONObject, _ key: String, prefix: String, maxLength: Int = 256,
+                         nullable: Bool = false) -> String?? {
+        field(object, key, prefix: prefix, nullable: nullable) { value in
             guard let text = value.stringValue else { return .failure(Refusal("must be a string, not \(value.kindDescription).")) }
-            guard text.utf8.count <= maxLength else { return .failure(Refusal("must be at most \(maxLength) bytes.")) }
+            guard text.utf8.count <= maxLength || text.unicodeScalars.count <= maxLength else {
+                return .failure(Refusal("must be at most \(maxLength) characters."))
+            }
             return .success(text)
         }
     }
 
-    mutating func integer(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Int64>) -> Int64?? {
-        field(object, key, prefix: prefix) { value in
+    mutating func integer(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Int64>,
+                          nullable: Bool = false) -> Int64?? {
+        field(object, key, prefix: prefix, nullable: nullable) { value in
             guard let number = value.intValue else {
                 return .failure(Refusal("must be an integer, not \(value.kindDescription)."))
             }
@@ -116,8 +129,9 @@ struct BodyReader {
         }
     }
 
-    mutating func number(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Double>) -> Double?? {
-        field(object, key, prefix: prefix) { value in
+    mutating func number(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Double>,
+                         nullable: Bool = false) -> Double?? {
+        field(object, key, prefix: prefix, nullable: nullable) { value in
             guard let number = value.doubleValue, range.contains(number) else {
                 return .failure(Refusal("must be a number from \(range.lowerBound) to \(range.upperBound)."))
             }
@@ -126,7 +140,7 @@ struct BodyReader {
     }
 
     mutating func boolean(_ object: JSONObject, _ key: String, prefix: String) -> Bool?? {
-        field(object, key, prefix: prefix) { value in
+        field(object, key, prefix: prefix, nullable: false) { value in
             value.boolValue.map { .success($0) } ?? .failure(Refusal("must be true or false, not \(value.kindDescription)."))
         }
     }
@@ -152,10 +166,10 @@ struct BodyReader {
                 fail(prefix + "params", "must be an object, not \(params.kindDescription).")
             }
         }
-        if case .some(let name) = string(object, "name", prefix: prefix) { spec.name = name }
+        if case .some(let name) = string(object, "name", prefix: prefix, nullable: true) { spec.name = name }
         if case .some(let queue?) = string(object, "queue", prefix: prefix, maxLength: 64) { spec.queue = queue }
         if case .some(let priority?) = integer(object, "priority", prefix: prefix, in: -8...8) { spec.priority = Int(priority) }
-        if let dependencies = object.nonNull("dependencies") {
+        if let dependencies = object["dependencies"] {
             if let list = dependencies.arrayValue {
                 spec.dependencies.reserveCapacity(list.count)
                 for (index, element) in list.enumerated() {
@@ -184,10 +198,10 @@ struct BodyReader {
                 fail(prefix + "on_dependency_failure", "must be \"cancel\" or \"run\".")
             }
         }
-        if case .some(let timeout?) = integer(object, "timeout_ms", prefix: prefix, in: 1...604_800_000) {
+        if case .some(let timeout?) = integer(object, "timeout_ms", prefix: prefix, in: 1...604_800_000, nullable: true) {
             spec.timeoutMilliseconds = UInt64(timeout)
         }
-        if let retry = object.nonNull("retry") {
+        if let retry = object["retry"] {
             if let retryObject = self.object(retry, prefix + "retry") {
                 let at = prefix + "retry."
                 rejectUnknown(retryObject, allowed: ["max_attempts", "backoff_ms", "backoff_factor"], prefix: at)

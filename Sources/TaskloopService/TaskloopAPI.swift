@@ -5,18 +5,23 @@ import TaskloopJSON
 /// The REST API of the contract: each route reads its input, asks the engine, and renders.
 /// Validation problems are 422 with `errors[].field`; engine errors map in `ServiceErrors`.
 /// One route as data: method, path pattern, the statuses its handler answers (a request may
-/// also get any of `Route.anyRequest`), and the handler. openapi.yaml documents exactly these (a
-/// test holds the two together), and the metrics count each from zero.
+/// also get any of `Route.anyRequest`), whether it needs no token, and the handler.
+/// openapi.yaml documents exactly these (a test holds the two together), and the metrics count
+/// each from zero.
 struct Route {
     let method: HTTPMethod
     let pattern: String
     let answers: [Int]
+    /// Served without a bearer token even when the server has one.
+    let isPublic: Bool
     let handler: ServiceHandler
 
-    init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], _ handler: @escaping ServiceHandler) {
+    init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], isPublic: Bool = false,
+         _ handler: @escaping ServiceHandler) {
         self.method = method
         self.pattern = pattern
         self.answers = answers
+        self.isPublic = isPublic
         self.handler = handler
     }
 
@@ -29,7 +34,7 @@ struct Route {
 extension TaskloopApplication {
     func routes() -> [Route] {
         [
-            Route(.GET, "/healthz", [200]) { [unowned self] _, reply in
+            Route(.GET, "/healthz", [200], isPublic: true) { [unowned self] _, reply in
                 reply.send(isDraining
                     ? HTTPProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
                     : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
@@ -89,9 +94,9 @@ extension TaskloopApplication {
         ]
     }
 
-    func makeRouter(_ routes: [Route]) -> Router<ServiceHandler> {
-        var router = Router<ServiceHandler>()
-        for route in routes { router.add(route.method, route.pattern, route.handler) }
+    func makeRouter(_ routes: [Route]) -> Router<Route> {
+        var router = Router<Route>()
+        for route in routes { router.add(route.method, route.pattern, route) }
         return router
     }
 
@@ -181,8 +186,8 @@ extension TaskloopApplication {
         var fraction: Double?, message: String?, details: JSONValue?
         if let object = reader.object(document, "") {
             reader.rejectUnknown(object, allowed: ["fraction", "message", "details"], prefix: "")
-            if case .some(let value) = reader.number(object, "fraction", prefix: "", in: 0...1) { fraction = value }
-            if case .some(let value) = reader.string(object, "message", prefix: "", maxLength: 4_096) { message = value }
+            if case .some(let value) = reader.number(object, "fraction", prefix: "", in: 0...1, nullable: true) { fraction = value }
+            if case .some(let value) = reader.string(object, "message", prefix: "", maxLength: 4_096, nullable: true) { message = value }
             if let value = object.nonNull("details") {
                 if value.objectValue != nil { details = value } else {
                     reader.fail("details", "must be an object, not \(value.kindDescription).")
@@ -223,8 +228,7 @@ extension TaskloopApplication {
                 for member in error where member.key != "code" && member.key != "message" { details[member.key] = member.value }
                 switch reader.string(error, "message", prefix: "error.", maxLength: 4_096) {
                 case .some(let message?): failure = TaskError(code: code, message: message, details: details)
-                case .some(nil): reader.fail("error.message", "is required.")
-                case .none: if error["message"] == nil { reader.fail("error.message", "is required.") }
+                case .some(nil), .none: if error["message"] == nil { reader.fail("error.message", "is required.") }
                 }
             } else if object["error"] == nil {
                 reader.fail("error", "is required.")
@@ -245,7 +249,7 @@ extension TaskloopApplication {
         var members: [(key: String, spec: TaskSpec)] = []
         if let object = reader.object(document, "") {
             reader.rejectUnknown(object, allowed: ["name", "tasks"], prefix: "")
-            if case .some(let value) = reader.string(object, "name", prefix: "") { name = value }
+            if case .some(let value) = reader.string(object, "name", prefix: "", nullable: true) { name = value }
             if let list = object["tasks"]?.arrayValue {
                 if list.isEmpty { reader.fail("tasks", "must list at least one task.") }
                 let keys = Set(list.compactMap { $0.objectValue?["key"]?.stringValue })

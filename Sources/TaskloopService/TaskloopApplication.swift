@@ -33,7 +33,7 @@ public final class TaskloopApplication {
     private var execExecutor: ExecExecutor?
     private var orphanReaper: OrphanReaper?
     private(set) var waiters: TaskWaiters!
-    private var router = Router<ServiceHandler>()
+    private var router = Router<Route>()
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
     private var serverClosed = false
@@ -147,30 +147,30 @@ public final class TaskloopApplication {
 
     private func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
         let match = router.match(request.method, rawPath: request.rawPath)
-        var route = "unmatched"
-        if case .found(_, _, let pattern) = match { route = pattern }
-        let reply = Reply(responder: responder, method: request.method, path: request.path, route: route,
+        var found: Route?
+        if case .found(let route, _, _) = match { found = route }
+        let reply = Reply(responder: responder, method: request.method, path: request.path, route: found?.pattern ?? "unmatched",
                           started: Self.monotonicNanoseconds(), application: self)
         if !request.method.isGeneralPurpose {
-            return reply.send(Router<ServiceHandler>.notImplemented(request.method).response())
+            return reply.send(Router<Route>.notImplemented(request.method).response())
         }
-        if let authToken, !(route == "/healthz" && (request.method == .GET || request.method == .HEAD)) {
+        if let authToken, found?.isPublic != true {
             guard let given = request.headers["Authorization"].flatMap(Self.bearerCredentials),
                   Self.constantTimeEqual(given, authToken) else {
                 return reply.send(HTTPProblem(.unauthorized, detail: "This server requires a bearer token.",
                                               headers: ["WWW-Authenticate": "Bearer"]).response())
             }
         }
-        guard case .found(let handler, let parameters, _) = match else {
-            return reply.send(Router<ServiceHandler>.problem(for: match, request)!.response())
+        guard case .found(let route, let parameters, _) = match else {
+            return reply.send(Router<Route>.problem(for: match, request)!.response())
         }
         var request = request
         request.parameters = parameters
         do {
-            try handler(request, reply)
+            try route.handler(request, reply)
         } catch {
             if !(error is HTTPResponseError) {
-                logger.error("unexpected error", metadata: ["error": "\(error)", "route": "\(route)"])
+                logger.error("unexpected error", metadata: ["error": "\(error)", "route": "\(route.pattern)"])
             }
             reply.send(errorResponse(for: error))
         }

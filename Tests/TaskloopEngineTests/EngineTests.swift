@@ -454,6 +454,25 @@ import TaskloopJSON
         #expect(throws: Never.self) { try h.submit("d") }
     }
 
+    /// A workflow task may depend on a sibling listed after it (before, building the
+    /// dependency ids indexed past the records made so far, and the server crashed).
+    @Test func workflowTasksMayDependOnSiblingsListedLater() throws {
+        let h = EngineHarness()
+        let workflow = try h.engine.submitWorkflow(name: nil, tasks: [
+            ("report", TaskSpec(kind: "noop", name: "report", dependencies: [.sibling(key: "fetch"), .sibling(key: "parse")])),
+            ("parse", TaskSpec(kind: "noop", name: "parse", dependencies: [.sibling(key: "fetch")])),
+            ("fetch", TaskSpec(kind: "sleep", params: h.sleep(10), name: "fetch")),
+        ])
+        let ids = Dictionary(uniqueKeysWithValues: workflow.keys.map { ($0.key, $0.id) })
+        #expect(workflow.tasks[0].dependencies == [ids["fetch"]!, ids["parse"]!])
+        #expect(workflow.tasks.map(\.id) == workflow.tasks.map(\.id).sorted())
+        h.settle()
+        #expect(workflow.state == .succeeded)
+        let parsed = try #require(h.events.firstIndex(of: "parse:running->succeeded"))
+        let reportStarted = try #require(h.events.firstIndex(of: "report:queued->running"))
+        #expect(parsed < reportStarted)
+    }
+
     @Test func queuesAreBoundedAndIdleOnesForgotten() throws {
         let h = EngineHarness {
             $0.maxQueues = 3

@@ -79,6 +79,30 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// `null` is accepted exactly where the spec says a field is nullable (and means "not
+    /// given"); lengths count characters, as JSON Schema does, not bytes.
+    @Test func nullsAndLengthsFollowTheSpec() throws {
+        let service = try ServiceHarness()
+        let client = try service.client()
+        for (body, field) in [(#"{"kind":"noop","queue":null}"#, "queue"), (#"{"kind":"noop","priority":null}"#, "priority"),
+                              (#"{"kind":"noop","retry":null}"#, "retry"), (#"{"kind":"noop","dependencies":null}"#, "dependencies"),
+                              (#"{"kind":"noop","on_dependency_failure":null}"#, "on_dependency_failure"),
+                              (#"{"kind":"noop","retry":{"max_attempts":null}}"#, "retry.max_attempts"),
+                              (#"{"kind":"noop","params":{"x":1}}"#, "params.x")] {
+            let refused = try client.call("POST", "/tasks", json: body)
+            #expect(refused.status == 422 && refused.text.contains(#""field":"\#(field)""#), "\(body): \(refused.text)")
+        }
+        let nullable = try client.call("POST", "/tasks", json: #"{"kind":"noop","name":null,"timeout_ms":null,"metadata":null}"#)
+        #expect(nullable.status == 201, "\(nullable.text)")
+        let patched = try client.call("PATCH", "/queues/default", json: #"{"paused":null}"#)
+        #expect(patched.status == 422 && patched.text.contains(#""field":"paused""#))
+        // 256 characters of four bytes each are 256 characters: within the limit.
+        let wide = String(repeating: "\u{1F600}", count: 256)
+        #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"\#(wide)"}"#).status == 201)
+        #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"\#(wide)x"}"#).status == 422)
+        try service.stop()
+    }
+
     @Test func waitHoldsTheAnswerUntilTheTaskEnds() throws {
         let service = try ServiceHarness()
         let client = try service.client()

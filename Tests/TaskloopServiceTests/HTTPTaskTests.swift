@@ -157,7 +157,7 @@ import TaskloopTestSupport
         defer { origin.stop() }
         let service = try ServiceHarness()
         let client = try service.client()
-        let posted = try submit(client, ["url": origin.url("/echo"), "method": "post", "headers": ["X-Token": "t1"],
+        let posted = try submit(client, ["url": origin.url("/echo"), "method": "POST", "headers": ["X-Token": "t1"],
                                          "body": ["name": "x", "n": 1]])
         _ = try client.waitForState(posted, "succeeded")
         let put = try submit(client, ["url": origin.url("/echo"), "method": "PUT", "body": "plain text",
@@ -323,6 +323,16 @@ import TaskloopTestSupport
             (["url": "http://example.com/", "connect_timeout_ms": 0], "params.connect_timeout_ms"),
             (["url": "http://example.com/", "method": "HEAD", "body": "x"], "params.body"),
             (["url": "http://example.com/", "proxy": "x"], "params.proxy"),
+            // The URL pattern openapi.yaml documents, which every URL libcurl accepts here matches.
+            (["url": "http://user:secret@example.com/"], "params.url"),
+            (["url": "http://example.com:65536/"], "params.url"),
+            (["url": "http://[1]/"], "params.url"),
+            (["url": "http://[::ffff:1.2.3.4]/"], "params.url"),
+            (["url": "http://example.com/\u{e9}"], "params.url"),
+            (["url": "http://example.com/\n"], "params.url"),
+            (["url": "http://ex!ample.com/"], "params.url"),
+            (["url": "http://example.com/", "method": "get"], "params.method"),
+            (["url": "http://example.com/", "expect_status": ["2000-2004"]], "params.expect_status[0]"),
         ]
         for (params, field) in cases {
             let response = try client.call("POST", "/tasks", json: Self.json(["kind": "http", "params": params]))
@@ -331,6 +341,11 @@ import TaskloopTestSupport
             #expect(errors.first?["field"] as? String == field, "\(params): \(response.text)")
         }
         #expect((try client.call("GET", "/tasks").json["tasks"] as? [Any])?.isEmpty == true)
+        for url in ["HTTP://Example.INVALID", "https://[::1]:8080/a?b#c", "http://a_b.c-d~e.invalid:0/%zz", "http://127.0.0.1:65535/x y".replacingOccurrences(of: " ", with: "%20")] {
+            #expect(try client.call("POST", "/tasks", json: Self.json(["kind": "http", "params": ["url": url]])).status == 201, "\(url)")
+        }
+        let reversed = try client.call("POST", "/tasks", json: Self.json(["kind": "http", "params": ["url": "http://a.invalid/", "expect_status": ["204-200"]]]))
+        #expect(reversed.status == 201, "a range names two statuses in either order: \(reversed.text)")
         try service.stop()
     }
 }

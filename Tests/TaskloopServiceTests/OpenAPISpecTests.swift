@@ -10,6 +10,39 @@ import Testing
         let onDisk = try String(contentsOf: file, encoding: .utf8)
         #expect(OpenAPISpec.text + "\n" == onDisk, "run `make openapi` after editing openapi.yaml")
     }
+
+    /// The statuses each operation documents, read from the spec's own layout: a path at two
+    /// spaces, an operation at four, a response code at eight.
+    static func documentedStatuses() -> [String: Set<Int>] {
+        var statuses: [String: Set<Int>] = [:]
+        var path = "", operation = ""
+        for line in OpenAPISpec.text.split(separator: "\n", omittingEmptySubsequences: false) {
+            if line == "components:" { break }
+            if let match = line.wholeMatch(of: #/ {2}(\/[^:]*):/#) { path = String(match.1) }
+            if let match = line.wholeMatch(of: #/ {4}(get|put|post|delete|patch|head|options|trace):/#) {
+                operation = "\(match.1.uppercased()) \(path)"
+                statuses[operation] = []
+            }
+            if let match = line.prefixMatch(of: #/ {8}"(\d{3})":/#) { statuses[operation]?.insert(Int(match.1)!) }
+        }
+        return statuses
+    }
+
+    /// Every route is documented with exactly the statuses it can answer: its own, and those
+    /// any request may get (but 401 on what needs no token); and nothing else is documented.
+    @Test func everyRouteDocumentsExactlyTheStatusesItAnswers() throws {
+        let service = try ServiceHarness()
+        let routes = service.onLoop { application in
+            application.routes().map { ("\($0.method) \($0.pattern)", Set($0.answers), $0.isPublic) }
+        }
+        let documented = Self.documentedStatuses()
+        #expect(Set(documented.keys) == Set(routes.map(\.0)))
+        for (operation, answers, isPublic) in routes {
+            let expected = answers.union(Route.anyRequest).subtracting(isPublic ? [401] : [])
+            #expect(documented[operation] == expected, "\(operation): documents \(documented[operation]?.sorted() ?? []), answers \(expected.sorted())")
+        }
+        try service.stop()
+    }
 }
 
 @Suite struct BodyReaderTests {
