@@ -50,14 +50,18 @@ public struct TaskID: Hashable, Comparable, Sendable, CustomStringConvertible {
 
     private static func parse(_ utf8: UnsafeBufferPointer<UInt8>) -> (UInt64, UInt64)? {
         guard utf8.count == 26 else { return nil }
-        var high: UInt64 = 0, low: UInt64 = 0
-        for index in 0..<26 {
-            let value = crockfordValues[Int(utf8[index])]
-            guard value < 32, index > 0 || value < 8 else { return nil }
-            high = (high << 5) | (low >> 59)
-            low = (low << 5) | UInt64(value)
+        // The table through one pointer: each access to the global would check its lazy
+        // initialisation again.
+        return crockfordValues.withUnsafeBufferPointer { values -> (UInt64, UInt64)? in
+            var high: UInt64 = 0, low: UInt64 = 0
+            for index in 0..<26 {
+                let value = values[Int(utf8[index])]
+                guard value < 32, index > 0 || value < 8 else { return nil }
+                high = (high << 5) | (low >> 59)
+                low = (low << 5) | UInt64(value)
+            }
+            return (high, low)
         }
-        return (high, low)
     }
 }
 

@@ -13,7 +13,7 @@ protocol HTTPTransport: AnyObject {
 
 /// Settings shared by every connection of one server. Loop thread only.
 final class HTTPConnectionContext {
-    let handler: (HTTPRequest, HTTPResponder) -> Void
+    let handler: (consuming HTTPRequest, HTTPResponder) -> Void
     let parserLimits: HTTPParserLimits
     let timeouts: HTTPConnectionStateMachine.Timeouts
     /// Stop parsing and reading while more than this many response bytes wait for the peer...
@@ -26,7 +26,7 @@ final class HTTPConnectionContext {
     let dateCache = HTTPDateCache()
 
     init(
-        handler: @escaping (HTTPRequest, HTTPResponder) -> Void, parserLimits: HTTPParserLimits,
+        handler: @escaping (consuming HTTPRequest, HTTPResponder) -> Void, parserLimits: HTTPParserLimits,
         timeouts: HTTPConnectionStateMachine.Timeouts, outputHighWater: Int, maxPendingInput: Int,
         clock: @escaping () -> UInt64
     ) {

@@ -5,8 +5,6 @@ import TaskloopJSON
 public struct HTTPRequest: Sendable {
     public var method: HTTPMethod
     public var version: HTTPVersion
-    /// The request target exactly as sent.
-    public var target: String
     /// The path, still percent-encoded.
     public var rawPath: String
     /// The path, percent-decoded.
@@ -26,17 +24,12 @@ public struct HTTPRequest: Sendable {
         method: HTTPMethod, target: String, version: HTTPVersion = .http1_1,
         headers: HTTPHeaders = [:], body: [UInt8] = []
     ) throws(RequestTargetError) {
-        try self.init(method: method, target: target, parts: RequestTarget(target), version: version,
-                      headers: headers, body: body)
+        try self.init(method: method, parts: RequestTarget(target), version: version, headers: headers, body: body)
     }
 
-    init(
-        method: HTTPMethod, target: String, parts: RequestTarget, version: HTTPVersion,
-        headers: HTTPHeaders, body: [UInt8]
-    ) {
+    init(method: HTTPMethod, parts: RequestTarget, version: HTTPVersion, headers: HTTPHeaders, body: [UInt8]) {
         self.method = method
         self.version = version
-        self.target = target
         self.rawPath = parts.rawPath
         self.path = parts.path
         self.queryItems = parts.queryItems
@@ -105,11 +98,23 @@ struct RequestTarget {
         }
         let fragmentEnd = target.firstIndex(of: UInt8(ascii: "#")) ?? target.count
         let pathBytes = UnsafeBufferPointer(rebasing: target[start..<end])
-        rawPath = pathBytes.isEmpty ? "/" : String(decoding: pathBytes, as: UTF8.self)
-        guard let path = pathBytes.isEmpty ? "/" : percentDecode(pathBytes, plusIsSpace: false) else {
-            throw RequestTargetError(detail: "The path has a malformed percent-encoding.")
+        if pathBytes.isEmpty {
+            rawPath = "/"
+            path = "/"
+        } else if !pathBytes.contains(UInt8(ascii: "%")) {
+            // Nothing to decode (the common case): one string serves as both.
+            guard let text = String(utf8Bytes: pathBytes) else {
+                throw RequestTargetError(detail: "The path is not UTF-8.")
+            }
+            rawPath = text
+            path = text
+        } else {
+            rawPath = String(decoding: pathBytes, as: UTF8.self)
+            guard let decoded = percentDecode(pathBytes, plusIsSpace: false) else {
+                throw RequestTargetError(detail: "The path has a malformed percent-encoding.")
+            }
+            path = decoded
         }
-        self.path = path
         var items: [HTTPRequest.QueryItem] = []
         var index = queryStart
         while index < fragmentEnd {

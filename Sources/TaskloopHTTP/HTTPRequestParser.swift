@@ -52,6 +52,8 @@ final class HTTPRequestParser {
     private var headers = HTTPHeaders()
     private var hostFields = 0
     private var authorizationFields = 0
+    /// The value of the request's `Expect` field, noted as the fields go by.
+    private var expect: String?
     private var body: [UInt8] = []
     private var pending: Event?
     private var completed: HTTPRequest?
@@ -191,14 +193,16 @@ final class HTTPRequestParser {
 
     fileprivate func messageBegin() -> Int32 {
         readingHead = true
-        url.removeAll(keepingCapacity: true)
+        // Emptied after the last request already, but for one that failed part-way.
+        if !url.isEmpty { url.removeAll(keepingCapacity: true) }
+        if !field.isEmpty { field.removeAll(keepingCapacity: true) }
+        if !value.isEmpty { value.removeAll(keepingCapacity: true) }
         headers = HTTPHeaders()
         headers.reserveCapacity(8)
         hostFields = 0
         authorizationFields = 0
+        expect = nil
         readingValue = false
-        field.removeAll(keepingCapacity: true)
-        value.removeAll(keepingCapacity: true)
         body = []
         return 0
     }
@@ -241,7 +245,9 @@ final class HTTPRequestParser {
         // A field value excludes surrounding whitespace (RFC 9110 section 5.5); http_parser drops
         // the leading part only.
         while let last = value.last, last == UInt8(ascii: " ") || last == UInt8(ascii: "\t") { value.removeLast() }
-        headers.add(String(decoding: field, as: UTF8.self), String(decoding: value, as: UTF8.self))
+        let text = Self.string(value)
+        if field.count == 6 && field.equalsIgnoringASCIICase("expect") && expect == nil { expect = text }
+        headers.add(Self.string(field), text)
         field.removeAll(keepingCapacity: true)
         value.removeAll(keepingCapacity: true)
         readingValue = false
@@ -265,7 +271,7 @@ final class HTTPRequestParser {
             return fail(.contentTooLarge, "The request body is larger than \(limits.maxBodyBytes) bytes.")
         }
         var expectsContinue = false
-        if let expect = headers["Expect"] {
+        if let expect {
             guard expect.equalsIgnoringASCIICase("100-continue") else {
                 return fail(.expectationFailed, "Only 'Expect: 100-continue' is supported.")
             }
@@ -296,14 +302,18 @@ final class HTTPRequestParser {
             let parts = try url.withUnsafeBufferPointer { bytes throws(RequestTargetError) in
                 try RequestTarget(bytes: bytes)
             }
-            completed = HTTPRequest(
-                method: method, target: String(decoding: url, as: UTF8.self), parts: parts, version: version,
-                headers: headers, body: body)
+            completed = HTTPRequest(method: method, parts: parts, version: version, headers: headers, body: body)
             body = []
+            url.removeAll(keepingCapacity: true)
             return pause(with: .request(keepAlive: keepAlive))
         } catch {
             return fail(.badRequest, error.detail)
         }
+    }
+
+    /// Field names and values are ASCII nearly always: that skips the generic UTF-8 check.
+    private static func string(_ bytes: [UInt8]) -> String {
+        bytes.withUnsafeBufferPointer { String(utf8Bytes: $0) } ?? String(decoding: bytes, as: UTF8.self)
     }
 
     private func pause(with event: Event) -> Int32 {

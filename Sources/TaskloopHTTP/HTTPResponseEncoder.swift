@@ -30,10 +30,12 @@ enum HTTPResponseEncoder {
     ) {
         appendStatusLine(status, to: &output)
         for field in headers where !isServerOwned(field.name) {
-            output.append(contentsOf: field.name.utf8)
+            // Through contiguous bytes: appending a String's UTF8View goes byte by byte.
+            var name = field.name, value = field.value
+            name.withUTF8 { output.append(contentsOf: $0) }
             output.append(UInt8(ascii: ":"))
             output.append(UInt8(ascii: " "))
-            output.append(contentsOf: field.value.utf8)
+            value.withUTF8 { output.append(contentsOf: $0) }
             output.append(UInt8(ascii: "\r"))
             output.append(UInt8(ascii: "\n"))
         }

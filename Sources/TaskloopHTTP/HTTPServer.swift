@@ -33,7 +33,7 @@ public final class HTTPServer {
 
     public init(
         loop: EventLoop, configuration: HTTPServerConfiguration,
-        handler: @escaping (HTTPRequest, HTTPResponder) -> Void
+        handler: @escaping (consuming HTTPRequest, HTTPResponder) -> Void
     ) {
         self.loop = loop
         self.configuration = configuration

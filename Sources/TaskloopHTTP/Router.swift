@@ -1,3 +1,4 @@
+import Glibc
 /// Routes as plain data: a method and a path pattern map to a handler. A pattern is literal
 /// segments and `{name}` segments (`/tasks/{id}/cancel`). Literal segments win over parameters.
 /// Matching decodes each segment on its own, so `%2F` inside a parameter stays part of it.
@@ -51,7 +52,8 @@ struct RouteTable {
     }
 
     private struct Literal {
-        var segment: String
+        /// The segment as it must read once percent-decoded.
+        var bytes: [UInt8]
         var child: Int
     }
 
@@ -77,11 +79,11 @@ struct RouteTable {
                     nodes[current].parameter = (name, nodes.count - 1)
                     current = nodes.count - 1
                 }
-            } else if let literal = nodes[current].literals.first(where: { $0.segment == segment }) {
+            } else if let literal = nodes[current].literals.first(where: { $0.bytes.elementsEqual(segment.utf8) }) {
                 current = literal.child
             } else {
                 nodes.append(Node())
-                nodes[current].literals.append(Literal(segment: String(segment), child: nodes.count - 1))
+                nodes[current].literals.append(Literal(bytes: Array(segment.utf8), child: nodes.count - 1))
                 current = nodes.count - 1
             }
         }
@@ -89,51 +91,67 @@ struct RouteTable {
         nodes[current].routes.append(Route(method: method, pattern: pattern, handler: handler))
     }
 
+    /// Walks the trie over the path's bytes, segment by segment, without building strings:
+    /// only a parameter's value becomes one. Nil when a segment has a malformed escape.
     func match(_ method: HTTPMethod, rawPath: String) -> Match? {
         var rawPath = rawPath
-        guard let decoded = rawPath.withUTF8(Self.decodedSegments) else { return nil }
-        var parameters = PathParameters()
-        guard let node = find(decoded[...], from: 0, parameters: &parameters) else { return .notFound }
-        let routes = nodes[node].routes
-        if let route = routes.first(where: { $0.method == method })
-            ?? (method == .HEAD ? routes.first(where: { $0.method == .GET }) : nil) {
-            return .found(route.handler, parameters: parameters, pattern: route.pattern)
+        return rawPath.withUTF8 { path -> Match? in
+            if path.contains(UInt8(ascii: "%")) && !Self.hasWellFormedEscapes(path) { return nil }
+            var parameters = PathParameters()
+            let start = path.first == UInt8(ascii: "/") ? 1 : 0
+            guard let node = find(path, from: start, node: 0, parameters: &parameters) else { return .notFound }
+            let routes = nodes[node].routes
+            if let route = routes.first(where: { $0.method == method })
+                ?? (method == .HEAD ? routes.first(where: { $0.method == .GET }) : nil) {
+                return .found(route.handler, parameters: parameters, pattern: route.pattern)
+            }
+            var allowed = routes.map(\.method)
+            if allowed.contains(.GET) && !allowed.contains(.HEAD) { allowed.append(.HEAD) }
+            return .methodNotAllowed(allowed: allowed)
         }
-        var allowed = routes.map(\.method)
-        if allowed.contains(.GET) && !allowed.contains(.HEAD) { allowed.append(.HEAD) }
-        return .methodNotAllowed(allowed: allowed)
     }
 
-    /// `/a/b%20c` -> ["a", "b c"]; nil for a malformed escape. Works on bytes: runs per request.
-    private static func decodedSegments(_ path: UnsafeBufferPointer<UInt8>) -> [String]? {
-        var segments: [String] = []
-        var start = path.first == UInt8(ascii: "/") ? 1 : 0
-        while true {
+    /// Every segment decodes (each `%` starts two hex digits, and the result is UTF-8).
+    private static func hasWellFormedEscapes(_ path: UnsafeBufferPointer<UInt8>) -> Bool {
+        var start = 0
+        while start <= path.count {
             var end = start
             while end < path.count && path[end] != UInt8(ascii: "/") { end += 1 }
-            guard let segment = percentDecode(UnsafeBufferPointer(rebasing: path[start..<end]), plusIsSpace: false) else {
-                return nil
-            }
-            segments.append(segment)
-            guard end < path.count else { return segments }
+            guard percentDecode(UnsafeBufferPointer(rebasing: path[start..<end]), plusIsSpace: false) != nil else { return false }
             start = end + 1
         }
+        return true
     }
 
-    private func find(_ segments: ArraySlice<String>, from node: Int, parameters: inout PathParameters) -> Int? {
-        guard let segment = segments.first else {
-            return nodes[node].routes.isEmpty ? nil : node
+    /// The node reached by the segment starting at `start` and those after it, or nil.
+    /// Literals are tried before the parameter, backtracking when a branch leads nowhere.
+    private func find(_ path: UnsafeBufferPointer<UInt8>, from start: Int, node: Int, parameters: inout PathParameters) -> Int? {
+        var end = start
+        while end < path.count && path[end] != UInt8(ascii: "/") { end += 1 }
+        let segment = UnsafeBufferPointer(rebasing: path[start..<end])
+        let isLast = end >= path.count
+        func descend(_ child: Int) -> Int? {
+            if isLast { return nodes[child].routes.isEmpty ? nil : child }
+            return find(path, from: end + 1, node: child, parameters: &parameters)
         }
-        let rest = segments.dropFirst()
-        for literal in nodes[node].literals where literal.segment == segment {
-            if let found = find(rest, from: literal.child, parameters: &parameters) { return found }
+        for literal in nodes[node].literals where Self.segment(segment, reads: literal.bytes) {
+            if let found = descend(literal.child) { return found }
         }
-        if let (name, child) = nodes[node].parameter, !segment.isEmpty {
-            parameters.append(name, segment)
-            if let found = find(rest, from: child, parameters: &parameters) { return found }
+        if let (name, child) = nodes[node].parameter, !segment.isEmpty,
+           let value = percentDecode(segment, plusIsSpace: false) {
+            parameters.append(name, value)
+            if let found = descend(child) { return found }
             parameters.removeLast()
         }
         return nil
+    }
+
+    private static func segment(_ raw: UnsafeBufferPointer<UInt8>, reads literal: [UInt8]) -> Bool {
+        if !raw.contains(UInt8(ascii: "%")) {
+            return raw.count == literal.count
+                && (raw.isEmpty || literal.withUnsafeBufferPointer { memcmp($0.baseAddress!, raw.baseAddress!, raw.count) == 0 })
+        }
+        return percentDecode(raw, plusIsSpace: false).map { $0.utf8.elementsEqual(literal) } ?? false
     }
 }
 

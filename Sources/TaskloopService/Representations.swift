@@ -6,7 +6,8 @@ import TaskloopJSON
 /// Threading: loop thread (the records belong to the engine).
 enum Representation {
     static func task(_ task: TaskRecord) -> [UInt8] {
-        var json = JSONWriter(capacity: 512)
+        // A task is ~700 bytes: room for it at once spares a grow and a copy.
+        var json = JSONWriter(capacity: 1_024)
         write(task, into: &json)
         return json.bytes
     }
@@ -20,13 +21,15 @@ enum Representation {
         json.field("params", task.params)
         json.field("queue", task.queue.name)
         json.field("priority", task.priority)
-        json.field("state", task.state.rawValue)
+        json.key(static: "state")
+        json.string(static: name(of: task.state))
         json.field("cancel_requested", task.cancelRequested)
         json.key(static: "dependencies")
         json.beginArray()
         for dependency in task.dependencies { write(dependency, into: &json) }
         json.endArray()
-        json.field("on_dependency_failure", task.onDependencyFailure.rawValue)
+        json.key(static: "on_dependency_failure")
+        json.string(static: task.onDependencyFailure == .cancel ? "cancel" : "run")
         json.key(static: "progress")
         write(task.progress, into: &json)
         json.field("attempt", task.attempt)
@@ -49,6 +52,27 @@ enum Representation {
         json.field("metadata", task.metadata ?? .null)
         json.field("workflow", task.workflow?.id.description)
         json.endObject()
+    }
+
+    /// The state's name, as a literal: no String is made for it.
+    static func name(of state: TaskState) -> StaticString {
+        switch state {
+        case .pending: "pending"
+        case .queued: "queued"
+        case .running: "running"
+        case .succeeded: "succeeded"
+        case .failed: "failed"
+        case .cancelled: "cancelled"
+        }
+    }
+
+    /// `prefix` then the id, e.g. `/tasks/01M8...`, made in one allocation.
+    static func path(_ prefix: StaticString, _ id: TaskID) -> String {
+        String(unsafeUninitializedCapacity: prefix.utf8CodeUnitCount + 26) { buffer in
+            let start = buffer.baseAddress!
+            start.update(from: prefix.utf8Start, count: prefix.utf8CodeUnitCount)
+            return prefix.utf8CodeUnitCount + id.write(to: start + prefix.utf8CodeUnitCount)
+        }
     }
 
     static func write(_ id: TaskID, into json: inout JSONWriter) {
@@ -127,7 +151,7 @@ enum Representation {
     private static func timestamp(_ name: StaticString, _ milliseconds: Int64?, into json: inout JSONWriter) {
         json.key(static: name)
         if let milliseconds {
-            json.asciiString(maxLength: 24) { writeRFC3339(milliseconds, to: $0) }
+            json.asciiString(maxLength: 24) { writeRFC3339(milliseconds, to: $0, reusingDay: true) }
         } else {
             json.null()
         }
@@ -140,7 +164,10 @@ enum Representation {
 
     /// Writes the 24 bytes of `2026-11-22T14:50:00.123Z` (UTC, proleptic Gregorian; Howard
     /// Hinnant's days-to-civil) and returns 24.
-    static func writeRFC3339(_ milliseconds: Int64, to output: UnsafeMutablePointer<UInt8>) -> Int {
+    ///
+    /// With `reusingDay` (loop thread only: it keeps the last day in a static), a time on the
+    /// same day as the last one copies the date instead of working it out again.
+    static func writeRFC3339(_ milliseconds: Int64, to output: UnsafeMutablePointer<UInt8>, reusingDay: Bool = false) -> Int {
         let millisecondsPerDay: Int64 = 86_400_000
         var days = milliseconds / millisecondsPerDay
         var rest = milliseconds % millisecondsPerDay
@@ -148,6 +175,45 @@ enum Representation {
             rest += millisecondsPerDay
             days -= 1
         }
+        if reusingDay && lastDate.days == days {
+            withUnsafeBytes(of: lastDate.text) { output.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 11) }
+        } else {
+            writeDate(days, to: output)
+            if reusingDay {
+                var text: (UInt64, UInt64) = (0, 0)
+                withUnsafeMutableBytes(of: &text) { $0.baseAddress!.copyMemory(from: output, byteCount: 11) }
+                lastDate = (days, text)
+            }
+        }
+        var position = 11
+        func digits(_ value: Int64, _ width: Int) {
+            var value = value
+            for offset in stride(from: width - 1, through: 0, by: -1) {
+                output[position + offset] = UInt8(ascii: "0") + UInt8(value % 10)
+                value /= 10
+            }
+            position += width
+        }
+        func separator(_ character: Unicode.Scalar) {
+            output[position] = UInt8(ascii: character)
+            position += 1
+        }
+        digits(rest / 3_600_000, 2)
+        separator(":")
+        digits(rest / 60_000 % 60, 2)
+        separator(":")
+        digits(rest / 1_000 % 60, 2)
+        separator(".")
+        digits(rest % 1_000, 3)
+        separator("Z")
+        return position
+    }
+
+    /// The day last written, as `YYYY-MM-DDT`: times of one day share it (loop thread only).
+    nonisolated(unsafe) private static var lastDate: (days: Int64, text: (UInt64, UInt64)) = (.min, (0, 0))
+
+    /// Writes `YYYY-MM-DDT` for a count of days since the epoch (11 bytes).
+    private static func writeDate(_ days: Int64, to output: UnsafeMutablePointer<UInt8>) {
         let shifted = days + 719_468
         let era = (shifted >= 0 ? shifted : shifted - 146_096) / 146_097
         let dayOfEra = shifted - era * 146_097
@@ -176,14 +242,5 @@ enum Representation {
         separator("-")
         digits(day, 2)
         separator("T")
-        digits(rest / 3_600_000, 2)
-        separator(":")
-        digits(rest / 60_000 % 60, 2)
-        separator(":")
-        digits(rest / 1_000 % 60, 2)
-        separator(".")
-        digits(rest % 1_000, 3)
-        separator("Z")
-        return position
     }
 }

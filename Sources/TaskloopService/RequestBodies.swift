@@ -69,9 +69,10 @@ struct BodyReader {
         return object
     }
 
-    mutating func rejectUnknown(_ object: JSONObject, allowed: Set<String>, prefix: String) {
-        for key in object.keys where !allowed.contains(key) {
-            fail(prefix + key, "is not a known field.")
+    /// A body names a handful of fields: scanning the list beats hashing each name.
+    mutating func rejectUnknown(_ object: JSONObject, allowed: [String], alsoAllowed extra: String? = nil, prefix: String) {
+        for member in object where !allowed.contains(member.key) && member.key != extra {
+            fail(prefix + member.key, "is not a known field.")
         }
     }
 
@@ -145,7 +146,7 @@ struct BodyReader {
         }
     }
 
-    static let taskFields: Set<String> = [
+    static let taskFields: [String] = [
         "kind", "params", "name", "queue", "priority", "dependencies", "on_dependency_failure", "timeout_ms", "retry",
         "metadata",
     ]
@@ -154,7 +155,7 @@ struct BodyReader {
     /// sibling keys and `key` is allowed.
     mutating func taskSpec(_ object: JSONObject, prefix: String, siblingKeys: Set<String>? = nil) -> TaskSpec? {
         let errorsBefore = errors.count
-        rejectUnknown(object, allowed: siblingKeys == nil ? Self.taskFields : Self.taskFields.union(["key"]), prefix: prefix)
+        rejectUnknown(object, allowed: Self.taskFields, alsoAllowed: siblingKeys == nil ? nil : "key", prefix: prefix)
         var spec = TaskSpec(kind: "")
         if object.nonNull("kind") != nil {
             if case .some(let kind?) = string(object, "kind", prefix: prefix, maxLength: 64) { spec.kind = kind }

@@ -17,8 +17,13 @@ final class ServiceMetrics {
     private var submitted: [String: Counter] = [:]
     private var finished: [LabelPair: Counter] = [:]
     private var runTime: [String: ValueHistogram] = [:]
+    /// The collectors of the kind used last: tasks come in runs of one kind, and a string
+    /// compare spares three hash lookups per task.
+    private var lastKind: KindCollectors?
     private var requests: [RequestKey: Counter] = [:]
     private var latency: [String: ValueHistogram] = [:]
+    /// Each route's collectors, by the route's index: a request's are found without hashing.
+    private var routeCollectors: [RouteCollectors] = []
     private var taskGauges: [String: [Gauge]] = [:]
     private let openConnections: Gauge
     private let waiting: Gauge
@@ -39,6 +44,29 @@ final class ServiceMetrics {
         let status: Int
     }
 
+    private final class KindCollectors {
+        let kind: String
+        let submitted: Counter
+        /// By terminal state: succeeded, failed, cancelled.
+        let finished: [Counter]
+        let runTime: ValueHistogram
+        init(kind: String, submitted: Counter, finished: [Counter], runTime: ValueHistogram) {
+            self.kind = kind
+            self.submitted = submitted
+            self.finished = finished
+            self.runTime = runTime
+        }
+    }
+
+    private final class RouteCollectors {
+        let latency: ValueHistogram
+        /// A route answers a handful of statuses; a scan beats hashing them.
+        var counters: [(method: HTTPMethod, status: Int, counter: Counter)] = []
+        init(latency: ValueHistogram) { self.latency = latency }
+    }
+
+    static let unmatchedRoute = "unmatched"
+
     private static let runTimeBuckets: [Double] = [0.001, 0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3_600]
     private static let latencyBuckets: [Double] = [0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05, 0.25, 1, 10, 60]
 
@@ -54,8 +82,11 @@ final class ServiceMetrics {
             for state in TaskState.allCases where state.isTerminal { _ = finishedCounter(kind, state) }
         }
         for route in routes {
-            _ = latencyHistogram(route.pattern)
-            for status in route.answers { _ = requestCounter(RequestKey(route: route.pattern, method: route.method, status: status)) }
+            let collectors = RouteCollectors(latency: latencyHistogram(route.pattern))
+            for status in route.answers {
+                collectors.counters.append((route.method, status, requestCounter(RequestKey(route: route.pattern, method: route.method, status: status))))
+            }
+            routeCollectors.append(collectors)
         }
     }
 
@@ -112,22 +143,49 @@ final class ServiceMetrics {
         }
     }
 
+    private func collectors(ofKind kind: String) -> KindCollectors {
+        if let lastKind, lastKind.kind == kind { return lastKind }
+        let collectors = KindCollectors(
+            kind: kind, submitted: submittedCounter(kind),
+            finished: [TaskState.succeeded, .failed, .cancelled].map { finishedCounter(kind, $0) },
+            runTime: runTimeHistogram(kind))
+        lastKind = collectors
+        return collectors
+    }
+
     func taskSubmitted(kind: String) {
-        submittedCounter(kind).increment()
+        collectors(ofKind: kind).submitted.increment()
     }
 
     func taskFinished(_ task: TaskRecord) {
-        finishedCounter(task.kind, task.state).increment()
+        let collectors = collectors(ofKind: task.kind)
+        switch task.state {
+        case .succeeded: collectors.finished[0].increment()
+        case .failed: collectors.finished[1].increment()
+        case .cancelled: collectors.finished[2].increment()
+        case .pending, .queued, .running: return
+        }
         guard let started = task.startedAt, let ended = task.finishedAt else { return }
-        runTimeHistogram(task.kind).record(Double(max(0, ended - started)) / 1_000)
+        collectors.runTime.record(Double(max(0, ended - started)) / 1_000)
     }
 
-    func requestAnswered(route: String, method: HTTPMethod, status: HTTPStatus, seconds: Double) {
-        // A method outside HTTP's general-purpose ones is any token a client sends: one label
-        // value for all of them keeps the series bounded.
-        let method = method.isGeneralPurpose ? method : Self.otherMethod
-        requestCounter(RequestKey(route: route, method: method, status: status.code)).increment()
-        latencyHistogram(route).record(seconds)
+    func requestAnswered(route: Route?, method: HTTPMethod, status: HTTPStatus, seconds: Double) {
+        guard let route, route.index >= 0, route.index < routeCollectors.count else {
+            // A method outside HTTP's general-purpose ones is any token a client sends: one
+            // label value for all of them keeps the series bounded.
+            let method = method.isGeneralPurpose ? method : Self.otherMethod
+            requestCounter(RequestKey(route: Self.unmatchedRoute, method: method, status: status.code)).increment()
+            latencyHistogram(Self.unmatchedRoute).record(seconds)
+            return
+        }
+        let collectors = routeCollectors[route.index]
+        collectors.latency.record(seconds)
+        for entry in collectors.counters where entry.status == status.code && entry.method == method {
+            return entry.counter.increment()
+        }
+        let counter = requestCounter(RequestKey(route: route.pattern, method: method, status: status.code))
+        collectors.counters.append((method, status.code, counter))
+        counter.increment()
     }
 
     private static let otherMethod = HTTPMethod(token: "OTHER")

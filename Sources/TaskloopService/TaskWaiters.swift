@@ -41,7 +41,7 @@ final class TaskWaiters {
 
     /// Answers everyone waiting on `id`.
     func finished(_ id: TaskID) {
-        guard let waiters = waiting.removeValue(forKey: id) else { return }
+        guard !waiting.isEmpty, let waiters = waiting.removeValue(forKey: id) else { return }
         let response = answer(id)
         for waiter in waiters {
             waiter.timer.cancel()

@@ -7,14 +7,17 @@ import TaskloopJSON
 /// One route as data: method, path pattern, the statuses its handler answers (a request may
 /// also get any of `Route.anyRequest`), whether it needs no token, and the handler.
 /// openapi.yaml documents exactly these (a test holds the two together), and the metrics count
-/// each from zero.
-struct Route {
+/// each from zero. A class: the router hands out the route of every request, and a reference
+/// is one retain where a struct of these fields is five.
+final class Route {
     let method: HTTPMethod
     let pattern: String
     let answers: [Int]
     /// Served without a bearer token even when the server has one.
     let isPublic: Bool
     let handler: ServiceHandler
+    /// The route's place in the route table, which is where the metrics keep its collectors.
+    fileprivate(set) var index = -1
 
     init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], isPublic: Bool = false,
          _ handler: @escaping ServiceHandler) {
@@ -96,7 +99,10 @@ extension TaskloopApplication {
 
     func makeRouter(_ routes: [Route]) -> Router<Route> {
         var router = Router<Route>()
-        for route in routes { router.add(route.method, route.pattern, route) }
+        for (index, route) in routes.enumerated() {
+            route.index = index
+            router.add(route.method, route.pattern, route)
+        }
         return router
     }
 
@@ -111,7 +117,7 @@ extension TaskloopApplication {
         try checkKindAllowed(spec!.kind, field: "kind")
         let task = try engine.submit(spec!)
         metrics.taskSubmitted(kind: task.kind)
-        reply.send(.json(.created, Representation.task(task), headers: ["Location": "/tasks/\(task.id)"]))
+        reply.send(.json(.created, Representation.task(task), location: Representation.path("/tasks/", task.id)))
     }
 
     private func getTask(_ request: HTTPRequest, _ reply: Reply) throws {
@@ -276,7 +282,7 @@ extension TaskloopApplication {
         for (index, member) in members.enumerated() { try checkKindAllowed(member.spec.kind, field: "tasks[\(index)].kind") }
         let workflow = try engine.submitWorkflow(name: name, tasks: members)
         for task in workflow.tasks { metrics.taskSubmitted(kind: task.kind) }
-        reply.send(.json(.created, Representation.workflow(workflow), headers: ["Location": "/workflows/\(workflow.id)"]))
+        reply.send(.json(.created, Representation.workflow(workflow), location: Representation.path("/workflows/", workflow.id)))
     }
 
     // MARK: queues

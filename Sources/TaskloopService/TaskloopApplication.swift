@@ -39,6 +39,8 @@ public final class TaskloopApplication {
     private var serverClosed = false
     private var stopCompletion: (() -> Void)?
     private let authToken: [UInt8]?
+    /// Each request is logged at debug; known once, at start.
+    private let logsRequests: Bool
     private(set) var metrics: ServiceMetrics!
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
@@ -46,6 +48,7 @@ public final class TaskloopApplication {
         self.configuration = configuration
         self.logger = logger
         authToken = configuration.authToken.map { Array($0.utf8) }
+        logsRequests = logger.logLevel <= .debug
     }
 
     /// Builds the engine on the loop's clock and binds; returns the bound address.
@@ -145,11 +148,12 @@ public final class TaskloopApplication {
 
     // MARK: requests
 
-    private func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
+    /// Consumes the request: setting its parameters then needs no copy of it.
+    private func handle(_ request: consuming HTTPRequest, _ responder: HTTPResponder) {
         let match = router.match(request.method, rawPath: request.rawPath)
         var found: Route?
         if case .found(let route, _, _) = match { found = route }
-        let reply = Reply(responder: responder, method: request.method, path: request.path, route: found?.pattern ?? "unmatched",
+        let reply = Reply(responder: responder, method: request.method, path: logsRequests ? request.path : "", route: found,
                           started: Self.monotonicNanoseconds(), application: self)
         if !request.method.isGeneralPurpose {
             return reply.send(Router<Route>.notImplemented(request.method).response())
@@ -164,7 +168,6 @@ public final class TaskloopApplication {
         guard case .found(let route, let parameters, _) = match else {
             return reply.send(Router<Route>.problem(for: match, request)!.response())
         }
-        var request = request
         request.parameters = parameters
         do {
             try route.handler(request, reply)
@@ -180,10 +183,10 @@ public final class TaskloopApplication {
     func answered(_ reply: Reply, status: HTTPStatus) {
         let microseconds = (Self.monotonicNanoseconds() - reply.started) / 1_000
         metrics.requestAnswered(route: reply.route, method: reply.method, status: status, seconds: Double(microseconds) / 1e6)
-        guard logger.logLevel <= .debug else { return }
+        guard logsRequests else { return }
         let fraction = String(microseconds % 1_000)
         logger.debug("\(reply.method) \(reply.path) \(status.code)", metadata: [
-            "route": "\(reply.route)", "status": "\(status.code)",
+            "route": "\(reply.route?.pattern ?? ServiceMetrics.unmatchedRoute)", "status": "\(status.code)",
             "ms": "\(microseconds / 1_000).\(String(repeating: "0", count: 3 - fraction.count))\(fraction)",
         ])
     }
@@ -256,8 +259,10 @@ typealias ServiceHandler = (HTTPRequest, Reply) throws -> Void
 struct Reply {
     let responder: HTTPResponder
     let method: HTTPMethod
+    /// For the debug log line only (empty when that is off).
     let path: String
-    let route: String
+    /// Nil when no route took the request.
+    let route: Route?
     let started: UInt64
     unowned let application: TaskloopApplication
 

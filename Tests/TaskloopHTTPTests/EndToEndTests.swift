@@ -438,7 +438,9 @@ import TaskloopTestSupport
         // Small enough that kernel buffers fill fast, but above loopback's MSS: a receive window
         // below one segment stalls the sender in zero-window probing.
         client.setReceiveBuffer(128 * 1024)
-        let count = 64  // 64 x 64 KiB = 4 MiB asked for, none of it read yet
+        // 128 x 64 KiB = 8 MiB asked for, none of it read yet: more than the kernel takes into
+        // the server's send buffer (tcp_wmem allows up to 4 MiB) and the client's receive buffer.
+        let count = 128
         try client.send(String(repeating: "GET /big/64 HTTP/1.1\r\nHost: t\r\n\r\n", count: count))
         try server.waitUntil("the server to stop reading") { server in
             server.connectionStates().first.map { !$0.isReading } ?? false

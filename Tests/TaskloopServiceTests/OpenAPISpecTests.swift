@@ -62,5 +62,12 @@ import Testing
         #expect(Representation.rfc3339(1_795_000_000_123) == "2026-11-18T11:06:40.123Z")
         #expect(Representation.rfc3339(951_782_400_000) == "2000-02-29T00:00:00.000Z")
         #expect(Representation.rfc3339(-1) == "1969-12-31T23:59:59.999Z")
+        // The day reused from the last time written, and not past midnight.
+        func reusing(_ milliseconds: Int64) -> String {
+            String(unsafeUninitializedCapacity: 24) { Representation.writeRFC3339(milliseconds, to: $0.baseAddress!, reusingDay: true) }
+        }
+        for milliseconds: Int64 in [1_795_000_000_123, 1_795_000_000_999, 1_795_046_399_999, 1_795_046_400_000, 951_782_400_000, 0] {
+            #expect(reusing(milliseconds) == Representation.rfc3339(milliseconds))
+        }
     }
 }
