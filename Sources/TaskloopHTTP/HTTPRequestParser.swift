@@ -46,14 +46,16 @@ final class HTTPRequestParser {
     let limits: HTTPParserLimits
     private let parser: UnsafeMutablePointer<http_parser>
     private var url: [UInt8] = []
-    private var field: [UInt8] = []
-    private var value: [UInt8] = []
+    /// Whether a header field is being read (its name, or its value once `readingValue`).
+    private var readingField = false
     private var readingValue = false
     private var headers = HTTPHeaders()
     private var hostFields = 0
     private var authorizationFields = 0
-    /// The value of the request's `Expect` field, noted as the fields go by.
-    private var expect: String?
+    /// The request's `Expect` field: none, `100-continue`, or something else.
+    private var expect: Expectation = .none
+
+    private enum Expectation { case none, continueFirst, other }
     private var body: [UInt8] = []
     private var pending: Event?
     private var completed: HTTPRequest?
@@ -78,8 +80,6 @@ final class HTTPRequestParser {
                      "http_parser's lenient modes must stay off")
         parser.pointee.data = Unmanaged.passUnretained(self).toOpaque()
         url.reserveCapacity(64)
-        field.reserveCapacity(32)
-        value.reserveCapacity(64)
     }
 
     deinit {
@@ -195,13 +195,12 @@ final class HTTPRequestParser {
         readingHead = true
         // Emptied after the last request already, but for one that failed part-way.
         if !url.isEmpty { url.removeAll(keepingCapacity: true) }
-        if !field.isEmpty { field.removeAll(keepingCapacity: true) }
-        if !value.isEmpty { value.removeAll(keepingCapacity: true) }
+        readingField = false
         headers = HTTPHeaders()
         headers.reserveCapacity(8)
         hostFields = 0
         authorizationFields = 0
-        expect = nil
+        expect = .none
         readingValue = false
         body = []
         return 0
@@ -222,7 +221,8 @@ final class HTTPRequestParser {
         if data.contains(UInt8(ascii: " ")) {
             return fail(.badRequest, "Malformed HTTP request: whitespace between a header field name and its colon.")
         }
-        field.append(contentsOf: data)
+        readingField = true
+        headers.appendToName(data)
         return 0
     }
 
@@ -235,26 +235,32 @@ final class HTTPRequestParser {
         }
         readingValue = true
         valuePieceEndedWithInput = data.baseAddress.map { UnsafeRawPointer($0 + data.count) == input?.end } ?? false
-        value.append(contentsOf: data)
+        readingField = true
+        headers.appendToValue(data)
         return 0
     }
 
     private func finishHeaderField() {
-        if field.count == 4 && field.equalsIgnoringASCIICase("host") { hostFields += 1 }
-        if field.count == 13 && field.equalsIgnoringASCIICase("authorization") { authorizationFields += 1 }
-        // A field value excludes surrounding whitespace (RFC 9110 section 5.5); http_parser drops
-        // the leading part only.
-        while let last = value.last, last == UInt8(ascii: " ") || last == UInt8(ascii: "\t") { value.removeLast() }
-        let text = Self.string(value)
-        if field.count == 6 && field.equalsIgnoringASCIICase("expect") && expect == nil { expect = text }
-        headers.add(Self.string(field), text)
-        field.removeAll(keepingCapacity: true)
-        value.removeAll(keepingCapacity: true)
+        readingField = false
         readingValue = false
+        headers.endField { name, value in
+            func named(_ lowercase: StaticString) -> Bool {
+                equalsIgnoringASCIICase(name, UnsafeBufferPointer(start: lowercase.utf8Start, count: lowercase.utf8CodeUnitCount))
+            }
+            switch name.count {
+            case 4 where named("host"): hostFields += 1
+            case 13 where named("authorization"): authorizationFields += 1
+            case 6 where named("expect") && expect == .none:
+                let continueFirst: StaticString = "100-continue"
+                expect = equalsIgnoringASCIICase(value, UnsafeBufferPointer(start: continueFirst.utf8Start, count: continueFirst.utf8CodeUnitCount))
+                    ? .continueFirst : .other
+            default: break
+            }
+        }
     }
 
     fileprivate func headersComplete() -> Int32 {
-        if readingValue || !field.isEmpty { finishHeaderField() }
+        if readingField { finishHeaderField() }
         readingHead = false
         if parser.pointee.http_major != 1 {
             return fail(.httpVersionNotSupported, "Only HTTP/1.0 and HTTP/1.1 are served.")
@@ -271,8 +277,8 @@ final class HTTPRequestParser {
             return fail(.contentTooLarge, "The request body is larger than \(limits.maxBodyBytes) bytes.")
         }
         var expectsContinue = false
-        if let expect {
-            guard expect.equalsIgnoringASCIICase("100-continue") else {
+        if expect != .none {
+            guard expect == .continueFirst else {
                 return fail(.expectationFailed, "Only 'Expect: 100-continue' is supported.")
             }
             let hasBody = isChunked || (declaredLength != UInt64.max && declaredLength > 0)
@@ -309,11 +315,6 @@ final class HTTPRequestParser {
         } catch {
             return fail(.badRequest, error.detail)
         }
-    }
-
-    /// Field names and values are ASCII nearly always: that skips the generic UTF-8 check.
-    private static func string(_ bytes: [UInt8]) -> String {
-        bytes.withUnsafeBufferPointer { String(utf8Bytes: $0) } ?? String(decoding: bytes, as: UTF8.self)
     }
 
     private func pause(with event: Event) -> Int32 {

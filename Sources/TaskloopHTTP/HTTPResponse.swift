@@ -23,13 +23,13 @@ public struct HTTPResponse: Sendable {
 
     /// A 201's answer: JSON, and where the new resource is.
     public static func json(_ status: HTTPStatus, _ body: [UInt8], location: String) -> HTTPResponse {
-        HTTPResponse(status: status, headers: HTTPHeaders([contentTypeJSON, HTTPHeaders.Field(name: "Location", value: location)]),
-                     body: body)
+        var headers = jsonHeaders
+        headers.add("Location", location)
+        return HTTPResponse(status: status, headers: headers, body: body)
     }
 
     /// Shared storage: most answers carry exactly this header, and sharing saves an allocation.
     private static let jsonHeaders: HTTPHeaders = ["Content-Type": "application/json"]
-    private static let contentTypeJSON = HTTPHeaders.Field(name: "Content-Type", value: "application/json")
 }
 
 /// An error that knows the response it becomes. Handlers throw these; any other error becomes

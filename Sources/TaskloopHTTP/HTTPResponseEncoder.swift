@@ -29,15 +29,15 @@ enum HTTPResponseEncoder {
         http10Client: Bool, dateLine: [UInt8], to output: inout [UInt8]
     ) {
         appendStatusLine(status, to: &output)
-        for field in headers where !isServerOwned(field.name) {
-            // Through contiguous bytes: appending a String's UTF8View goes byte by byte.
-            var name = field.name, value = field.value
-            name.withUTF8 { output.append(contentsOf: $0) }
+        headers.forEachField { name, value in
+            guard !isServerOwned(name) else { return true }
+            output.append(contentsOf: name)
             output.append(UInt8(ascii: ":"))
             output.append(UInt8(ascii: " "))
-            value.withUTF8 { output.append(contentsOf: $0) }
+            output.append(contentsOf: value)
             output.append(UInt8(ascii: "\r"))
             output.append(UInt8(ascii: "\n"))
+            return true
         }
         switch framing {
         case .contentLength(let length):
@@ -79,13 +79,16 @@ enum HTTPResponseEncoder {
     private static let closeLine: [UInt8] = Array("Connection: close\r\n".utf8)
     private static let keepAliveLine: [UInt8] = Array("Connection: keep-alive\r\n".utf8)
 
-    private static func isServerOwned(_ name: String) -> Bool {
-        switch name.utf8.count {
-        case 4: name.equalsIgnoringASCIICase("Date")
-        case 10: name.equalsIgnoringASCIICase("Connection")
-        case 14: name.equalsIgnoringASCIICase("Content-Length")
-        case 17: name.equalsIgnoringASCIICase("Transfer-Encoding")
-        default: false
+    private static func isServerOwned(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        func named(_ lowercase: StaticString) -> Bool {
+            equalsIgnoringASCIICase(name, UnsafeBufferPointer(start: lowercase.utf8Start, count: lowercase.utf8CodeUnitCount))
+        }
+        switch name.count {
+        case 4: return named("date")
+        case 10: return named("connection")
+        case 14: return named("content-length")
+        case 17: return named("transfer-encoding")
+        default: return false
         }
     }
 
