@@ -37,13 +37,18 @@ let package = Package(
         ),
         .target(name: "TaskloopJSON", swiftSettings: hotPathSettings),
         .target(
+            name: "TaskloopLoop",
+            dependencies: ["CLibUV"],
+            swiftSettings: hotPathSettings
+        ),
+        .target(
             name: "TaskloopHTTP",
-            dependencies: ["CLibUV", "CHTTPParser", "TaskloopJSON"],
+            dependencies: ["CLibUV", "CHTTPParser", "TaskloopLoop", "TaskloopJSON"],
             swiftSettings: hotPathSettings
         ),
         .target(
             name: "TaskloopHTTPClient",
-            dependencies: ["CLibUV", "CCurl", "TaskloopHTTP"]
+            dependencies: ["CLibUV", "CCurl", "TaskloopLoop"]
         ),
         .target(
             name: "TaskloopEngine",
@@ -57,7 +62,7 @@ let package = Package(
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
@@ -67,6 +72,7 @@ let package = Package(
             name: "taskloop",
             dependencies: [
                 "TaskloopService",
+                "TaskloopLoop",
                 "TaskloopHTTP",
                 "TaskloopHTTPClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -75,7 +81,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "http-bench-server",
-            dependencies: ["TaskloopHTTP", "TaskloopJSON"],
+            dependencies: ["TaskloopLoop", "TaskloopHTTP", "TaskloopJSON"],
             path: "Benchmarks/http/Server"
         ),
         .executableTarget(
@@ -84,15 +90,23 @@ let package = Package(
             path: "Benchmarks/engine",
             exclude: ["run.sh"]
         ),
+        // Helpers every test target may use: waiting with a deadline, a raw-socket client, a
+        // scripted origin server, a seeded generator. Foundation only, so the engine's tests
+        // link no libuv.
         .target(
             name: "TaskloopTestSupport",
-            dependencies: ["TaskloopHTTP"],
             path: "Tests/TaskloopTestSupport"
+        ),
+        .target(
+            name: "TaskloopLoopTestSupport",
+            dependencies: ["TaskloopLoop", "TaskloopTestSupport"],
+            path: "Tests/TaskloopLoopTestSupport"
         ),
         .testTarget(
             name: "TaskloopServiceTests",
             dependencies: [
-                "TaskloopService", "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport",
+                "TaskloopService", "TaskloopLoop", "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopTestSupport", "TaskloopLoopTestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -106,11 +120,15 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopHTTPClientTests",
-            dependencies: ["TaskloopHTTPClient", "TaskloopHTTP", "TaskloopTestSupport"]
+            dependencies: ["TaskloopHTTPClient", "TaskloopLoop"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",
-            dependencies: ["TaskloopHTTP", "TaskloopTestSupport"]
+            dependencies: ["TaskloopHTTP", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopLoopTests",
+            dependencies: ["TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
         ),
     ]
 )

@@ -1,5 +1,6 @@
 import CLibUV
 import Glibc
+import TaskloopLoop
 
 /// A listening HTTP/1.1 server on one EventLoop.
 ///
@@ -64,7 +65,10 @@ public final class HTTPServer {
         // the error it is for that one connection. (Children started with uv_spawn get every
         // signal's default disposition back.)
         signal(SIGPIPE, SIG_IGN)
-        let address = try SocketAddress.resolve(host: configuration.host, port: configuration.port)
+        let address: SocketAddress
+        do { address = try SocketAddress.resolve(host: configuration.host, port: configuration.port) } catch {
+            throw .resolve(host: error.host, reason: error.reason)
+        }
         let handle: UnsafeMutablePointer<uv_tcp_t>
         do {
             handle = try UVHandle.make(uv_tcp_t.self, "uv_tcp_init") { uv_tcp_init(loop.uvLoop, $0) }

@@ -1,4 +1,5 @@
 import CLibUV
+import TaskloopLoop
 
 /// One accepted TCP stream: the libuv side of an `HTTPConnection`.
 ///

@@ -1,7 +1,7 @@
 import CCurl
 import CLibUV
 import Glibc
-import TaskloopHTTP
+import TaskloopLoop
 
 /// HTTP(S) requests on the libuv loop through libcurl's multi interface: curl says which sockets
 /// to watch and when to time out (`CURLMOPT_SOCKETFUNCTION`, `CURLMOPT_TIMERFUNCTION`), a

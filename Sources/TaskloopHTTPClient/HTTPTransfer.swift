@@ -1,6 +1,6 @@
 import CCurl
 import Glibc
-import TaskloopHTTP
+import TaskloopLoop
 
 /// One request and its redirects on one curl easy handle. Created and driven by `HTTPClient`;
 /// loop thread only. Redirects are followed here, not by curl, so that every hop is checked

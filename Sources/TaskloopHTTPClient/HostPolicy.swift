@@ -1,4 +1,4 @@
-import TaskloopHTTP
+import TaskloopLoop
 
 /// Where `http` tasks may go: deployments that must not become an open proxy restrict the hosts
 /// by name (`--http-allow-hosts`) and refuse internal addresses after DNS resolution

@@ -1,6 +1,7 @@
 import Glibc
 import TaskloopEngine
 import TaskloopHTTP
+import TaskloopLoop
 import TaskloopJSON
 
 /// `exec`: `{argv, env?, cwd?, grace_ms = 5000}`. Runs a program (no shell unless argv names

@@ -1,6 +1,7 @@
 import Glibc
 import TaskloopEngine
 import TaskloopHTTP
+import TaskloopLoop
 
 /// The engine's clock on the libuv loop: one `uv_timer` armed for the earliest deadline of a
 /// `TimerQueue`, however many timeouts, backoffs and long polls are waiting.

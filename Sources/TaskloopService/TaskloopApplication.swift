@@ -2,6 +2,7 @@ import Glibc
 import Logging
 import TaskloopEngine
 import TaskloopHTTP
+import TaskloopLoop
 import TaskloopHTTPClient
 import TaskloopJSON
 

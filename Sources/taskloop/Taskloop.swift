@@ -3,6 +3,7 @@ import Dispatch
 import Glibc
 import Logging
 import TaskloopHTTP
+import TaskloopLoop
 import TaskloopHTTPClient
 import TaskloopService
 

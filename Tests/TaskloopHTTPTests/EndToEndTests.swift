@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 import TaskloopHTTP
+import TaskloopLoop
+import TaskloopLoopTestSupport
 import TaskloopTestSupport
 
 /// Raw-socket tests against a real server on 127.0.0.1 (or ::1) and a free port. Every read
@@ -454,24 +456,6 @@ import TaskloopTestSupport
     }
 
     // MARK: threads and lifecycle
-
-    @Test func executeRunsWorkFromOtherThreadsOnTheLoop() throws {
-        let server = try Self.start()
-        defer { #expect(throws: Never.self) { try server.stop() } }
-        let ran = Locked(0)
-        let offLoop = Locked(0)
-        let loop = server.loop
-        DispatchQueue.concurrentPerform(iterations: 8) { _ in
-            for _ in 0..<1000 {
-                loop.execute {
-                    if !loop.inLoopThread { offLoop.withLock { $0 += 1 } }
-                    ran.withLock { $0 += 1 }
-                }
-            }
-        }
-        try server.waitUntil("all work to run") { _ in ran.value == 8000 }
-        #expect(offLoop.value == 0)
-    }
 
     @Test func gracefulStopAnswersInFlightAndClosesIdle() throws {
         let server = try Self.start()

@@ -1,7 +1,9 @@
 import Foundation
 import Logging
 import TaskloopHTTP
+import TaskloopLoop
 @testable import TaskloopService
+import TaskloopLoopTestSupport
 import TaskloopTestSupport
 
 /// The whole service on 127.0.0.1 and a free port, its loop on a thread of its own. `stop()`

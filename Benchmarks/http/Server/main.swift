@@ -3,6 +3,7 @@
 // submission and answers 201 with ~300 bytes of JSON. Prints `listening on http://HOST:PORT`.
 import Glibc
 import TaskloopHTTP
+import TaskloopLoop
 import TaskloopJSON
 
 struct Submission {

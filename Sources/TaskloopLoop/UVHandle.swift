@@ -46,7 +46,7 @@ package enum UVHandle {
 }
 
 /// Implemented by owners that need to hear that their handle is gone (e.g. to drop bookkeeping).
-protocol UVHandleClosing: AnyObject {
+package protocol UVHandleClosing: AnyObject {
     func handleDidClose()
 }
 

@@ -5,8 +5,9 @@ import Glibc
 ///
 /// Threading rules:
 /// - Exactly one thread runs the loop: the one that calls `run()`. It is the *loop thread*.
-/// - Everything in TaskloopHTTP (servers, connections, timers, signal watchers) and every object
-///   they hand to callbacks is touched only on the loop thread, without locks.
+/// - Every handle on the loop (timers, signal watchers, child processes here; servers and
+///   connections in TaskloopHTTP; curl's sockets in TaskloopHTTPClient) and every object they
+///   hand to callbacks is touched only on the loop thread, without locks.
 /// - The one door in from other threads is `execute(_:)`: it queues a closure under a mutex and
 ///   wakes the loop with `uv_async_send`. Sends coalesce, so each wake-up drains the whole queue.
 /// - Values that must travel through `execute` but belong to the loop are wrapped in `LoopBound`,

@@ -42,7 +42,7 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
     /// `host:port`, with IPv6 hosts in brackets, as it appears in a URL.
     public var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
-    func withSockAddr<Result, Failure: Error>(
+    package func withSockAddr<Result, Failure: Error>(
         _ body: (UnsafePointer<sockaddr>) throws(Failure) -> Result
     ) throws(Failure) -> Result {
         var copy = storage
@@ -53,8 +53,8 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
 
     /// Resolves a numeric address, or a name through the system resolver. Called once at start,
     /// before the loop serves anyone, so the blocking look-up stalls nothing.
-    static func resolve(host: String, port: Int) throws(HTTPServerError) -> SocketAddress {
-        guard (0...65535).contains(port) else { throw .resolve(host: host, reason: "port \(port) is out of range") }
+    package static func resolve(host: String, port: Int) throws(AddressResolutionError) -> SocketAddress {
+        guard (0...65535).contains(port) else { throw AddressResolutionError(host: host, reason: "port \(port) is out of range") }
         var name = host
         if name.hasPrefix("[") && name.hasSuffix("]") { name = String(name.dropFirst().dropLast()) }
         var storage = sockaddr_storage()
@@ -71,16 +71,16 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
         var results: UnsafeMutablePointer<addrinfo>?
         let status = getaddrinfo(name, String(port), &hints, &results)
         guard status == 0, let first = results else {
-            throw .resolve(host: host, reason: String(cString: gai_strerror(status)))
+            throw AddressResolutionError(host: host, reason: String(cString: gai_strerror(status)))
         }
         defer { freeaddrinfo(results) }
         guard let address = SocketAddress(copying: first.pointee.ai_addr, length: Int(first.pointee.ai_addrlen)) else {
-            throw .resolve(host: host, reason: "no IPv4 or IPv6 address")
+            throw AddressResolutionError(host: host, reason: "no IPv4 or IPv6 address")
         }
         return address
     }
 
-    static func local(of handle: UnsafeMutablePointer<uv_tcp_t>) throws(UVError) -> SocketAddress {
+    package static func local(of handle: UnsafeMutablePointer<uv_tcp_t>) throws(UVError) -> SocketAddress {
         var storage = sockaddr_storage()
         var length = Int32(MemoryLayout<sockaddr_storage>.size)
         let status = withUnsafeMutablePointer(to: &storage) {
@@ -100,4 +100,11 @@ extension SocketAddress {
         withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: UnsafeRawBufferPointer(start: address, count: length)) }
         self.init(storage: storage)
     }
+}
+
+/// A host name or address that cannot be turned into a socket address.
+public struct AddressResolutionError: Error, Equatable, CustomStringConvertible {
+    public let host: String
+    public let reason: String
+    public var description: String { "cannot resolve host \(host): \(reason)" }
 }

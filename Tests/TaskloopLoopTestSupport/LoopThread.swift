@@ -1,5 +1,6 @@
 import Foundation
-import TaskloopHTTP
+import TaskloopLoop
+import TaskloopTestSupport
 
 /// An event loop running on a thread of its own, for tests: run work on it and wait for it, and
 /// wait for the loop to end, learning whether it closed clean.
