@@ -35,7 +35,9 @@ let package = Package(
             pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]
         ),
-        .target(name: "TaskloopJSON", swiftSettings: hotPathSettings),
+        // Byte-level helpers the wire formats share: UTF-8 with an ASCII fast path, decimals.
+        .target(name: "TaskloopBytes", swiftSettings: hotPathSettings),
+        .target(name: "TaskloopJSON", dependencies: ["TaskloopBytes"], swiftSettings: hotPathSettings),
         .target(
             name: "TaskloopLoop",
             dependencies: ["CLibUV"],
@@ -43,7 +45,7 @@ let package = Package(
         ),
         .target(
             name: "TaskloopHTTP",
-            dependencies: ["CLibUV", "CHTTPParser", "TaskloopLoop", "TaskloopJSON"],
+            dependencies: ["CLibUV", "CHTTPParser", "TaskloopLoop", "TaskloopBytes"],
             swiftSettings: hotPathSettings
         ),
         .target(

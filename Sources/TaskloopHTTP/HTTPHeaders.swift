@@ -1,3 +1,5 @@
+import TaskloopBytes
+
 /// Header fields in arrival order. Names compare ASCII case-insensitively; repeated fields are
 /// all kept (`values(for:)`), and `subscript` returns the first.
 ///

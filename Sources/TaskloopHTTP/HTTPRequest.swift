@@ -1,4 +1,4 @@
-import TaskloopJSON
+import TaskloopBytes
 
 /// One parsed request. The target is split into a percent-decoded `path` and decoded
 /// `queryItems`; `rawPath` keeps the encoded form so the router can split before decoding.

@@ -1,5 +1,3 @@
-import TaskloopJSON
-
 /// A complete response. The server adds `Content-Length`, `Date` and `Connection` itself; a
 /// handler's own framing headers (`Content-Length`, `Transfer-Encoding`) are ignored.
 public struct HTTPResponse: Sendable {
@@ -45,39 +43,24 @@ public func errorResponse(for error: any Error) -> HTTPResponse {
 }
 
 /// An RFC 9457 problem: the body of every error response. Besides RFC 9457's members it always
-/// carries `code`, a snake_case word for programs (`not_found`, `cycle`, `lease_lost`).
+/// carries `code`, a snake_case word for programs (`not_found`, `cycle`, `lease_lost`). The
+/// server writes the five members itself (it knows no JSON library); an application adds its
+/// own members, already encoded, with `response(extraMembers:)`.
 public struct HTTPProblem: HTTPResponseError, Equatable {
     public var status: HTTPStatus
     public var detail: String
     public var type: String
     public var code: String
     public var headers: HTTPHeaders
-    /// Validation failures, rendered as `errors: [{field, message}]`.
-    public var fieldErrors: [FieldError]
-    /// Further members of the problem object (RFC 9457 extensions).
-    public var extensions: JSONObject
-
-    public struct FieldError: Sendable, Equatable {
-        public var field: String
-        public var message: String
-        public init(field: String, message: String) {
-            self.field = field
-            self.message = message
-        }
-    }
 
     /// `code` defaults to the status's own word (`Self.code(for:)`).
-    public init(
-        _ status: HTTPStatus, detail: String, type: String = "about:blank", code: String? = nil,
-        headers: HTTPHeaders = [:], fieldErrors: [FieldError] = [], extensions: JSONObject = [:]
-    ) {
+    public init(_ status: HTTPStatus, detail: String, type: String = "about:blank", code: String? = nil,
+                headers: HTTPHeaders = [:]) {
         self.status = status
         self.detail = detail
         self.type = type
         self.code = code ?? Self.code(for: status)
         self.headers = headers
-        self.fieldErrors = fieldErrors
-        self.extensions = extensions
     }
 
     /// The code of a problem that has no more specific one.
@@ -105,37 +88,55 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
         }
     }
 
-    public func response() -> HTTPResponse {
-        var json = JSONWriter()
-        json.beginObject()
-        json.field("type", type)
-        json.field("title", status.reason)
-        json.field("status", status.code)
-        json.field("detail", detail)
-        json.field("code", code)
-        if !fieldErrors.isEmpty {
-            json.key(static: "errors")
-            json.beginArray()
-            for error in fieldErrors {
-                json.beginObject()
-                json.field("field", error.field)
-                json.field("message", error.message)
-                json.endObject()
-            }
-            json.endArray()
-        }
-        for member in extensions {
-            json.key(member.key)
-            json.value(member.value)
-        }
-        json.endObject()
-        var headers = self.headers
-        headers.add("Content-Type", "application/problem+json")
-        return HTTPResponse(status: status, headers: headers, body: json.bytes)
-    }
+    public func response() -> HTTPResponse { response(extraMembers: []) }
 
+    /// Equal when the answers' problem objects are; headers are not compared.
     public static func == (lhs: HTTPProblem, rhs: HTTPProblem) -> Bool {
         lhs.status == rhs.status && lhs.detail == rhs.detail && lhs.type == rhs.type && lhs.code == rhs.code
-            && lhs.fieldErrors == rhs.fieldErrors && lhs.extensions == rhs.extensions
+    }
+
+    /// The problem+json answer. `extraMembers` are further members of the object (RFC 9457
+    /// extensions) as encoded JSON, `"name":value` pairs joined by commas.
+    public func response(extraMembers: [UInt8]) -> HTTPResponse {
+        var body: [UInt8] = []
+        body.reserveCapacity(128 + detail.utf8.count + extraMembers.count)
+        body.append(contentsOf: #"{"type":"#.utf8)
+        Self.appendQuoted(type, to: &body)
+        body.append(contentsOf: #","title":"#.utf8)
+        Self.appendQuoted(status.reason, to: &body)
+        body.append(contentsOf: #","status":\#(status.code),"detail":"#.utf8)
+        Self.appendQuoted(detail, to: &body)
+        body.append(contentsOf: #","code":"#.utf8)
+        Self.appendQuoted(code, to: &body)
+        if !extraMembers.isEmpty {
+            body.append(UInt8(ascii: ","))
+            body.append(contentsOf: extraMembers)
+        }
+        body.append(UInt8(ascii: "}"))
+        var headers = self.headers
+        headers.add("Content-Type", "application/problem+json")
+        return HTTPResponse(status: status, headers: headers, body: body)
+    }
+
+    /// A JSON string (RFC 8259): quotes, backslashes and control characters escaped.
+    private static func appendQuoted(_ text: String, to body: inout [UInt8]) {
+        let hex = Array("0123456789abcdef".utf8)
+        body.append(UInt8(ascii: "\""))
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"):
+                body.append(UInt8(ascii: "\\"))
+                body.append(byte)
+            case UInt8(ascii: "\n"): body.append(contentsOf: #"\n"#.utf8)
+            case UInt8(ascii: "\r"): body.append(contentsOf: #"\r"#.utf8)
+            case UInt8(ascii: "\t"): body.append(contentsOf: #"\t"#.utf8)
+            case 0..<0x20:
+                body.append(contentsOf: #"\u00"#.utf8)
+                body.append(hex[Int(byte >> 4)])
+                body.append(hex[Int(byte & 0xF)])
+            default: body.append(byte)
+            }
+        }
+        body.append(UInt8(ascii: "\""))
     }
 }

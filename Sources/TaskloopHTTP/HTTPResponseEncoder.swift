@@ -1,4 +1,4 @@
-import TaskloopJSON
+import TaskloopBytes
 
 /// Writes response heads and bodies as HTTP/1.1 bytes into a connection's output buffer.
 enum HTTPResponseEncoder {

@@ -1,3 +1,5 @@
+import TaskloopBytes
+
 /// Why a body is not JSON, with the byte offset where reading stopped.
 public struct JSONParseError: Error, Equatable, CustomStringConvertible {
     public let offset: Int

@@ -1,3 +1,5 @@
+import TaskloopBytes
+
 /// Writes JSON straight into bytes, in order, with RFC 8259 string escaping. Used for every
 /// response body the service composes, so it avoids intermediate values.
 ///
@@ -227,52 +229,11 @@ public struct JSONWriter: ~Copyable {
     }
 }
 
-/// Writes the decimal digits of `value` at `destination` (room for 20 bytes); returns how many.
-private func writeDecimal(_ value: Int64, to destination: UnsafeMutablePointer<UInt8>) -> Int {
-    // Most numbers in an answer are small (priorities, attempts, counts).
-    if value >= 0 && value < 10 {
-        destination[0] = UInt8(ascii: "0") + UInt8(value)
-        return 1
-    }
-    var written = 0
-    if value < 0 {
-        destination[0] = UInt8(ascii: "-")
-        written = 1
-    }
-    var rest = value.magnitude
-    var digits = 1
-    var probe = rest
-    while probe >= 10 {
-        probe /= 10
-        digits += 1
-    }
-    var position = written + digits
-    let end = position
-    repeat {
-        position -= 1
-        destination[position] = UInt8(ascii: "0") + UInt8(rest % 10)
-        rest /= 10
-    } while rest > 0
-    return end
-}
-
 extension JSONValue {
     /// The value as compact JSON bytes.
     public var encoded: [UInt8] {
         var writer = JSONWriter()
         writer.value(self)
         return writer.bytes
-    }
-}
-
-
-extension Array where Element == UInt8 {
-    /// Appends the decimal digits of `value`, without going through `String`.
-    public mutating func appendDecimal(_ value: Int64) {
-        var scratch: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes, no allocation
-        Swift.withUnsafeMutableBytes(of: &scratch) { buffer in
-            let count = writeDecimal(value, to: buffer.baseAddress!.assumingMemoryBound(to: UInt8.self))
-            append(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-        }
     }
 }

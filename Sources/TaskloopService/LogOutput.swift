@@ -47,7 +47,6 @@ public final class LogSink: @unchecked Sendable {
         var thread = pthread_t()
         let started = pthread_create(&thread, nil, { context in
             Unmanaged<LogSink>.fromOpaque(context!).takeUnretainedValue().writeForever()
-            return nil
         }, Unmanaged.passRetained(self).toOpaque())
         precondition(started == 0, "cannot start the log writer thread")
         pthread_detach(thread)

@@ -6,21 +6,21 @@ import TaskloopJSON
 /// once as `errors[{field, message}]` (422); bodies that are not JSON are 400, bodies that are
 /// not declared JSON are 415. Nothing here changes state.
 struct BodyReader {
-    private(set) var errors: [HTTPProblem.FieldError] = []
+    private(set) var errors: [APIProblem.FieldError] = []
 
     /// The JSON document of a request, or nil for an empty body when `optional`.
-    static func document(_ request: HTTPRequest, optional: Bool = false) throws(HTTPProblem) -> JSONValue? {
+    static func document(_ request: HTTPRequest, optional: Bool = false) throws(APIProblem) -> JSONValue? {
         if request.body.isEmpty && optional { return nil }
         let contentType = request.headers["Content-Type"] ?? ""
         guard isJSON(contentType) else {
-            throw HTTPProblem(.unsupportedMediaType,
+            throw APIProblem(.unsupportedMediaType,
                               detail: contentType.isEmpty ? "Send the body as application/json (Content-Type is missing)."
                                   : "Send the body as application/json, not \(contentType).")
         }
         do {
             return try JSONParser.parse(request.body)
         } catch {
-            throw HTTPProblem(.badRequest, detail: "The body is not valid JSON: \(error).", code: "malformed_json")
+            throw APIProblem(.badRequest, detail: "The body is not valid JSON: \(error).", code: "malformed_json")
         }
     }
 
@@ -48,15 +48,15 @@ struct BodyReader {
     }
 
     mutating func fail(_ field: String, _ message: String) {
-        errors.append(HTTPProblem.FieldError(field: field, message: message))
+        errors.append(APIProblem.FieldError(field: field, message: message))
     }
 
     /// Throws the collected errors, if any, as one 422.
-    func check() throws(HTTPProblem) {
+    func check() throws(APIProblem) {
         guard !errors.isEmpty else { return }
         let detail = errors.count == 1 ? "\(errors[0].field): \(errors[0].message)"
             : "The request has \(errors.count) invalid fields."
-        throw HTTPProblem(.unprocessableContent, detail: detail, type: ProblemType.validation, fieldErrors: errors)
+        throw APIProblem(.unprocessableContent, detail: detail, type: ProblemType.validation, fieldErrors: errors)
     }
 
     /// The body's object, or a 422 naming `field` (empty for the whole body).

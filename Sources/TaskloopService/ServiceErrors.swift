@@ -6,20 +6,17 @@ import TaskloopJSON
 extension EngineError: HTTPResponseError {
     public func response() -> HTTPResponse { problem.response() }
 
-    var problem: HTTPProblem {
-        var extensions: JSONObject = [:]
-        if !keys.isEmpty { extensions["keys"] = .array(keys.map { .string($0) }) }
+    var problem: APIProblem {
         switch code {
         case .invalid, .unknownKind, .unknownDependency, .selfDependency, .duplicateDependency, .cycle, .tooManyQueues:
-            return HTTPProblem(.unprocessableContent, detail: message, type: ProblemType.validation, code: code.rawValue,
-                               fieldErrors: [HTTPProblem.FieldError(field: field ?? "body", message: message)],
-                               extensions: extensions)
+            return APIProblem(.unprocessableContent, detail: message, type: ProblemType.validation, code: code.rawValue,
+                              fieldErrors: [APIProblem.FieldError(field: field ?? "body", message: message)], keys: keys)
         case .tooManyUnfinishedTasks:
-            return HTTPProblem(.tooManyRequests, detail: message, code: code.rawValue, headers: ["Retry-After": "1"], extensions: extensions)
+            return APIProblem(.tooManyRequests, detail: message, code: code.rawValue, headers: ["Retry-After": "1"], keys: keys)
         case .notFound:
-            return HTTPProblem(.notFound, detail: message, code: code.rawValue, extensions: extensions)
+            return APIProblem(.notFound, detail: message, code: code.rawValue, keys: keys)
         case .alreadyTerminal, .notRunning:
-            return HTTPProblem(.conflict, detail: message, code: code.rawValue, extensions: extensions)
+            return APIProblem(.conflict, detail: message, code: code.rawValue, keys: keys)
         }
     }
 }

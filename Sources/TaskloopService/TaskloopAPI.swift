@@ -39,7 +39,7 @@ extension TaskloopApplication {
         [
             Route(.GET, "/healthz", [200], isPublic: true) { [unowned self] _, reply in
                 reply.send(isDraining
-                    ? HTTPProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
+                    ? APIProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
                     : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
             },
             Route(.GET, "/openapi.yaml", [200]) { _, reply in
@@ -125,7 +125,7 @@ extension TaskloopApplication {
         var wait: UInt64 = 0
         if let text = request.query("wait") {
             guard let seconds = Double(text), seconds.isFinite, (0...60).contains(seconds) else {
-                throw HTTPProblem(.badRequest, detail: "wait must be a number of seconds from 0 to 60.",
+                throw APIProblem(.badRequest, detail: "wait must be a number of seconds from 0 to 60.",
                                   type: ProblemType.validation, code: "invalid_query",
                                   fieldErrors: [.init(field: "wait", message: "must be 0 to 60.")])
             }
@@ -138,7 +138,7 @@ extension TaskloopApplication {
     }
 
     private func listTasks(_ request: HTTPRequest, _ reply: Reply) throws {
-        var errors: [HTTPProblem.FieldError] = []
+        var errors: [APIProblem.FieldError] = []
         var state: TaskState?
         var queue: TaskQueue?
         var workflow: WorkflowRecord?
@@ -168,7 +168,7 @@ extension TaskloopApplication {
             if after == nil { errors.append(.init(field: "after", message: "is not a cursor this server gave out.")) }
         }
         guard errors.isEmpty else {
-            throw HTTPProblem(.badRequest, detail: "The query has \(errors.count) invalid parameter(s).",
+            throw APIProblem(.badRequest, detail: "The query has \(errors.count) invalid parameter(s).",
                               type: ProblemType.validation, code: "invalid_query", fieldErrors: errors)
         }
         let page = empty ? (tasks: [], next: nil) : engine.listTasks(before: after, limit: limit, in: workflow) { task in
@@ -306,41 +306,41 @@ extension TaskloopApplication {
 
     // MARK: helpers
 
-    private func refuseWhileDraining() throws(HTTPProblem) {
+    private func refuseWhileDraining() throws(APIProblem) {
         guard !isDraining else {
-            throw HTTPProblem(.serviceUnavailable, detail: "The server is shutting down and accepts no new tasks.",
+            throw APIProblem(.serviceUnavailable, detail: "The server is shutting down and accepts no new tasks.",
                               headers: ["Retry-After": "5"])
         }
     }
 
-    private func checkKindAllowed(_ kind: String, field: String) throws(HTTPProblem) {
+    private func checkKindAllowed(_ kind: String, field: String) throws(APIProblem) {
         guard kind != "exec" || configuration.allowExec else {
-            throw HTTPProblem(.unprocessableContent,
+            throw APIProblem(.unprocessableContent,
                               detail: "exec tasks are disabled; the server must be started with --allow-exec.",
                               type: ProblemType.validation, code: "exec_not_allowed",
                               fieldErrors: [.init(field: field, message: "exec is not allowed here.")])
         }
     }
 
-    private func existingTask(_ request: HTTPRequest) throws(HTTPProblem) -> TaskRecord {
+    private func existingTask(_ request: HTTPRequest) throws(APIProblem) -> TaskRecord {
         let text = request.parameters["id"] ?? ""
         guard let id = TaskID(text), let task = engine.task(id) else {
-            throw HTTPProblem(.notFound, detail: "No task \(text).")
+            throw APIProblem(.notFound, detail: "No task \(text).")
         }
         return task
     }
 
-    private func existingWorkflow(_ request: HTTPRequest) throws(HTTPProblem) -> WorkflowRecord {
+    private func existingWorkflow(_ request: HTTPRequest) throws(APIProblem) -> WorkflowRecord {
         let text = request.parameters["id"] ?? ""
         guard let id = TaskID(text), let workflow = engine.workflow(id) else {
-            throw HTTPProblem(.notFound, detail: "No workflow \(text).")
+            throw APIProblem(.notFound, detail: "No workflow \(text).")
         }
         return workflow
     }
 
-    private func existingQueue(_ request: HTTPRequest) throws(HTTPProblem) -> TaskQueue {
+    private func existingQueue(_ request: HTTPRequest) throws(APIProblem) -> TaskQueue {
         let name = request.parameters["name"] ?? ""
-        guard let queue = engine.queues[name] else { throw HTTPProblem(.notFound, detail: "No queue \(name).") }
+        guard let queue = engine.queues[name] else { throw APIProblem(.notFound, detail: "No queue \(name).") }
         return queue
     }
 }

@@ -162,7 +162,7 @@ public final class TaskloopApplication {
         if let authToken, found?.isPublic != true {
             guard let given = request.headers["Authorization"].flatMap(Self.bearerCredentials),
                   Self.constantTimeEqual(given, authToken) else {
-                return reply.send(HTTPProblem(.unauthorized, detail: "This server requires a bearer token.",
+                return reply.send(APIProblem(.unauthorized, detail: "This server requires a bearer token.",
                                               headers: ["WWW-Authenticate": "Bearer"]).response())
             }
         }
@@ -220,7 +220,7 @@ public final class TaskloopApplication {
     /// The task as JSON, or 404 if it is gone.
     func taskResponse(_ id: TaskID, status: HTTPStatus = .ok) -> HTTPResponse {
         guard let task = engine.task(id) else {
-            return HTTPProblem(.notFound, detail: "No task \(id).").response()
+            return APIProblem(.notFound, detail: "No task \(id).").response()
         }
         return .json(status, Representation.task(task))
     }

@@ -121,14 +121,15 @@ import Testing
     }
 
     @Test func problemsRenderAsProblemJSON() {
-        let problem = HTTPProblem(.unprocessableContent, detail: "bad \"input\"\n",
-                                  fieldErrors: [.init(field: "params.duration_ms", message: "must be >= 0")])
+        let problem = HTTPProblem(.unprocessableContent, detail: "bad \"input\"\n\\ \u{1}é", headers: ["Retry-After": "1"])
         let response = problem.response()
         #expect(response.status.code == 422)
         #expect(response.headers["Content-Type"] == "application/problem+json")
+        #expect(response.headers["Retry-After"] == "1")
         #expect(String(decoding: response.body, as: UTF8.self) ==
-            #"{"type":"about:blank","title":"Unprocessable Content","status":422,"detail":"bad \"input\"\n","code":"invalid","#
-            + #""errors":[{"field":"params.duration_ms","message":"must be >= 0"}]}"#)
+            #"{"type":"about:blank","title":"Unprocessable Content","status":422,"detail":"bad \"input\"\n\\ \u0001é","code":"invalid"}"#)
+        let extended = problem.response(extraMembers: Array(#""keys":["a"]"#.utf8))
+        #expect(String(decoding: extended.body, as: UTF8.self).hasSuffix(#""code":"invalid","keys":["a"]}"#))
     }
 
     @Test func dateHeaderIsIMFFixdate() {
