@@ -10,7 +10,7 @@ TEST_PACKAGES := curl jq openssl
 FUZZ_SECONDS ?= 20
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench build release deps bench-deps fuzz clean openapi
+.PHONY: run test bench build release deps bench-deps fuzz clean
 
 # Installs whichever of the listed Debian packages are missing (apt-get update only if needed).
 define ensure_packages
@@ -45,9 +45,6 @@ test: deps
 	bash scripts/check-openapi.sh
 	bash scripts/check-container.sh
 
-# After editing openapi.yaml: regenerate the copy the binary serves.
-openapi:
-	bash scripts/embed-openapi.sh
 
 bench: bench-deps
 	bash Benchmarks/engine/run.sh

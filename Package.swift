@@ -68,6 +68,9 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
+            // The spec the server serves at /openapi.yaml is the file itself (a link to the
+            // repository's openapi.yaml), compiled into the binary.
+            resources: [.embedInCode("Resources/openapi.yaml")],
             swiftSettings: hotPathSettings
         ),
         .executableTarget(

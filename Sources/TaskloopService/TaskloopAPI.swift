@@ -43,7 +43,7 @@ extension TaskloopApplication {
                     : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
             },
             Route(.GET, "/openapi.yaml", [200]) { _, reply in
-                reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: OpenAPISpec.bytes))
+                reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: PackageResources.openapi_yaml))
             },
             Route(.GET, "/metrics", [200]) { [unowned self] _, reply in
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
