@@ -9,7 +9,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Manifest first: the dependency fetch stays cached while only sources change.
-COPY Package.swift ./
+COPY Package.swift openapi.yaml ./
 COPY Sources ./Sources
 COPY Tests ./Tests
 COPY Benchmarks ./Benchmarks
