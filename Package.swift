@@ -17,6 +17,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
@@ -50,7 +51,7 @@ let package = Package(
         ),
         .target(
             name: "TaskloopHTTPClient",
-            dependencies: ["CLibUV", "CCurl", "TaskloopLoop"]
+            dependencies: ["CLibUV", "CCurl", "TaskloopLoop", .product(name: "Crypto", package: "swift-crypto")]
         ),
         .target(
             name: "TaskloopEngine",
@@ -112,6 +113,7 @@ let package = Package(
             dependencies: [
                 "TaskloopService", "TaskloopLoop", "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON",
                 "TaskloopTestSupport", "TaskloopLoopTestSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -1,4 +1,5 @@
 import CCurl
+import Crypto
 import Glibc
 import TaskloopLoop
 
@@ -174,7 +175,7 @@ public final class HTTPTransfer {
     fileprivate func body(_ chunk: UnsafeRawBufferPointer) -> Int {
         guard !cancelled else { return 0 }
         received += Int64(chunk.count)
-        digest.update(chunk)
+        digest.update(bufferPointer: chunk)
         let room = request.maxKeptBodyBytes - kept.count
         if room > 0 { kept.append(contentsOf: chunk.prefix(room)) }
         if reportsProgress { onProgress?(received, expected) }
@@ -205,7 +206,7 @@ public final class HTTPTransfer {
             return follow(location)
         }
         let response = HTTPClientResponse(
-            status: status, headers: headers, body: kept, bytes: received, sha256: digest.finalize(),
+            status: status, headers: headers, body: kept, bytes: received, sha256: Array(digest.finalize()),
             url: request.url, redirects: redirects, durationMilliseconds: client.loop.now - started)
         complete(.success(response))
     }

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import Testing
 import TaskloopHTTPClient
@@ -15,9 +16,7 @@ import TaskloopTestSupport
     static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
 
     static func sha256(_ bytes: [UInt8]) -> String {
-        var hasher = SHA256()
-        hasher.update(bytes)
-        return hex(hasher.finalize())
+        hex(Array(SHA256.hash(data: bytes)))
     }
 
     func submit(_ client: APIClient, _ params: [String: Any], extra: [String: Any] = [:]) throws -> String {
