@@ -122,6 +122,4 @@ public struct TaskSpec: Sendable {
         self.retry = retry
         self.metadata = metadata
     }
-
-    public static let priorities = -8...8
 }

@@ -6,6 +6,8 @@ import TaskloopJSON
 /// once as `errors[{field, message}]` (422); bodies that are not JSON are 400, bodies that are
 /// not declared JSON are 415. Nothing here changes state.
 struct BodyReader {
+    /// The ranges and lengths come from the engine's rules, written once there.
+    typealias Rules = SubmissionValidator
     private(set) var errors: [APIProblem.FieldError] = []
 
     /// The JSON document of a request, or nil for an empty body when `optional`.
@@ -124,7 +126,7 @@ struct BodyReader {
                 return .failure(Refusal("must be an integer, not \(value.kindDescription)."))
             }
             guard range.contains(number) else {
-                return .failure(Refusal("must be from \(range.lowerBound) to \(range.upperBound)."))
+                return .failure(Refusal(Rules.rangeRule(range)))
             }
             return .success(number)
         }
@@ -158,7 +160,7 @@ struct BodyReader {
         rejectUnknown(object, allowed: Self.taskFields, alsoAllowed: siblingKeys == nil ? nil : "key", prefix: prefix)
         var spec = TaskSpec(kind: "")
         if object.nonNull("kind") != nil {
-            if case .some(let kind?) = string(object, "kind", prefix: prefix, maxLength: 64) { spec.kind = kind }
+            if case .some(let kind?) = string(object, "kind", prefix: prefix, maxLength: Rules.maxKindLength) { spec.kind = kind }
         } else {
             fail(prefix + "kind", "is required.")
         }
@@ -167,9 +169,9 @@ struct BodyReader {
                 fail(prefix + "params", "must be an object, not \(params.kindDescription).")
             }
         }
-        if case .some(let name) = string(object, "name", prefix: prefix, nullable: true) { spec.name = name }
-        if case .some(let queue?) = string(object, "queue", prefix: prefix, maxLength: 64) { spec.queue = queue }
-        if case .some(let priority?) = integer(object, "priority", prefix: prefix, in: -8...8) { spec.priority = Int(priority) }
+        if case .some(let name) = string(object, "name", prefix: prefix, maxLength: Rules.maxNameLength, nullable: true) { spec.name = name }
+        if case .some(let queue?) = string(object, "queue", prefix: prefix, maxLength: Rules.maxQueueNameLength) { spec.queue = queue }
+        if case .some(let priority?) = integer(object, "priority", prefix: prefix, in: Rules.priorities) { spec.priority = Int(priority) }
         if let dependencies = object["dependencies"] {
             if let list = dependencies.arrayValue {
                 spec.dependencies.reserveCapacity(list.count)
@@ -199,20 +201,20 @@ struct BodyReader {
                 fail(prefix + "on_dependency_failure", "must be \"cancel\" or \"run\".")
             }
         }
-        if case .some(let timeout?) = integer(object, "timeout_ms", prefix: prefix, in: 1...604_800_000, nullable: true) {
+        if case .some(let timeout?) = integer(object, "timeout_ms", prefix: prefix, in: Rules.timeoutMilliseconds, nullable: true) {
             spec.timeoutMilliseconds = UInt64(timeout)
         }
         if let retry = object["retry"] {
             if let retryObject = self.object(retry, prefix + "retry") {
                 let at = prefix + "retry."
                 rejectUnknown(retryObject, allowed: ["max_attempts", "backoff_ms", "backoff_factor"], prefix: at)
-                if case .some(let attempts?) = integer(retryObject, "max_attempts", prefix: at, in: 1...100) {
+                if case .some(let attempts?) = integer(retryObject, "max_attempts", prefix: at, in: Rules.maxAttempts) {
                     spec.retry.maxAttempts = Int(attempts)
                 }
-                if case .some(let backoff?) = integer(retryObject, "backoff_ms", prefix: at, in: 0...86_400_000) {
+                if case .some(let backoff?) = integer(retryObject, "backoff_ms", prefix: at, in: Rules.backoffMilliseconds) {
                     spec.retry.backoffMilliseconds = UInt64(backoff)
                 }
-                if case .some(let factor?) = number(retryObject, "backoff_factor", prefix: at, in: 1...10) {
+                if case .some(let factor?) = number(retryObject, "backoff_factor", prefix: at, in: Rules.backoffFactors) {
                     spec.retry.backoffFactor = factor
                 }
             }

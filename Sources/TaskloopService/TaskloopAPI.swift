@@ -263,7 +263,7 @@ extension TaskloopApplication {
                     let prefix = "tasks[\(index)]."
                     guard let task = reader.object(element, "tasks[\(index)]") else { continue }
                     let key: String?
-                    switch reader.string(task, "key", prefix: prefix, maxLength: 128) {
+                    switch reader.string(task, "key", prefix: prefix, maxLength: SubmissionValidator.maxKeyLength) {
                     case .some(let value?) where !value.isEmpty: key = value
                     case .some: reader.fail(prefix + "key", "is required and must not be empty."); key = nil
                     case .none:
@@ -294,7 +294,7 @@ extension TaskloopApplication {
         var maxConcurrency: Int?, paused: Bool?
         if let object = reader.object(document, "") {
             reader.rejectUnknown(object, allowed: ["max_concurrency", "paused"], prefix: "")
-            if case .some(let value?) = reader.integer(object, "max_concurrency", prefix: "", in: 1...10_000) {
+            if case .some(let value?) = reader.integer(object, "max_concurrency", prefix: "", in: SubmissionValidator.maxConcurrency) {
                 maxConcurrency = Int(value)
             }
             if case .some(let value?) = reader.boolean(object, "paused", prefix: "") { paused = value }

@@ -152,7 +152,12 @@ import TaskloopJSON
         #expect(field(TaskSpec(kind: "sleep", params: ["duration_ms": 1, "steps": 0])) == "params.steps")
         #expect(field(TaskSpec(kind: "sleep", params: ["duration_ms": 1, "outcome": "maybe"])) == "params.outcome")
         #expect(field(TaskSpec(kind: "noop", retry: RetryPolicy(maxAttempts: 0))) == "retry.max_attempts")
-        #expect(h.engine.taskCount == 0)
+        #expect(field(TaskSpec(kind: "noop", retry: RetryPolicy(backoffMilliseconds: 86_400_001))) == "retry.backoff_ms")
+        #expect(field(TaskSpec(kind: "noop", retry: RetryPolicy(backoffFactor: .nan))) == "retry.backoff_factor")
+        #expect(field(TaskSpec(kind: "noop", timeoutMilliseconds: 604_800_001)) == "timeout_ms")
+        #expect(field(TaskSpec(kind: "noop", name: String(repeating: "é", count: 257))) == "name")
+        #expect(field(TaskSpec(kind: "noop", name: String(repeating: "é", count: 256))) == nil)
+        #expect(h.engine.taskCount == 1)
     }
 }
 

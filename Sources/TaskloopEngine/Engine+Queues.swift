@@ -1,0 +1,44 @@
+/// Queues: settings, and the bound on how many exist.
+extension Engine {
+    /// Changes a queue's limit or pause switch (creating it if needed), with immediate effect.
+    @discardableResult
+    public func updateQueue(_ name: String, maxConcurrency: Int? = nil, paused: Bool? = nil) throws(EngineError) -> TaskQueue {
+        guard SubmissionValidator.isValidQueueName(name) else {
+            throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "name")
+        }
+        if let maxConcurrency, !SubmissionValidator.maxConcurrency.contains(Int64(maxConcurrency)) {
+            throw EngineError(.invalid, "max_concurrency \(SubmissionValidator.rangeRule(SubmissionValidator.maxConcurrency))",
+                              field: "max_concurrency")
+        }
+        if queues[name] == nil { try makeRoomForQueues(1, field: "name") }
+        return settling {
+            let queue = queue(named: name)
+            if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
+            if let paused { queue.paused = paused }
+            needsDispatch(queue)
+            dispatch()
+            return queue
+        }
+    }
+
+    /// Makes sure `count` more queues fit under `maxQueues`, forgetting idle ones if need be.
+    func makeRoomForQueues(_ count: Int, field: String) throws(EngineError) {
+        guard queues.count + count > configuration.maxQueues else { return }
+        for queue in Array(queues.values) where isIdle(queue) { forget(queue) }
+        guard queues.count + count <= configuration.maxQueues else {
+            throw EngineError(.tooManyQueues, "The server already holds \(queues.count) queues (limit \(configuration.maxQueues)).",
+                              field: field)
+        }
+    }
+
+    /// A queue that holds no task and has default settings: forgetting it changes nothing.
+    func isIdle(_ queue: TaskQueue) -> Bool {
+        queue.counts.total == 0 && !queue.paused && queue.maxConcurrency == configuration.defaultConcurrency
+            && queue.name != "default"
+    }
+
+    func forget(_ queue: TaskQueue) {
+        queues.removeValue(forKey: queue.name)
+        if lastQueue === queue { lastQueue = nil }
+    }
+}

@@ -1,0 +1,106 @@
+/// Submitting a task: checks that change nothing, then insertion and linking.
+extension Engine {
+    /// Submits one task. Throws (changing nothing) if the spec or a dependency is invalid or
+    /// the unfinished-task limit would be exceeded.
+    @discardableResult
+    public func submit(_ spec: TaskSpec) throws(EngineError) -> TaskRecord {
+        try settling { () throws(EngineError) in try submitSettling(spec) }
+    }
+
+    func submitSettling(_ spec: TaskSpec) throws(EngineError) -> TaskRecord {
+        let executor = try check(spec, at: "")
+        var dependencies: [TaskID] = []
+        if !spec.dependencies.isEmpty {
+            dependencies.reserveCapacity(spec.dependencies.count)
+            duplicateStamp += 1
+            for (position, reference) in spec.dependencies.enumerated() {
+                guard case .task(let id) = reference else {
+                    throw EngineError(.unknownDependency, "Keys name sibling tasks only inside a workflow.",
+                                      field: "dependencies[\(position)]")
+                }
+                try claimDependency(id) { "dependencies[\(position)]" }
+                dependencies.append(id)
+            }
+        }
+        try admit(1)
+        let now = scheduler.wallClock
+        let record = makeRecord(spec, executor: executor, dependencies: dependencies, createdAt: now)
+        let wasDispatching = dispatching
+        dispatching = true
+        register(record)
+        for id in dependencies { link(record, to: tasks[id]!) }
+        if record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
+        dispatching = wasDispatching
+        dispatch()
+        return record
+    }
+
+    /// The existing task `id` as a dependency of the list being checked (stamped with
+    /// `duplicateStamp`): throws if it does not exist or the list named it already.
+    @discardableResult
+    func claimDependency(_ id: TaskID, field: () -> String) throws(EngineError) -> TaskRecord {
+        guard let dependency = tasks[id] else {
+            throw EngineError(.unknownDependency, "No task \(id).", field: field())
+        }
+        guard dependency.duplicateStamp != duplicateStamp else {
+            throw EngineError(.duplicateDependency, "Task \(id) is listed twice.", field: field())
+        }
+        dependency.duplicateStamp = duplicateStamp
+        return dependency
+    }
+
+    /// Refuses a submission that would exceed the unfinished-task limit.
+    func admit(_ count: Int) throws(EngineError) {
+        guard unfinishedCount + count <= configuration.maxUnfinishedTasks else {
+            throw EngineError(.tooManyUnfinishedTasks,
+                              "The server already holds \(unfinishedCount) unfinished tasks (limit \(configuration.maxUnfinishedTasks)).")
+        }
+    }
+
+    func makeRecord(_ spec: TaskSpec, executor: TaskExecutor, dependencies: [TaskID], createdAt: Int64,
+                            id: TaskID? = nil) -> TaskRecord {
+        sequence += 1
+        return TaskRecord(id: id ?? ids.next(wallClockMilliseconds: createdAt), sequence: sequence, spec: spec,
+                          executor: executor, queue: queue(named: spec.queue), dependencies: dependencies,
+                          createdAt: createdAt)
+    }
+
+    func register(_ record: TaskRecord) {
+        tasks.append(record)
+        unfinishedCount += 1
+        record.queue.count(.pending, 1)
+    }
+
+    /// Checks a spec's own fields (not its dependencies) and finds its executor. `at` prefixes
+    /// field paths (`tasks[3].`).
+    func check(_ spec: TaskSpec, at: @autoclosure () -> String) throws(EngineError) -> TaskExecutor {
+        guard let executor = executor(of: spec.kind) else {
+            throw EngineError(.unknownKind, "Unknown kind \(spec.kind); known kinds: \(kinds.joined(separator: ", ")).",
+                              field: "\(at())kind")
+        }
+        do {
+            try executor.validate(spec.params)
+        } catch {
+            let field = error.field.map { $0.isEmpty ? "\(at())params" : "\(at())params.\($0)" }
+            throw EngineError(error.code, error.message, field: field)
+        }
+        try SubmissionValidator.check(spec, at: at)
+        guard lastQueue?.name == spec.queue || queues[spec.queue] != nil || SubmissionValidator.isValidQueueName(spec.queue) else {
+            throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "\(at())queue")
+        }
+        if lastQueue?.name != spec.queue && queues[spec.queue] == nil { try makeRoomForQueues(1, field: "\(at())queue") }
+        return executor
+    }
+
+    /// Makes `record` wait for `dependency`, or applies a dependency that already finished.
+    func link(_ record: TaskRecord, to dependency: TaskRecord) {
+        if dependency.state.isTerminal {
+            if dependency.state != .succeeded, record.onDependencyFailure == .cancel, !record.state.isTerminal {
+                finish(record, as: .cancelled, error: .dependencyFailed(dependency.id, state: dependency.state))
+            }
+            return
+        }
+        record.blockingDependencies += 1
+        dependency.dependents.append(record)
+    }
+}

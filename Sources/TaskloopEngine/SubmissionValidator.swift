@@ -1,0 +1,53 @@
+/// The rules a submission's own fields obey (ranges, lengths, shapes), written once. The engine
+/// checks every spec and queue setting with them; the HTTP body readers take their ranges and
+/// lengths from here, so that they can report every bad field at once without restating a
+/// rule. Pure: no state, no executors (a kind's `params` are its executor's to check).
+public enum SubmissionValidator {
+    public static let priorities: ClosedRange<Int64> = -8...8
+    public static let timeoutMilliseconds: ClosedRange<Int64> = 1...604_800_000
+    public static let maxAttempts: ClosedRange<Int64> = 1...100
+    public static let backoffMilliseconds: ClosedRange<Int64> = 0...86_400_000
+    public static let backoffFactors: ClosedRange<Double> = 1...10
+    public static let maxConcurrency: ClosedRange<Int64> = 1...10_000
+    /// Lengths in Unicode scalars, as JSON Schema counts them.
+    public static let maxKindLength = 64
+    public static let maxQueueNameLength = 64
+    public static let maxNameLength = 256
+    public static let maxKeyLength = 128
+    public static let queueNameRule = "queue must be 1 to 64 letters, digits, '-', '_' or '.'."
+
+    /// Checks `spec`'s own fields (not its kind, params or dependencies), naming the first
+    /// that breaks a rule. `at` prefixes field paths (`tasks[3].`).
+    public static func check(_ spec: TaskSpec, at prefix: () -> String) throws(EngineError) {
+        if let name = spec.name, name.utf8.count > maxNameLength, name.unicodeScalars.count > maxNameLength {
+            throw EngineError(.invalid, "name must be at most \(maxNameLength) characters.", field: "\(prefix())name")
+        }
+        guard priorities.contains(Int64(spec.priority)) else {
+            throw EngineError(.invalid, "priority \(rangeRule(priorities))", field: "\(prefix())priority")
+        }
+        if let timeout = spec.timeoutMilliseconds, !timeoutMilliseconds.contains(Int64(clamping: timeout)) {
+            throw EngineError(.invalid, "timeout_ms \(rangeRule(timeoutMilliseconds))", field: "\(prefix())timeout_ms")
+        }
+        guard maxAttempts.contains(Int64(spec.retry.maxAttempts)) else {
+            throw EngineError(.invalid, "retry.max_attempts \(rangeRule(maxAttempts))", field: "\(prefix())retry.max_attempts")
+        }
+        guard backoffMilliseconds.contains(Int64(clamping: spec.retry.backoffMilliseconds)) else {
+            throw EngineError(.invalid, "retry.backoff_ms \(rangeRule(backoffMilliseconds))", field: "\(prefix())retry.backoff_ms")
+        }
+        guard spec.retry.backoffFactor.isFinite, backoffFactors.contains(spec.retry.backoffFactor) else {
+            throw EngineError(.invalid, "retry.backoff_factor must be from 1 to 10.", field: "\(prefix())retry.backoff_factor")
+        }
+    }
+
+    /// 1 to 64 ASCII letters, digits, '-', '_' or '.'.
+    public static func isValidQueueName(_ name: String) -> Bool {
+        (1...maxQueueNameLength).contains(name.utf8.count) && name.utf8.allSatisfy {
+            ($0 >= 0x30 && $0 <= 0x39) || ($0 | 0x20 >= 0x61 && $0 | 0x20 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E
+        }
+    }
+
+    /// "must be from A to B.", the message for a value outside `range`.
+    public static func rangeRule<Bound: Comparable>(_ range: ClosedRange<Bound>) -> String {
+        "must be from \(range.lowerBound) to \(range.upperBound)."
+    }
+}
