@@ -24,7 +24,8 @@ extension Engine {
             if !record.cancelRequested {
                 record.cancelRequested = true
                 emit(.cancelRequested(record))
-                record.graceTimer = scheduler.schedule(after: configuration.cancelGraceMilliseconds) { [link, weak record] in
+                let grace = record.run?.stopGraceMilliseconds ?? configuration.cancelGraceMilliseconds
+                record.graceTimer = scheduler.schedule(after: grace) { [link, weak record] in
                     guard let engine = link.engine, let record, record.state == .running else { return }
                     engine.settling {
                         engine.finish(record, as: .cancelled, error: TaskError(

@@ -10,8 +10,9 @@ public struct EngineConfiguration: Sendable {
     public var retentionMilliseconds: UInt64 = 3_600_000
     /// ...or sooner, oldest first, beyond this many.
     public var maxRetainedTasks = 100_000
-    /// A running task whose executor does not confirm a cancellation within this is finished
-    /// as cancelled anyway; its late reports are ignored.
+    /// A running task whose executor does not confirm a cancellation within this (or within
+    /// its attempt's own `TaskRun.stopGraceMilliseconds`) is finished as cancelled anyway; its
+    /// late reports are ignored.
     public var cancelGraceMilliseconds: UInt64 = 10_000
     /// Most queues known at once. Any name creates a queue, so without a bound a client could
     /// grow memory and metric series without end; a queue that holds no task and has default

@@ -26,6 +26,12 @@ public final class TaskRun {
     let record: TaskRecord
     /// Called (once) when the engine wants this attempt to stop: cancellation or timeout.
     public var onCancel: (() -> Void)?
+    /// How long this attempt may take to stop once asked, when its kind has its own rule: the
+    /// executor sets it at start (an `exec` attempt: its `grace_ms`, then the kill and reap).
+    /// The engine finishes a cancelled task without the executor's confirmation only after
+    /// this, or after `EngineConfiguration.cancelGraceMilliseconds` when it is nil: one grace
+    /// per attempt, stated by whoever knows it.
+    public var stopGraceMilliseconds: UInt64?
     public private(set) var stopRequested = false
 
     init(link: EngineLink, record: TaskRecord) {

@@ -44,11 +44,13 @@ final class ManualExecutor: TaskExecutor {
     var runs: [TaskRun] = []
     var confirmsCancel = false
     var cancelRequests = 0
+    var stopGrace: UInt64?
 
     func validate(_ params: JSONValue) throws(EngineError) {}
 
     func start(_ run: TaskRun) {
         runs.append(run)
+        run.stopGraceMilliseconds = stopGrace
         run.onCancel = { [unowned self, weak run] in
             cancelRequests += 1
             if confirmsCancel { run?.cancelled() }

@@ -320,6 +320,20 @@ import TaskloopJSON
         #expect(task.state == .cancelled)
     }
 
+    /// An attempt that states its own grace (an `exec` with a long `grace_ms`) is waited for
+    /// that long, not the engine's default.
+    @Test func anAttemptsOwnGraceReplacesTheDefault() throws {
+        let manual = ManualExecutor()
+        manual.stopGrace = 30_000
+        let h = EngineHarness(configure: { $0.cancelGraceMilliseconds = 500 }, extra: ["manual": manual])
+        let task = try h.submit("m", "manual")
+        try h.engine.cancel(task.id)
+        h.clock.advance(by: 29_999)
+        #expect(task.state == .running && task.cancelRequested)
+        h.clock.advance(by: 1)
+        #expect(task.state == .cancelled)
+    }
+
     @Test func unconfirmedCancellationEndsAfterTheGracePeriod() throws {
         let manual = ManualExecutor()
         let h = EngineHarness(configure: { $0.cancelGraceMilliseconds = 500 }, extra: ["manual": manual])

@@ -115,6 +115,21 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// A `grace_ms` longer than the engine's own cancel grace is the one that counts: the task
+    /// is not declared cancelled while its program still runs.
+    @Test func aLongGraceOutlastsTheEngineDefault() throws {
+        let service = try ServiceHarness {
+            $0.allowExec = true
+            $0.engine.cancelGraceMilliseconds = 50
+        }
+        let client = try service.client()
+        let family = try startFamily(client, params: ["grace_ms": 600], trap: "trap '' TERM;")
+        #expect(try client.call("DELETE", "/tasks/\(family.task)").status == 202)
+        _ = try client.waitForState(family.task, "cancelled")
+        #expect(Self.isGone(family.child), "cancelled only once the program was killed at its grace and reaped")
+        try service.stop()
+    }
+
     @Test func aTimeoutFailsTheTaskAndStopsTheChild() throws {
         let service = try ServiceHarness { $0.allowExec = true }
         let client = try service.client()

@@ -127,6 +127,9 @@ final class ExecExecutor: TaskExecutor {
         } catch {
             return run.fail(TaskError(code: "invalid_params", message: error.message))
         }
+        // The attempt confirms a stop by itself: SIGKILL at `grace_ms`, the reap, at most the
+        // exit drain; the engine's backstop waits for that, and a second more.
+        run.stopGraceMilliseconds = params.grace + Self.exitDrainMilliseconds + 1_000
         ExecAttempt(run: run, params: params, executor: self).begin()
     }
 
