@@ -24,8 +24,8 @@ struct HTTPConnectionStateMachine: Equatable {
         case idle(since: UInt64, fresh: Bool)
         case readingHead(since: UInt64)
         case readingBody(since: UInt64)
-        /// The handler owns the request; `streaming` once a chunked response has begun.
-        case responding(streaming: Bool)
+        /// The handler owns the request.
+        case responding
         /// The last response is written or being written; no more requests are read.
         case closing
         case closed
@@ -80,11 +80,7 @@ struct HTTPConnectionStateMachine: Equatable {
     mutating func requestReceived(keepAlive: Bool) {
         guard acceptsInput else { return }
         requestKeepAlive = keepAlive
-        state = .responding(streaming: false)
-    }
-
-    mutating func streamStarted() {
-        if case .responding(streaming: false) = state { state = .responding(streaming: true) }
+        state = .responding
     }
 
     /// `keepAlive` is the answer's own verdict (a handler may insist on `Connection: close`).

@@ -60,12 +60,10 @@ final class HTTPConnection {
     private var sequence: UInt64 = 0
     private var answeringHead = false
     private var answeringHTTP10 = false
-    private var streamKeepsAlive = true
     private var isParsing = false
     private var peerEnded = false
     private var reading = true
     private var closeObserver: (() -> Void)?
-    private var writableObserver: (() -> Void)?
 
     init(context: HTTPConnectionContext, transport: HTTPTransport) {
         self.context = context
@@ -110,14 +108,12 @@ final class HTTPConnection {
     func transportDrained() {
         guard transport != nil, queuedOutputBytes <= context.outputLowWater else { return }
         continueAfterResponse()
-        writableObserver?()
     }
 
     func transportClosed() {
         machine.transportClosed()
         transport = nil
         pendingInput = []
-        writableObserver = nil
         let observer = closeObserver
         closeObserver = nil
         observer?()
@@ -238,22 +234,15 @@ final class HTTPConnection {
 
     // MARK: answering
 
-    private func isCurrent(_ sequence: UInt64, streaming: Bool) -> Bool {
-        sequence == self.sequence && transport != nil && machine.state == .responding(streaming: streaming)
-    }
-
     func isOpen(_ sequence: UInt64) -> Bool {
-        sequence == self.sequence && transport != nil && {
-            if case .responding = machine.state { return true }
-            return false
-        }()
+        sequence == self.sequence && transport != nil && machine.state == .responding
     }
 
     func respond(_ sequence: UInt64, _ response: HTTPResponse) {
-        guard isCurrent(sequence, streaming: false) else { return }
+        guard isOpen(sequence) else { return }
         let keepAlive = machine.responseKeepsAlive && !response.headers.containsToken("close", in: "Connection")
         HTTPResponseEncoder.appendHead(
-            status: response.status, headers: response.headers, framing: .contentLength(response.body.count),
+            status: response.status, headers: response.headers, contentLength: response.body.count,
             keepAlive: keepAlive, http10Client: answeringHTTP10,
             dateLine: context.dateCache.currentHeaderLine(), to: &output)
         if !answeringHead && response.status.code >= 200 && response.status.code != 204 && response.status.code != 304 {
@@ -262,57 +251,13 @@ final class HTTPConnection {
         finishResponse(keepAlive: keepAlive)
     }
 
-    func startStream(_ sequence: UInt64, status: HTTPStatus, headers: HTTPHeaders) -> Bool {
-        guard isCurrent(sequence, streaming: false) else { return false }
-        streamKeepsAlive = machine.responseKeepsAlive && !answeringHTTP10
-            && !headers.containsToken("close", in: "Connection")
-        HTTPResponseEncoder.appendHead(
-            status: status, headers: headers, framing: answeringHTTP10 ? .untilClose : .chunked,
-            keepAlive: streamKeepsAlive, http10Client: answeringHTTP10,
-            dateLine: context.dateCache.currentHeaderLine(), to: &output)
-        machine.streamStarted()
-        flush()
-        return true
-    }
-
-    func streamWrite(_ sequence: UInt64, _ bytes: [UInt8]) -> Bool {
-        guard isCurrent(sequence, streaming: true) else { return false }
-        if !answeringHead {
-            if answeringHTTP10 {
-                output.append(contentsOf: bytes)
-            } else {
-                HTTPResponseEncoder.appendChunk(bytes, to: &output)
-            }
-        }
-        flush()
-        return true
-    }
-
-    func streamFinish(_ sequence: UInt64) {
-        guard isCurrent(sequence, streaming: true) else { return }
-        if !answeringHead && !answeringHTTP10 {
-            output.append(contentsOf: HTTPResponseEncoder.lastChunk)
-        }
-        finishResponse(keepAlive: streamKeepsAlive)
-    }
-
-    func isWritable(_ sequence: UInt64) -> Bool {
-        isCurrent(sequence, streaming: true) && !isOverHighWater
-    }
-
     func onClose(_ sequence: UInt64, _ observer: @escaping () -> Void) {
         guard isOpen(sequence) else { return observer() }
         closeObserver = observer
     }
 
-    func onWritable(_ sequence: UInt64, _ observer: @escaping () -> Void) {
-        guard isOpen(sequence) else { return }
-        writableObserver = observer
-    }
-
     private func finishResponse(keepAlive: Bool) {
         closeObserver = nil
-        writableObserver = nil
         switch machine.responseFinished(now: context.clock(), keepAlive: keepAlive) {
         case .readNextRequest:
             if isParsing { return }
@@ -327,7 +272,7 @@ final class HTTPConnection {
         machine.beginClosing()
         let response = problem.response()
         HTTPResponseEncoder.appendHead(
-            status: response.status, headers: response.headers, framing: .contentLength(response.body.count),
+            status: response.status, headers: response.headers, contentLength: response.body.count,
             keepAlive: false, http10Client: false, dateLine: context.dateCache.currentHeaderLine(), to: &output)
         output.append(contentsOf: response.body)
         pendingInput = []
@@ -346,44 +291,11 @@ public struct HTTPResponder {
         connection.respond(sequence, response)
     }
 
-    /// Starts a streamed response (chunked for HTTP/1.1 clients).
-    public func startStream(status: HTTPStatus = .ok, headers: HTTPHeaders = [:]) -> HTTPResponseStream? {
-        connection.startStream(sequence, status: status, headers: headers)
-            ? HTTPResponseStream(connection: connection, sequence: sequence) : nil
-    }
-
     /// False once the request is answered or its client has gone.
     public var isOpen: Bool { connection.isOpen(sequence) }
 
     /// Calls `observer` if the connection closes before the answer is complete (a client that
     /// gave up on a long poll), or at once if it already has.
-    public func onClose(_ observer: @escaping () -> Void) {
-        connection.onClose(sequence, observer)
-    }
-}
-
-/// The body of a streamed response. Producers should write while `isWritable` and otherwise wait
-/// for `onWritable`, so a slow reader never makes the server buffer without bound.
-public struct HTTPResponseStream {
-    let connection: HTTPConnection
-    let sequence: UInt64
-
-    /// Sends one chunk. False if the stream is finished or the client has gone.
-    @discardableResult
-    public func write(_ bytes: [UInt8]) -> Bool {
-        connection.streamWrite(sequence, bytes)
-    }
-
-    public func finish() {
-        connection.streamFinish(sequence)
-    }
-
-    public var isWritable: Bool { connection.isWritable(sequence) }
-
-    public func onWritable(_ observer: @escaping () -> Void) {
-        connection.onWritable(sequence, observer)
-    }
-
     public func onClose(_ observer: @escaping () -> Void) {
         connection.onClose(sequence, observer)
     }

@@ -15,17 +15,10 @@ enum HTTPResponseEncoder {
         }
     }
 
-    enum Framing {
-        case contentLength(Int)
-        case chunked
-        /// HTTP/1.0 streaming: the body ends when the connection closes.
-        case untilClose
-    }
-
     /// Appends status line and headers. The handler's framing and connection headers are
     /// replaced by the server's own.
     static func appendHead(
-        status: HTTPStatus, headers: HTTPHeaders, framing: Framing, keepAlive: Bool,
+        status: HTTPStatus, headers: HTTPHeaders, contentLength: Int, keepAlive: Bool,
         http10Client: Bool, dateLine: [UInt8], to output: inout [UInt8]
     ) {
         appendStatusLine(status, to: &output)
@@ -39,18 +32,11 @@ enum HTTPResponseEncoder {
             output.append(UInt8(ascii: "\n"))
             return true
         }
-        switch framing {
-        case .contentLength(let length):
-            if status.code >= 200 && status.code != 204 && status.code != 304 {
-                output.append(contentsOf: contentLengthPrefix)
-                output.appendDecimal(Int64(length))
-                output.append(UInt8(ascii: "\r"))
-                output.append(UInt8(ascii: "\n"))
-            }
-        case .chunked:
-            output.append(contentsOf: chunkedLine)
-        case .untilClose:
-            break
+        if status.code >= 200 && status.code != 204 && status.code != 304 {
+            output.append(contentsOf: contentLengthPrefix)
+            output.appendDecimal(Int64(contentLength))
+            output.append(UInt8(ascii: "\r"))
+            output.append(UInt8(ascii: "\n"))
         }
         output.append(contentsOf: dateLine)
         if !keepAlive {
@@ -62,20 +48,8 @@ enum HTTPResponseEncoder {
         output.append(UInt8(ascii: "\n"))
     }
 
-    static func appendChunk(_ bytes: [UInt8], to output: inout [UInt8]) {
-        guard !bytes.isEmpty else { return }
-        appendHex(bytes.count, to: &output)
-        output.append(UInt8(ascii: "\r"))
-        output.append(UInt8(ascii: "\n"))
-        output.append(contentsOf: bytes)
-        output.append(UInt8(ascii: "\r"))
-        output.append(UInt8(ascii: "\n"))
-    }
-
-    static let lastChunk: [UInt8] = Array("0\r\n\r\n".utf8)
     static let continueResponse: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
     private static let contentLengthPrefix: [UInt8] = Array("Content-Length: ".utf8)
-    private static let chunkedLine: [UInt8] = Array("Transfer-Encoding: chunked\r\n".utf8)
     private static let closeLine: [UInt8] = Array("Connection: close\r\n".utf8)
     private static let keepAliveLine: [UInt8] = Array("Connection: keep-alive\r\n".utf8)
 

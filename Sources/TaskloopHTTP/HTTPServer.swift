@@ -202,7 +202,7 @@ public final class HTTPServer {
         let response = problem.response()
         var bytes: [UInt8] = []
         HTTPResponseEncoder.appendHead(
-            status: response.status, headers: response.headers, framing: .contentLength(response.body.count),
+            status: response.status, headers: response.headers, contentLength: response.body.count,
             keepAlive: false, http10Client: false, dateLine: [], to: &bytes)
         return bytes + response.body
     }

@@ -268,23 +268,6 @@ import Testing
         parked?.respond(HTTPResponse())
         #expect(harness.transport.sent.isEmpty)
     }
-
-    @Test func streamedResponsesAreChunked() {
-        let harness = ConnectionHarness()
-        var stream: HTTPResponseStream?
-        harness.handler = { _, responder in
-            stream = responder.startStream(headers: ["Content-Type": "text/event-stream"])
-        }
-        harness.receive("GET /events HTTP/1.1\r\nHost: t\r\n\r\n")
-        #expect(stream?.write(Array("hello".utf8)) == true)
-        #expect(stream?.write(Array("world!".utf8)) == true)
-        stream?.finish()
-        #expect(stream?.write(Array("late".utf8)) == false)
-        let text = harness.transport.sentText
-        #expect(text.contains("Transfer-Encoding: chunked\r\n"))
-        #expect(text.hasSuffix("\r\n\r\n5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n"))
-        #expect(harness.transport.closeRequest == nil)
-    }
 }
 
 extension String {

@@ -35,20 +35,6 @@ import TaskloopTestSupport
             }
         }
         router.add(.GET, "/never") { _, _ in }
-        router.add(.GET, "/stream/{count}") { request, responder in
-            guard let stream = responder.startStream(headers: ["Content-Type": "text/plain"]) else { return }
-            let timer = try LoopTimer(loop: loop)
-            var remaining = Int(request.parameters["count"] ?? "") ?? 3
-            timer.start(after: 1, every: 5) {
-                if remaining == 0 {
-                    stream.finish()
-                    timer.close()
-                } else {
-                    stream.write(Array("tick \(remaining)\n".utf8))
-                    remaining -= 1
-                }
-            }
-        }
         router.add(.GET, "/fail") { _, _ in throw CancellationError() }
         router.add(.GET, "/conflict") { _, _ in throw HTTPProblem(.conflict, detail: "Already done.") }
         return router
@@ -176,18 +162,6 @@ import TaskloopTestSupport
         #expect(head.header("Content-Length") == "4096")
         // If HEAD had sent a body, this would read 'xxxx...' instead of a status line.
         #expect(try client.readResponse().text == #"{"hello":"world"}"#)
-    }
-
-    @Test func streamedResponsesArriveAsChunks() throws {
-        let server = try Self.start()
-        defer { #expect(throws: Never.self) { try server.stop() } }
-        let client = try RawClient(port: server.port)
-        try client.send("GET /stream/3 HTTP/1.1\r\nHost: t\r\n\r\n")
-        let response = try client.readResponse()
-        #expect(response.header("Transfer-Encoding") == "chunked")
-        #expect(response.chunks.map { String(decoding: $0, as: UTF8.self) } == ["tick 3\n", "tick 2\n", "tick 1\n"])
-        try client.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
-        #expect(try client.readResponse().status == 200)
     }
 
     @Test func routerAnswers404And405AndMapsErrors() throws {

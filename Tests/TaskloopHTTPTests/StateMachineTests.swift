@@ -78,16 +78,6 @@ import Testing
         #expect(busy.responseFinished(now: 1, keepAlive: true) == .close)
     }
 
-    @Test func streamingIsRespondingWithoutTimeouts() {
-        var machine = Machine(now: 0, timeouts: timeouts)
-        machine.bytesArrived(now: 0)
-        machine.requestReceived(keepAlive: true)
-        machine.streamStarted()
-        #expect(machine.state == .responding(streaming: true))
-        #expect(machine.tick(now: 1_000_000) == .none)
-        #expect(machine.responseFinished(now: 1_000_000, keepAlive: true) == .readNextRequest)
-    }
-
     @Test func closedIsFinal() {
         var machine = Machine(now: 0, timeouts: timeouts)
         machine.transportClosed()
