@@ -249,19 +249,6 @@ extension String {
     }
 }
 
-extension StringProtocol {
-    func trimmingASCIISpaces() -> SubSequence {
-        var start = startIndex, end = endIndex
-        while start < end, self[start] == " " || self[start] == "\t" { start = index(after: start) }
-        while end > start {
-            let before = index(before: end)
-            guard self[before] == " " || self[before] == "\t" else { break }
-            end = before
-        }
-        return self[start..<end]
-    }
-}
-
 @inline(__always)
 func asciiLowercased(_ byte: UInt8) -> UInt8 {
     byte &- 65 < 26 ? byte | 0x20 : byte

@@ -56,7 +56,6 @@ public struct HTTPVersion: Hashable, Sendable, CustomStringConvertible {
     public let major: UInt16
     public let minor: UInt16
 
-    public static let http1_0 = HTTPVersion(major: 1, minor: 0)
     public static let http1_1 = HTTPVersion(major: 1, minor: 1)
 
     public var description: String { "HTTP/\(major).\(minor)" }

@@ -65,8 +65,4 @@ enum HTTPResponseEncoder {
         default: return false
         }
     }
-
-    private static func appendHex(_ value: Int, to output: inout [UInt8]) {
-        output.append(contentsOf: String(value, radix: 16).utf8)
-    }
 }

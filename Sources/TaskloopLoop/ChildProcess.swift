@@ -146,9 +146,6 @@ public final class ChildProcess {
         }
     }
 
-    /// Whether the child has been reaped (its output may still be arriving).
-    public var hasExited: Bool { exit != nil }
-
     fileprivate func didRead(_ pipe: UnsafeMutablePointer<uv_stream_t>, _ count: Int, _ base: UnsafeMutablePointer<CChar>?) {
         let stream: Stream = UnsafeMutableRawPointer(pipe) == UnsafeMutableRawPointer(pipes[0]) ? .stdout : .stderr
         if count > 0, let base {
