@@ -226,8 +226,12 @@ import TaskloopTestSupport
         let first = try submit(client, ["url": origin.url("/gated/2000/2"), "connect_timeout_ms": 100])
         try pollUntil("the first request") { origin.requests.value.count == 1 }
         let second = try submit(client, ["url": origin.url("/text/10"), "connect_timeout_ms": 100])
-        // Longer than the second task's connect timeout, while it waits for the one connection.
-        usleep(400_000)
+        // Let the server's own clock pass the second task's connect timeout several times over:
+        // the loop runs its timers in deadline order, so once a 400 ms sleep task (in a queue of
+        // its own: the transfers fill the default one) has finished there, curl's 100 ms timer
+        // for the waiting transfer has fired too.
+        let clock = try #require(try client.submit(Self.json(["kind": "sleep", "queue": "clock", "params": ["duration_ms": 400, "steps": 1]]))["id"] as? String)
+        _ = try client.waitForState(clock, "succeeded")
         #expect(origin.requests.value.count == 1)
         #expect(try client.task(second)["state"] as? String == "running")
         origin.release()

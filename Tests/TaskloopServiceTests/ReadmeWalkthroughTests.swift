@@ -24,21 +24,28 @@ import TaskloopTestSupport
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
 
+        // coreutils' timeout makes its own process group and, at the deadline, signals all of it
+        // (bash and the curl it is waiting on), so the walkthrough is bounded however it hangs.
+        // Output goes to files: nothing here blocks on a pipe.
+        let stdoutFile = directory.appendingPathComponent("stdout"), stderrFile = directory.appendingPathComponent("stderr")
+        FileManager.default.createFile(atPath: stdoutFile.path, contents: nil)
+        FileManager.default.createFile(atPath: stderrFile.path, contents: nil)
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/bash")
-        process.arguments = ["-euo", "pipefail", "-c", script]
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
+        process.arguments = ["--kill-after=5", "60", "/bin/bash", "-euo", "pipefail", "-c", script]
         process.currentDirectoryURL = directory
         process.environment = ProcessInfo.processInfo.environment.merging(["TASKLOOP": "http://127.0.0.1:\(service.port)"]) { $1 }
-        let output = Pipe(), errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
+        process.standardOutput = try FileHandle(forWritingTo: stdoutFile)
+        process.standardError = try FileHandle(forWritingTo: stderrFile)
         let finished = DispatchSemaphore(value: 0)
         process.terminationHandler = { _ in finished.signal() }
-        let printed = output.fileHandleForReading.readDataToEndOfFile()
-        if finished.wait(timeout: .now() + 60) != .success { process.terminate() }
-        let lines = String(decoding: printed, as: UTF8.self).split(separator: "\n").map(String.init)
-        let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        try process.run()
+        let ended = finished.wait(timeout: .now() + 70) == .success
+        if !ended { kill(-process.processIdentifier, SIGKILL) }
+        try #require(ended, "the walkthrough outlived its 60 s bound")
+        let lines = try String(contentsOf: stdoutFile, encoding: .utf8).split(separator: "\n").map(String.init)
+        let stderr = try String(contentsOf: stderrFile, encoding: .utf8)
+        #expect(process.terminationStatus != 124, "the walkthrough took longer than 60 s")
         #expect(process.terminationStatus == 0, "walkthrough failed: \(stderr)")
         try #require(lines.count == 8, "printed: \(lines)")
         #expect(lines[0].contains(#""state":"running""#) && lines[0].contains(#""publish":"#))
