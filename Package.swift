@@ -1,9 +1,12 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-/// Release builds of the hot-path modules skip dynamic exclusivity checks: they cost ~11% of a
-/// request's instructions (28 checks per request in the profile). Debug builds, which run the
-/// tests, keep them, so a violation still traps there.
+/// Release builds of the hot-path modules skip dynamic exclusivity checks. Measured with
+/// callgrind (instructions per request, release build, the same server and load): without the
+/// flag GET /tasks/{id} takes 28.5k instead of 25.1k (+14%) and POST /tasks 47.2k instead of
+/// 37.0k (+28%), about a hundred checks per submission. Debug builds, which run the tests (and
+/// ThreadSanitizer), keep the checks, so a violation still traps there. Unsafe flags keep other
+/// packages from depending on this one; Taskloop is an application, so that costs nothing.
 let hotPathSettings: [SwiftSetting] = [
     .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release)),
 ]
