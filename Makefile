@@ -4,7 +4,7 @@
 SWIFT ?= swift
 HOST ?= 127.0.0.1
 PORT ?= 8080
-BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev pkg-config
+BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev pkg-config
 BENCH_PACKAGES := wrk util-linux gcc
 TEST_PACKAGES := curl jq openssl
 FUZZ_SECONDS ?= 20

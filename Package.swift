@@ -35,6 +35,11 @@ let package = Package(
             providers: [.apt(["libhttp-parser-dev"])]
         ),
         .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .systemLibrary(
             name: "CCurl",
             pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]
@@ -56,6 +61,9 @@ let package = Package(
             name: "TaskloopHTTPClient",
             dependencies: ["CLibUV", "CCurl", "TaskloopLoop", .product(name: "Crypto", package: "swift-crypto")]
         ),
+        // The database: SQLite on a writer thread of its own, the data dir and its lock, the
+        // schema and its migrations.
+        .target(name: "TaskloopStore", dependencies: ["CSQLite"]),
         .target(
             name: "TaskloopEngine",
             dependencies: [
@@ -135,6 +143,10 @@ let package = Package(
         .testTarget(
             name: "TaskloopHTTPTests",
             dependencies: ["TaskloopHTTP", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopStoreTests",
+            dependencies: ["TaskloopStore", "TaskloopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopLoopTests",

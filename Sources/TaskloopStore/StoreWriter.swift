@@ -1,0 +1,128 @@
+import CSQLite
+import Glibc
+
+/// How far a commit goes before it counts as done (`--durability`): `full` waits for fsync of
+/// the WAL (survives a power cut), `normal` for the write to the WAL (survives the process).
+public enum SyncLevel: String, Sendable, CaseIterable {
+    case full, normal
+
+    var pragma: String { self == .full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL" }
+}
+
+/// The one thread that writes to the database, with group commit.
+///
+/// Threading: `submit` may be called from any thread (in the service, the loop thread); the
+/// work closures run on the writer's own thread, which owns the connection from `init` on;
+/// completions are handed to `deliver` (the service hops them onto its loop), all of one
+/// transaction in one call, in submission order. Work submitted while a transaction is being
+/// written waits for the next one, which then takes everything queued: under load one fsync
+/// commits many changes.
+///
+/// A transaction that fails (a full or failing disk) fails every item in it, and the
+/// database is as before; later submissions try again, so the store recovers by itself once
+/// writes succeed.
+public final class StoreWriter: @unchecked Sendable {
+    public typealias Work = (SQLiteDatabase) throws -> Void
+    public typealias Completion = (Result<Void, SQLiteError>) -> Void
+    public typealias Deliver = @Sendable (@escaping @Sendable () -> Void) -> Void
+
+    private struct Item {
+        let work: Work
+        let completion: Completion
+    }
+
+    private let database: SQLiteDatabase
+    private let deliver: Deliver
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    private var queue: [Item] = []
+    private var closing = false
+    private var thread = pthread_t()
+    private var committed = 0
+
+    /// Takes over `database` (no other thread may touch it from now on) and starts the thread.
+    public init(database: SQLiteDatabase, syncLevel: SyncLevel, deliver: @escaping Deliver) throws(SQLiteError) {
+        try database.execute("PRAGMA journal_mode = WAL")
+        try database.execute(syncLevel.pragma)
+        self.database = database
+        self.deliver = deliver
+        pthread_mutex_init(mutex, nil)
+        pthread_cond_init(wake, nil)
+        let started = pthread_create(&thread, nil, { context in
+            Unmanaged<StoreWriter>.fromOpaque(context!).takeUnretainedValue().writeUntilClosed()
+            return nil
+        }, Unmanaged.passUnretained(self).toOpaque())
+        precondition(started == 0, "cannot start the store writer thread")
+    }
+
+    deinit {
+        pthread_mutex_destroy(mutex)
+        pthread_cond_destroy(wake)
+        mutex.deallocate()
+        wake.deallocate()
+    }
+
+    /// Queues `work` for the next transaction; `completion` learns whether it committed.
+    public func submit(_ work: @escaping Work, completion: @escaping Completion) {
+        pthread_mutex_lock(mutex)
+        precondition(!closing, "StoreWriter.submit after close")
+        queue.append(Item(work: work, completion: completion))
+        pthread_cond_signal(wake)
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// Transactions committed so far (for tests and metrics).
+    public var transactionsCommitted: Int {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return committed
+    }
+
+    /// Writes what is queued, then ends the thread and returns. Completions of that last work
+    /// are still handed to `deliver`.
+    public func close() {
+        pthread_mutex_lock(mutex)
+        closing = true
+        pthread_cond_signal(wake)
+        pthread_mutex_unlock(mutex)
+        pthread_join(thread, nil)
+    }
+
+    private func writeUntilClosed() {
+        while true {
+            pthread_mutex_lock(mutex)
+            while queue.isEmpty && !closing { pthread_cond_wait(wake, mutex) }
+            let batch = queue
+            queue.removeAll(keepingCapacity: true)
+            let done = closing && batch.isEmpty
+            pthread_mutex_unlock(mutex)
+            if done { return }
+            let outcome = write(batch)
+            let completions = UncheckedSendable(batch.map(\.completion))
+            deliver { for completion in completions.value { completion(outcome) } }
+        }
+    }
+
+    private func write(_ batch: [Item]) -> Result<Void, SQLiteError> {
+        do {
+            try database.transaction {
+                for item in batch { try item.work(database) }
+            }
+            pthread_mutex_lock(mutex)
+            committed += 1
+            pthread_mutex_unlock(mutex)
+            return .success(())
+        } catch let error as SQLiteError {
+            return .failure(error)
+        } catch {
+            return .failure(SQLiteError(code: SQLITE_ERROR, message: "\(error)", operation: "store work"))
+        }
+    }
+}
+
+/// Carries loop-thread closures across the writer thread untouched: they are only called
+/// again where `deliver` runs them, on the loop.
+struct UncheckedSendable<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}
