@@ -15,6 +15,7 @@ extension Engine {
             let queue = queue(named: name)
             if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
             if let paused { queue.paused = paused }
+            emit(.queueChanged(queue))
             needsDispatch(queue)
             dispatch()
             return queue
@@ -39,6 +40,7 @@ extension Engine {
 
     func forget(_ queue: TaskQueue) {
         queues.removeValue(forKey: queue.name)
+        emit(.queueForgotten(queue.name))
         if lastQueue === queue { lastQueue = nil }
     }
 }

@@ -63,10 +63,17 @@ extension Engine {
         needsDispatch(record.queue)
         let delay = record.retry.backoff(after: record.attempt)
         record.attempt += 1
+        record.notBefore = scheduler.wallClock + Int64(clamping: delay)
+        scheduleRetry(record, after: delay)
+    }
+
+    /// Makes `record` (pending for a retry's backoff) ready after `delay`.
+    func scheduleRetry(_ record: TaskRecord, after delay: UInt64) {
         record.attemptTimer = scheduler.schedule(after: delay) { [link, weak record] in
             guard let engine = link.engine, let record, record.state == .pending else { return }
             engine.settling {
                 record.attemptTimer = nil
+                record.notBefore = nil
                 engine.makeReady(record)
                 engine.dispatch()
             }

@@ -10,8 +10,9 @@ extension Engine {
 
     func scheduleRetentionSweep() {
         guard retentionTimer == nil, let oldest = retained.first else { return }
-        let due = oldest.finishedAtMonotonic + configuration.retentionMilliseconds
-        retentionTimer = scheduler.schedule(after: due > scheduler.now ? due - scheduler.now : 0) { [link] in
+        let due = oldest.finishedAtMonotonic + Int64(configuration.retentionMilliseconds)
+        let now = Int64(scheduler.now)
+        retentionTimer = scheduler.schedule(after: due > now ? UInt64(due - now) : 0) { [link] in
             guard let engine = link.engine else { return }
             engine.settling { engine.sweepRetained() }
         }
@@ -19,8 +20,8 @@ extension Engine {
 
     func sweepRetained() {
         retentionTimer = nil
-        let now = scheduler.now
-        while let oldest = retained.first, oldest.finishedAtMonotonic + configuration.retentionMilliseconds <= now {
+        let now = Int64(scheduler.now)
+        while let oldest = retained.first, oldest.finishedAtMonotonic + Int64(configuration.retentionMilliseconds) <= now {
             retained.removeFirst()
             evict(oldest)
         }
@@ -31,9 +32,14 @@ extension Engine {
         tasks.remove(record.id)
         record.queue.count(record.state, -1)
         if isIdle(record.queue) { forget(record.queue) }
+        var workflowEmptied = false
         if let workflow = record.workflow {
             workflow.evicted(record)
-            if workflow.tasks.isEmpty { workflows.removeValue(forKey: workflow.id) }
+            if workflow.tasks.isEmpty {
+                workflows.removeValue(forKey: workflow.id)
+                workflowEmptied = true
+            }
         }
+        emit(.evicted(record, workflowEmptied: workflowEmptied))
     }
 }

@@ -67,6 +67,7 @@ extension Engine {
 
     func register(_ record: TaskRecord) {
         tasks.append(record)
+        emit(.submitted(record))
         unfinishedCount += 1
         record.queue.count(.pending, 1)
     }

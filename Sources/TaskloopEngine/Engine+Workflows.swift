@@ -29,6 +29,7 @@ extension Engine {
         }
         workflow.attach(zip(batch.map(\.key), records).map { ($0, $1) })
         workflows[workflow.id] = workflow
+        emit(.workflowSubmitted(workflow))
         // Nothing may start until the whole batch is linked.
         let wasDispatching = dispatching
         dispatching = true

@@ -26,9 +26,19 @@ public struct EngineConfiguration: Sendable {
 /// reach observers in settled batches (see `Engine.addObserver`); a record may have moved on
 /// since the event, so a state change names both of its states.
 public enum EngineEvent {
+    /// A task was created (in `pending`; where it went from there follows as state changes).
+    case submitted(TaskRecord)
     case stateChanged(TaskRecord, from: TaskState, to: TaskState)
     case progressed(TaskRecord)
     case cancelRequested(TaskRecord)
+    /// A workflow was created; its tasks are submitted in the same batch.
+    case workflowSubmitted(WorkflowRecord)
+    /// A queue's settings changed.
+    case queueChanged(TaskQueue)
+    /// A queue with default settings and no tasks was forgotten.
+    case queueForgotten(String)
+    /// Retention forgot a terminal task; `workflowEmptied` when it was its workflow's last.
+    case evicted(TaskRecord, workflowEmptied: Bool)
 }
 
 /// A reference to the engine that `deinit` clears, for timers and attempts that may outlive it.
@@ -240,10 +250,11 @@ public final class Engine {
             record.run = nil
             run.requestStop()
         }
+        record.notBefore = nil
         record.result = result
         if let error { record.error = error } else if state == .succeeded { record.error = nil }
         record.finishedAt = scheduler.wallClock
-        record.finishedAtMonotonic = scheduler.now
+        record.finishedAtMonotonic = Int64(scheduler.now)
         transition(record, to: state)
         unfinishedCount -= 1
         if wasRunning { needsDispatch(record.queue) }

@@ -87,6 +87,12 @@ public struct TaskIDGenerator {
         self.random = random
     }
 
+    /// Makes every later id sort after `id` (one restored from a store), whatever the clock
+    /// says after a restart.
+    public mutating func continueAfter(_ id: TaskID) {
+        if id > last { last = id }
+    }
+
     public mutating func next(wallClockMilliseconds: Int64) -> TaskID {
         let stamp = UInt64(max(0, wallClockMilliseconds)) & 0xFFFF_FFFF_FFFF
         let next: TaskID

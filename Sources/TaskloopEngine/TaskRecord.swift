@@ -33,6 +33,8 @@ public final class TaskRecord {
     public internal(set) var result: JSONValue?
     public internal(set) var error: TaskError?
     public internal(set) var progress = TaskProgress()
+    /// Wall-clock milliseconds before which a task waiting out a retry's backoff does not run.
+    public internal(set) var notBefore: Int64?
 
     /// Dependencies that have not yet released this task.
     var blockingDependencies = 0
@@ -46,8 +48,9 @@ public final class TaskRecord {
     var graceTimer: ScheduledAction?
     /// The engine's duplicate-dependency check marks records it has seen in one list.
     var duplicateStamp: UInt64 = 0
-    /// Monotonic milliseconds at the terminal transition, for retention.
-    var finishedAtMonotonic: UInt64 = 0
+    /// Monotonic milliseconds at the terminal transition, for retention; before the clock's
+    /// zero (negative) for a task restored from before a restart.
+    var finishedAtMonotonic: Int64 = 0
 
     init(id: TaskID, sequence: UInt64, spec: TaskSpec, executor: TaskExecutor, queue: TaskQueue, dependencies: [TaskID],
          createdAt: Int64) {

@@ -3,11 +3,13 @@ import TaskloopJSON
 
 /// An engine on a virtual clock, with helpers that keep tests short.
 final class EngineHarness {
-    let clock = VirtualScheduler()
+    let clock: VirtualScheduler
     let engine: Engine
     var events: [String] = []
 
-    init(configure: (inout EngineConfiguration) -> Void = { _ in }, extra: [String: TaskExecutor] = [:]) {
+    init(configure: (inout EngineConfiguration) -> Void = { _ in }, extra: [String: TaskExecutor] = [:],
+         clock: VirtualScheduler = VirtualScheduler()) {
+        self.clock = clock
         var configuration = EngineConfiguration()
         configure(&configuration)
         engine = Engine(configuration: configuration, scheduler: clock, extraExecutors: extra)

@@ -1,0 +1,140 @@
+/// What a store needs from the engine: plain snapshots of the records a settled batch names,
+/// and, after a restart, the engine rebuilt from the snapshots it kept.
+extension Engine {
+    public func snapshot(of record: TaskRecord) -> TaskSnapshot {
+        TaskSnapshot(
+            id: record.id, sequence: record.sequence, kind: record.kind, params: record.params, name: record.name,
+            queue: record.queue.name, priority: record.priority, dependencies: record.dependencies,
+            onDependencyFailure: record.onDependencyFailure, timeoutMilliseconds: record.timeoutMilliseconds,
+            retry: record.retry, metadata: record.metadata, workflow: record.workflow?.id, createdAt: record.createdAt,
+            state: record.state, cancelRequested: record.cancelRequested, attempt: record.attempt,
+            startedAt: record.startedAt, finishedAt: record.finishedAt, result: record.result, error: record.error,
+            progress: record.progress, notBefore: record.notBefore)
+    }
+
+    public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
+        WorkflowSnapshot(id: workflow.id, name: workflow.name, createdAt: workflow.createdAt,
+                         keys: workflow.keys.map { WorkflowSnapshot.WorkflowKey(key: $0.key, id: $0.id) })
+    }
+
+    public func snapshot(of queue: TaskQueue) -> QueueSnapshot {
+        QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused)
+    }
+
+    /// Rebuilds a new engine (one nothing was submitted to) from what a store kept, ids and
+    /// order unchanged, then lets it go on:
+    /// - `pending` and `queued` tasks wait and run as before; a retry's backoff resumes from
+    ///   wall time (one that elapsed while the server was down ends at once);
+    /// - a task that was `running` lost its attempt with the process: a cancellation under way
+    ///   completes, anything else ends the attempt as `interrupted` under the retry policy;
+    /// - terminal tasks are retained by their finishing time, and those past retention go.
+    /// What this changes reaches observers as one settled batch, like any call. Throws, having
+    /// changed nothing, when a task's kind has no executor on this server.
+    public func restore(queues savedQueues: [QueueSnapshot], workflows savedWorkflows: [WorkflowSnapshot],
+                        tasks savedTasks: [TaskSnapshot]) throws(EngineError) {
+        precondition(tasks.count == 0 && workflows.isEmpty, "restore needs a new engine")
+        var executorsByTask: [TaskExecutor] = []
+        executorsByTask.reserveCapacity(savedTasks.count)
+        let ordered = savedTasks.sorted { $0.sequence < $1.sequence }
+        for saved in ordered {
+            guard let executor = executor(of: saved.kind) else {
+                throw EngineError(.unknownKind, "Task \(saved.id) is of kind \(saved.kind), which this server does not run "
+                                  + "(known kinds: \(kinds.joined(separator: ", "))).")
+            }
+            executorsByTask.append(executor)
+        }
+        settling {
+            for saved in savedQueues {
+                let queue = queue(named: saved.name)
+                queue.maxConcurrency = saved.maxConcurrency
+                queue.paused = saved.paused
+            }
+            let wallClock = scheduler.wallClock
+            var retainedByFinish: [TaskRecord] = []
+            for (saved, executor) in zip(ordered, executorsByTask) {
+                let spec = TaskSpec(kind: saved.kind, params: saved.params, name: saved.name, queue: saved.queue,
+                                    priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
+                                    timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata)
+                let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
+                                        queue: queue(named: saved.queue), dependencies: saved.dependencies,
+                                        createdAt: saved.createdAt)
+                record.state = saved.state
+                record.cancelRequested = saved.cancelRequested
+                record.attempt = saved.attempt
+                record.startedAt = saved.startedAt
+                record.finishedAt = saved.finishedAt
+                record.result = saved.result
+                record.error = saved.error
+                record.progress = saved.progress
+                record.notBefore = saved.notBefore
+                record.queue.count(saved.state, 1)
+                tasks.append(record)
+                ids.continueAfter(saved.id)
+                sequence = max(sequence, saved.sequence)
+                if saved.state.isTerminal {
+                    record.finishedAtMonotonic = Int64(scheduler.now) - max(0, wallClock - (saved.finishedAt ?? wallClock))
+                    retainedByFinish.append(record)
+                } else {
+                    unfinishedCount += 1
+                }
+            }
+            for saved in savedWorkflows {
+                let workflow = WorkflowRecord(id: saved.id, name: saved.name, createdAt: saved.createdAt)
+                let members = saved.keys.compactMap { key in tasks[key.id].map { (key.key, $0) } }
+                guard !members.isEmpty else { continue }
+                workflow.attach(members)
+                for (_, record) in members { record.workflow = workflow }
+                workflows[workflow.id] = workflow
+                ids.continueAfter(saved.id)
+            }
+            let unfinished = ordered.compactMap { saved in saved.state.isTerminal ? nil : tasks[saved.id] }
+            // Dependencies first, so that what happens next (interruptions, cascades) reaches
+            // every dependent; a dependency no longer kept had finished and been released.
+            let wasDispatching = dispatching
+            dispatching = true
+            for record in unfinished {
+                for id in record.dependencies {
+                    if let dependency = tasks[id] { link(record, to: dependency) }
+                }
+            }
+            for record in unfinished where !record.state.isTerminal {
+                switch record.state {
+                case .running:
+                    interrupt(record)
+                case .queued:
+                    record.queue.ready.insert(record)
+                    needsDispatch(record.queue)
+                case .pending:
+                    if let notBefore = record.notBefore, notBefore > wallClock {
+                        scheduleRetry(record, after: UInt64(notBefore - wallClock))
+                    } else if record.blockingDependencies == 0 {
+                        record.notBefore = nil
+                        makeReady(record)
+                    }
+                case .succeeded, .failed, .cancelled:
+                    break
+                }
+            }
+            retainedByFinish.sort { ($0.finishedAt ?? 0, $0.sequence) < ($1.finishedAt ?? 0, $1.sequence) }
+            for record in retainedByFinish { retained.append(record) }
+            while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() { evict(oldest) }
+            sweepRetained()
+            dispatching = wasDispatching
+            dispatch()
+        }
+    }
+
+    /// A task restored as `running` has no attempt: the process that ran it is gone.
+    private func interrupt(_ record: TaskRecord) {
+        if record.cancelRequested {
+            finish(record, as: .cancelled, error: .cancelled)
+            return
+        }
+        let error = TaskError(code: "interrupted", message: "The server stopped while attempt \(record.attempt) ran.")
+        if record.attempt < record.maxAttempts {
+            retry(record, after: error)
+        } else {
+            finish(record, as: .failed, error: error)
+        }
+    }
+}

@@ -1,0 +1,99 @@
+import TaskloopJSON
+
+/// Everything a store keeps of a task, as plain values: what `Engine.restore` needs to rebuild
+/// the record after a restart. Made by `Engine.snapshot(of:)` from the records a settled batch
+/// names.
+public struct TaskSnapshot: Sendable, Equatable {
+    public var id: TaskID
+    public var sequence: UInt64
+    public var kind: String
+    public var params: JSONValue
+    public var name: String?
+    public var queue: String
+    public var priority: Int
+    public var dependencies: [TaskID]
+    public var onDependencyFailure: DependencyFailurePolicy
+    public var timeoutMilliseconds: UInt64?
+    public var retry: RetryPolicy
+    public var metadata: JSONValue?
+    public var workflow: TaskID?
+    public var createdAt: Int64
+    public var state: TaskState
+    public var cancelRequested: Bool
+    public var attempt: Int
+    public var startedAt: Int64?
+    public var finishedAt: Int64?
+    public var result: JSONValue?
+    public var error: TaskError?
+    public var progress: TaskProgress
+    public var notBefore: Int64?
+
+    public init(
+        id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
+        dependencies: [TaskID], onDependencyFailure: DependencyFailurePolicy, timeoutMilliseconds: UInt64?,
+        retry: RetryPolicy, metadata: JSONValue?, workflow: TaskID?, createdAt: Int64, state: TaskState,
+        cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
+        error: TaskError?, progress: TaskProgress, notBefore: Int64?
+    ) {
+        self.id = id
+        self.sequence = sequence
+        self.kind = kind
+        self.params = params
+        self.name = name
+        self.queue = queue
+        self.priority = priority
+        self.dependencies = dependencies
+        self.onDependencyFailure = onDependencyFailure
+        self.timeoutMilliseconds = timeoutMilliseconds
+        self.retry = retry
+        self.metadata = metadata
+        self.workflow = workflow
+        self.createdAt = createdAt
+        self.state = state
+        self.cancelRequested = cancelRequested
+        self.attempt = attempt
+        self.startedAt = startedAt
+        self.finishedAt = finishedAt
+        self.result = result
+        self.error = error
+        self.progress = progress
+        self.notBefore = notBefore
+    }
+}
+
+/// A workflow as a store keeps it: its tasks are found through their keys.
+public struct WorkflowSnapshot: Sendable, Equatable {
+    public var id: TaskID
+    public var name: String?
+    public var createdAt: Int64
+    public var keys: [WorkflowKey]
+
+    public struct WorkflowKey: Sendable, Equatable {
+        public var key: String
+        public var id: TaskID
+        public init(key: String, id: TaskID) {
+            self.key = key
+            self.id = id
+        }
+    }
+
+    public init(id: TaskID, name: String?, createdAt: Int64, keys: [WorkflowKey]) {
+        self.id = id
+        self.name = name
+        self.createdAt = createdAt
+        self.keys = keys
+    }
+}
+
+/// A queue's settings, kept when they differ from a new queue's.
+public struct QueueSnapshot: Sendable, Equatable {
+    public var name: String
+    public var maxConcurrency: Int
+    public var paused: Bool
+
+    public init(name: String, maxConcurrency: Int, paused: Bool) {
+        self.name = name
+        self.maxConcurrency = maxConcurrency
+        self.paused = paused
+    }
+}
