@@ -63,7 +63,7 @@ let package = Package(
         ),
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
         // schema and its migrations.
-        .target(name: "TaskloopStore", dependencies: ["CSQLite"]),
+        .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON"]),
         .target(
             name: "TaskloopEngine",
             dependencies: [
@@ -146,7 +146,7 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopStoreTests",
-            dependencies: ["TaskloopStore", "TaskloopTestSupport"]
+            dependencies: ["TaskloopStore", "TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopLoopTests",

@@ -1,0 +1,113 @@
+import TaskloopEngine
+
+/// The store of one server: SQLite in a data directory, written by its own thread.
+public final class SQLiteTaskStore: TaskStore {
+    public let directory: DataDirectory
+    private let writer: StoreWriter
+    /// What the database held when the store was opened, until `takeLoaded()`.
+    private var loaded: StoredState?
+
+    /// Locks the data dir, checks and migrates the schema, reads everything back (on the
+    /// calling thread, before the server serves anyone), then starts the writer thread.
+    public init(dataDirectory path: String, syncLevel: SyncLevel, deliver: @escaping StoreWriter.Deliver)
+        throws(DataDirectoryError) {
+        directory = try DataDirectory(path: path)
+        let file = directory.databasePath
+        let database: SQLiteDatabase
+        do { database = try SQLiteDatabase(path: file) } catch { throw .unusable(path: file, reason: error.message) }
+        try StoreSchema.prepare(database)
+        do {
+            loaded = try Self.load(database)
+        } catch let error as SQLiteError {
+            throw error.isStorageFailure ? .unusable(path: file, reason: error.message) : .damaged(path: file, reason: error.message)
+        } catch {
+            throw .damaged(path: file, reason: "\(error)")
+        }
+        do {
+            writer = try StoreWriter(database: database, syncLevel: syncLevel, deliver: deliver)
+        } catch {
+            throw .unusable(path: file, reason: error.message)
+        }
+    }
+
+    /// The state read at open; later calls get nothing (it is large, and restored once).
+    public func takeLoaded() -> StoredState {
+        defer { loaded = nil }
+        return loaded ?? StoredState()
+    }
+
+    public func write(_ batch: StoreBatch, completion: @escaping (Result<Void, StoreWriteError>) -> Void) {
+        let batch = UncheckedSendable(batch)
+        writer.submit({ database in try Self.apply(batch.value, to: database) }) { result in
+            completion(result.mapError { error in
+                StoreWriteError(reason: error.description, isStorageFailure: error.isStorageFailure)
+            })
+        }
+    }
+
+    public func close() {
+        writer.close()
+    }
+
+    /// Transactions committed so far.
+    public var transactionsCommitted: Int { writer.transactionsCommitted }
+
+    static func apply(_ batch: StoreBatch, to database: SQLiteDatabase) throws(SQLiteError) {
+        if !batch.tasks.isEmpty {
+            let upsert = try database.statement("""
+                INSERT INTO tasks (id, sequence, state, workflow, record) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (id) DO UPDATE SET state = excluded.state, record = excluded.record
+                """)
+            for task in batch.tasks {
+                try upsert.bind(1, task.id.description).bind(2, Int64(task.sequence)).bind(3, task.state.rawValue)
+                    .bind(4, task.workflow?.description).bind(5, bytes: RecordCodec.encode(task)).run()
+            }
+        }
+        if !batch.evictedTasks.isEmpty {
+            let delete = try database.statement("DELETE FROM tasks WHERE id = ?")
+            for id in batch.evictedTasks { try delete.bind(1, id.description).run() }
+        }
+        if !batch.workflows.isEmpty {
+            let upsert = try database.statement("""
+                INSERT INTO workflows (id, record) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET record = excluded.record
+                """)
+            for workflow in batch.workflows {
+                try upsert.bind(1, workflow.id.description).bind(2, bytes: RecordCodec.encode(workflow)).run()
+            }
+        }
+        if !batch.evictedWorkflows.isEmpty {
+            let delete = try database.statement("DELETE FROM workflows WHERE id = ?")
+            for id in batch.evictedWorkflows { try delete.bind(1, id.description).run() }
+        }
+        if !batch.queues.isEmpty {
+            let upsert = try database.statement("""
+                INSERT INTO queues (name, max_concurrency, paused) VALUES (?, ?, ?)
+                ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency, paused = excluded.paused
+                """)
+            for queue in batch.queues {
+                try upsert.bind(1, queue.name).bind(2, Int64(queue.maxConcurrency)).bind(3, Int64(queue.paused ? 1 : 0)).run()
+            }
+        }
+        if !batch.forgottenQueues.isEmpty {
+            let delete = try database.statement("DELETE FROM queues WHERE name = ?")
+            for name in batch.forgottenQueues { try delete.bind(1, name).run() }
+        }
+    }
+
+    static func load(_ database: SQLiteDatabase) throws -> StoredState {
+        var state = StoredState()
+        let queues = try database.statement("SELECT name, max_concurrency, paused FROM queues")
+        while try queues.step() {
+            state.queues.append(QueueSnapshot(name: queues.string(0) ?? "", maxConcurrency: Int(queues.int64(1)),
+                                              paused: queues.int64(2) != 0))
+        }
+        queues.reset()
+        let workflows = try database.statement("SELECT record FROM workflows")
+        while try workflows.step() { state.workflows.append(try RecordCodec.decodeWorkflow(workflows.bytes(0))) }
+        workflows.reset()
+        let tasks = try database.statement("SELECT record FROM tasks ORDER BY sequence")
+        while try tasks.step() { state.tasks.append(try RecordCodec.decodeTask(tasks.bytes(0))) }
+        tasks.reset()
+        return state
+    }
+}

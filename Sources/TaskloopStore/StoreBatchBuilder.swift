@@ -1,0 +1,60 @@
+import TaskloopEngine
+
+/// Gathers the engine's settled batches of one loop turn into one `StoreBatch`: each task,
+/// workflow and queue changed in the turn is snapshotted once, when the turn ends, as it is
+/// then.
+///
+/// Threading: the engine's (loop) thread.
+public struct StoreBatchBuilder {
+    private var tasks: [TaskID: TaskRecord] = [:]
+    private var taskOrder: [TaskID] = []
+    private var workflows: [WorkflowRecord] = []
+    private var queues: [String: TaskQueue] = [:]
+    private var evictedTasks: [TaskID] = []
+    private var evictedWorkflows: [TaskID] = []
+    private var forgottenQueues: [String] = []
+
+    public init() {}
+
+    public var isEmpty: Bool {
+        taskOrder.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty
+    }
+
+    public mutating func add(_ events: [EngineEvent]) {
+        for event in events {
+            switch event {
+            case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record):
+                if tasks.updateValue(record, forKey: record.id) == nil { taskOrder.append(record.id) }
+            case .workflowSubmitted(let workflow):
+                workflows.append(workflow)
+            case .queueChanged(let queue):
+                queues[queue.name] = queue
+                forgottenQueues.removeAll { $0 == queue.name }
+            case .queueForgotten(let name):
+                queues.removeValue(forKey: name)
+                forgottenQueues.append(name)
+            case .evicted(let record, let workflowEmptied):
+                // Its id stays in `taskOrder`; `take` skips ids no longer in `tasks`.
+                tasks.removeValue(forKey: record.id)
+                evictedTasks.append(record.id)
+                if workflowEmptied, let workflow = record.workflow {
+                    workflows.removeAll { $0 === workflow }
+                    evictedWorkflows.append(workflow.id)
+                }
+            }
+        }
+    }
+
+    /// The turn's batch, snapshotted now; the builder starts afresh.
+    public mutating func take(from engine: Engine) -> StoreBatch {
+        var batch = StoreBatch()
+        batch.tasks = taskOrder.compactMap { tasks[$0].map { engine.snapshot(of: $0) } }
+        batch.workflows = workflows.map { engine.snapshot(of: $0) }
+        batch.queues = queues.values.map { engine.snapshot(of: $0) }
+        batch.evictedTasks = evictedTasks
+        batch.evictedWorkflows = evictedWorkflows
+        batch.forgottenQueues = forgottenQueues
+        self = StoreBatchBuilder()
+        return batch
+    }
+}

@@ -1,0 +1,49 @@
+import TaskloopEngine
+
+/// What changed in one turn of the loop, as a store writes it: one transaction. Tasks carry
+/// their latest snapshot (a task changed twice in the turn is written once).
+public struct StoreBatch: Sendable {
+    public var tasks: [TaskSnapshot] = []
+    public var evictedTasks: [TaskID] = []
+    public var workflows: [WorkflowSnapshot] = []
+    public var evictedWorkflows: [TaskID] = []
+    public var queues: [QueueSnapshot] = []
+    public var forgottenQueues: [String] = []
+
+    public init() {}
+
+    public var isEmpty: Bool {
+        tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
+            && forgottenQueues.isEmpty
+    }
+}
+
+/// Everything a store kept, for `Engine.restore` at start.
+public struct StoredState: Sendable {
+    public var queues: [QueueSnapshot] = []
+    public var workflows: [WorkflowSnapshot] = []
+    public var tasks: [TaskSnapshot] = []
+
+    public init() {}
+}
+
+/// Why a store could not make a batch durable. The batch's changes are not on disk; the
+/// store keeps working and a later batch may succeed (a disk that filled up and was freed).
+public struct StoreWriteError: Error, CustomStringConvertible {
+    public let reason: String
+    /// The disk is full or failing, rather than the batch being at fault.
+    public let isStorageFailure: Bool
+    public var description: String { reason }
+}
+
+/// Where the engine's settled changes become durable: the engine stays in memory and pure,
+/// and hands each turn's changes to a store, which never hands SQL back. A PostgreSQL store
+/// for several replicas implements the same protocol (see docs/SCALING.md).
+///
+/// Threading: `write` and `close` are called on the loop thread; completions come back there,
+/// in the order of the writes, through the hop the store was given.
+public protocol TaskStore: AnyObject {
+    func write(_ batch: StoreBatch, completion: @escaping (Result<Void, StoreWriteError>) -> Void)
+    /// Writes what is queued, then releases the database and the data dir's lock.
+    func close()
+}

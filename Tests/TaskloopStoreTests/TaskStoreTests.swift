@@ -1,0 +1,157 @@
+import Foundation
+import Testing
+import TaskloopEngine
+import TaskloopJSON
+import TaskloopStore
+import TaskloopTestSupport
+
+/// An engine whose every settled change goes through a real SQLite store, reopened the way a
+/// restarted server reopens it.
+@Suite struct TaskStoreTests {
+    final class Durable {
+        let path: String
+        let clock: VirtualScheduler
+        let engine: Engine
+        var store: SQLiteTaskStore?
+        var builder = StoreBatchBuilder()
+        let pending = Locked(0)
+        let failures = Locked<[StoreWriteError]>([])
+
+        init(path: String = DataDirectoryTests.temporaryPath(), wallClock: Int64 = 1_795_000_000_000,
+             configure: (inout EngineConfiguration) -> Void = { _ in }) throws {
+            self.path = path
+            clock = VirtualScheduler(wallClockOrigin: wallClock)
+            var configuration = EngineConfiguration()
+            configure(&configuration)
+            engine = Engine(configuration: configuration, scheduler: clock)
+            store = try SQLiteTaskStore(dataDirectory: path, syncLevel: .normal) { $0() }
+            engine.addObserver { [unowned self] events in builder.add(events) }
+        }
+
+        /// Ends a "loop turn": its changes go to the store, and this waits until committed.
+        func flush() throws {
+            guard !builder.isEmpty, let store else { return }
+            pending.withLock { $0 += 1 }
+            store.write(builder.take(from: engine)) { [pending, failures] result in
+                if case .failure(let error) = result { failures.withLock { $0.append(error) } }
+                pending.withLock { $0 -= 1 }
+            }
+            try pollUntil("the batch to commit") { pending.value == 0 }
+            #expect(failures.value.isEmpty, "\(failures.value)")
+        }
+
+        /// Closes the store and opens a new engine on the same data dir, `later` ms on.
+        func restart(later: Int64 = 0, configure: (inout EngineConfiguration) -> Void = { _ in }) throws -> Durable {
+            store?.close()
+            store = nil
+            let next = try Durable(path: path, wallClock: clock.wallClock + later, configure: configure)
+            let loaded = next.store!.takeLoaded()
+            try next.engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks)
+            try next.flush()
+            return next
+        }
+
+        func everything() -> [TaskSnapshot] {
+            var all: [TaskSnapshot] = []
+            var before: TaskID?
+            while true {
+                let page = engine.listTasks(before: before, limit: 1_000) { _ in true }
+                all += page.tasks.map { engine.snapshot(of: $0) }
+                guard let next = page.next else { return all.reversed() }
+                before = next
+            }
+        }
+
+        func rows() throws -> Int64? {
+            let reader = try SQLiteDatabase(path: path + "/taskloop.db", mode: .readOnly)
+            return try reader.integer("SELECT count(*) FROM tasks")
+        }
+
+        deinit {
+            store?.close()
+        }
+    }
+
+    @Test func everyStateSurvivesARestart() throws {
+        let first = try Durable()
+        defer { try? FileManager.default.removeItem(atPath: first.path) }
+        let engine = first.engine
+        let done = try engine.submit(TaskSpec(kind: "noop", name: "done", metadata: ["owner": "me", "n": 1.5]))
+        let running = try engine.submit(TaskSpec(kind: "sleep", params: ["duration_ms": 1_000, "steps": 4], name: "running",
+                                                 retry: RetryPolicy(maxAttempts: 3, backoffMilliseconds: 250, backoffFactor: 1.5)))
+        let waiting = try engine.submit(TaskSpec(kind: "noop", name: "waiting", dependencies: [.task(running.id)],
+                                                 onDependencyFailure: .run))
+        let flaky = try engine.submit(TaskSpec(kind: "sleep", params: ["duration_ms": 10, "outcome": "fail"], name: "flaky",
+                                               timeoutMilliseconds: 60_000, retry: RetryPolicy(maxAttempts: 2)))
+        try engine.updateQueue("slow", maxConcurrency: 1, paused: true)
+        let workflow = try engine.submitWorkflow(name: "wf", tasks: [
+            (key: "x", spec: TaskSpec(kind: "noop", queue: "slow", priority: -2)),
+            (key: "y", spec: TaskSpec(kind: "noop", queue: "slow", dependencies: [.sibling(key: "x")])),
+        ])
+        let cancelled = try engine.submit(TaskSpec(kind: "noop", queue: "slow"))
+        try engine.cancel(cancelled.id)
+        first.clock.advance(by: 300)
+        try first.flush()
+        #expect(running.state == .running && running.progress.fraction == 0.25 && flaky.state == .pending)
+        #expect(done.state == .succeeded && waiting.state == .pending)
+
+        let before = first.everything()
+        let second = try first.restart(later: 100)
+        let after = second.everything()
+        #expect(after.map(\.id) == before.map(\.id), "ids and order unchanged")
+        for (old, new) in zip(before, after) where old.id != running.id {
+            #expect(new == old, "\(old.name ?? old.id.description)")
+        }
+        let interrupted = try #require(second.engine.task(running.id))
+        #expect(interrupted.state == .pending && interrupted.attempt == 2 && interrupted.error?.code == "interrupted")
+        #expect(second.engine.workflow(workflow.id)?.keys.map(\.key) == ["x", "y"])
+        #expect(second.engine.queues["slow"]?.paused == true)
+
+        // What the restart changed was written too: a second restart finds the same.
+        let settled = second.everything()
+        let third = try second.restart()
+        #expect(third.everything() == settled)
+        // And it all runs to the end.
+        try third.engine.updateQueue("slow", paused: false)
+        third.clock.advance(by: 60_000)
+        try third.flush()
+        #expect(third.engine.task(running.id)?.state == .succeeded)
+        #expect(third.engine.task(waiting.id)?.state == .succeeded)
+        #expect(third.engine.workflow(workflow.id)?.state == .succeeded)
+        #expect(third.engine.task(flaky.id)?.state == .failed)
+    }
+
+    /// Retention deletes rows as it evicts tasks, so the table holds what memory holds.
+    @Test func evictedTasksLeaveTheDatabase() throws {
+        let durable = try Durable { $0.maxRetainedTasks = 10 }
+        defer { try? FileManager.default.removeItem(atPath: durable.path) }
+        for index in 0..<100 {
+            _ = try durable.engine.submit(TaskSpec(kind: "noop", name: "t\(index)"))
+            if index % 7 == 0 { try durable.flush() }
+        }
+        try durable.flush()
+        #expect(durable.engine.taskCount == 10)
+        #expect(try durable.rows() == 10)
+        let restarted = try durable.restart { $0.maxRetainedTasks = 10 }
+        #expect(restarted.everything().map(\.name) == (90..<100).map { "t\($0)" })
+    }
+
+    @Test func aRowThisServerCannotReadStopsTheOpen() throws {
+        let durable = try Durable()
+        defer { try? FileManager.default.removeItem(atPath: durable.path) }
+        _ = try durable.engine.submit(TaskSpec(kind: "noop"))
+        try durable.flush()
+        durable.store?.close()
+        durable.store = nil
+        do {
+            let database = try SQLiteDatabase(path: durable.path + "/taskloop.db")
+            try database.execute("UPDATE tasks SET record = '{\"id\": 42}'")
+        }
+        do {
+            _ = try SQLiteTaskStore(dataDirectory: durable.path, syncLevel: .normal) { $0() }
+            Issue.record("a damaged row was accepted")
+        } catch {
+            guard case .damaged = error else { throw error }
+        }
+    }
+}
