@@ -124,6 +124,35 @@ extension Engine {
         }
     }
 
+    /// The server is stopping and keeps its state: nothing starts any more, and every running
+    /// task is stopped and put back in `queued` with its attempt not consumed, to run again
+    /// after the restart. Returns how many were running.
+    @discardableResult
+    public func suspendForShutdown() -> Int {
+        settling {
+            halted = true
+            var suspended = 0
+            for case let record? in tasks.entries where record.state == .running {
+                // A cancellation under way completes; only work nobody stopped runs again.
+                if record.cancelRequested {
+                    finish(record, as: .cancelled, error: .cancelled)
+                    continue
+                }
+                record.attemptTimer?.cancel()
+                record.graceTimer?.cancel()
+                record.attemptTimer = nil
+                record.graceTimer = nil
+                let run = record.run
+                record.run = nil
+                transition(record, to: .queued)
+                record.queue.ready.insert(record)
+                run?.requestStop()
+                suspended += 1
+            }
+            return suspended
+        }
+    }
+
     /// A task restored as `running` has no attempt: the process that ran it is gone.
     private func interrupt(_ record: TaskRecord) {
         if record.cancelRequested {

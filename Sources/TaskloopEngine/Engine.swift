@@ -85,6 +85,8 @@ public final class Engine {
     var retentionTimer: ScheduledAction?
     var queuesToDispatch: [TaskQueue] = []
     var dispatching = false
+    /// Set by `suspendForShutdown`: nothing starts any more.
+    var halted = false
     var observers: [([EngineEvent]) -> Void] = []
     /// Events of the call in progress, published when the outermost call has finished.
     var unpublished: [EngineEvent] = []
@@ -185,7 +187,7 @@ public final class Engine {
     /// that only adds queues to the list, so even a 10,000-task chain of `noop`s runs in this
     /// loop without recursion.
     func dispatch() {
-        guard !dispatching else { return }
+        guard !dispatching, !halted else { return }
         dispatching = true
         defer { dispatching = false }
         while let queue = queuesToDispatch.popLast() {

@@ -135,3 +135,29 @@ import TaskloopJSON
         #expect(r.engine.task(young.id) == nil)
     }
 }
+
+@Suite struct SuspendTests {
+    /// SIGTERM with durability: running work goes back to `queued`, attempt not consumed, and
+    /// nothing starts any more; a cancellation under way completes.
+    @Test func suspendingRequeuesRunningWorkWithItsAttempt() throws {
+        let manual = ManualExecutor()
+        let h = EngineHarness(extra: ["manual": manual])
+        let running = try h.submit("running", "manual", retry: RetryPolicy(maxAttempts: 3))
+        let stopping = try h.submit("stopping", "manual")
+        try h.engine.cancel(stopping.id)
+        let waiting = try h.submit("waiting", "manual")
+        #expect(waiting.state == .queued)
+        #expect(h.engine.suspendForShutdown() == 1)
+        #expect(running.state == .queued && running.attempt == 1 && manual.cancelRequests == 2)
+        #expect(stopping.state == .cancelled)
+        _ = try h.submit("late", "manual")
+        h.settle()
+        #expect(manual.runs.count == 2, "nothing started after the suspension")
+        let saved = RestoreTests.saved(h.engine)
+        let again = ManualExecutor()
+        let r = EngineHarness(extra: ["manual": again], clock: VirtualScheduler(wallClockOrigin: h.clock.wallClock))
+        try r.engine.restore(queues: saved.queues, workflows: saved.workflows, tasks: saved.tasks)
+        #expect(r.engine.task(running.id)?.state == .running && r.engine.task(running.id)?.attempt == 1)
+        #expect(again.runs.map(\.taskID).first == running.id, "it runs first again, in its old place in the queue")
+    }
+}
