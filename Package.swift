@@ -76,7 +76,7 @@ let package = Package(
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON", "TaskloopStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],

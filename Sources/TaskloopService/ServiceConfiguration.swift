@@ -20,6 +20,10 @@ public struct ServiceConfiguration: Sendable {
     /// Most connections `http` tasks open to one host; further requests wait for one.
     public var httpMaxHostConnections = 64
 
+    /// How changes are kept (`--durability`), and where (`--data-dir`) unless in memory.
+    public var durability = Durability.memory
+    public var dataDirectory = "taskloop-data"
+
     /// Where the logger's lines go, for the count of dropped lines in the metrics.
     public var logSink: LogSink?
 

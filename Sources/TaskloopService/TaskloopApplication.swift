@@ -5,6 +5,7 @@ import TaskloopHTTP
 import TaskloopLoop
 import TaskloopHTTPClient
 import TaskloopJSON
+import TaskloopStore
 
 /// The service on one event loop: the HTTP server, the engine on the loop's clock, the routes
 /// between them.
@@ -43,6 +44,8 @@ public final class TaskloopApplication {
     /// Each request is logged at debug; known once, at start.
     private let logsRequests: Bool
     private(set) var metrics: ServiceMetrics!
+    /// The store and group commit, unless `durability` is `memory`.
+    private(set) var durable: DurableState?
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
         self.loop = loop
@@ -74,6 +77,16 @@ public final class TaskloopApplication {
         let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
+        if configuration.durability != .memory {
+            do {
+                try openStore(engine: engine, scheduler: scheduler)
+            } catch {
+                httpClient.close()
+                scheduler.close()
+                self.scheduler = nil
+                throw error
+            }
+        }
         engine.addObserver { [unowned self] events in settled(events) }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
@@ -116,7 +129,12 @@ public final class TaskloopApplication {
             serverClosed = true
         }
         if let engine, let scheduler {
-            for name in engine.queues.keys.sorted() { engine.cancelAll(inQueue: name) }
+            if durable != nil {
+                // The state is kept: running work is stopped and runs again after the restart.
+                engine.suspendForShutdown()
+            } else {
+                for name in engine.queues.keys.sorted() { engine.cancelAll(inQueue: name) }
+            }
             waiters.answerAll()
             _ = scheduler.schedule(after: grace) { [weak self] in
                 self?.execExecutor?.killAll()
@@ -126,6 +144,38 @@ public final class TaskloopApplication {
         finishStopping()
     }
 
+    static let storageUnavailable = APIProblem(
+        .serviceUnavailable, detail: "The server cannot write to its storage; the change was not made durable. Try again later.",
+        code: "storage_unavailable", headers: ["Retry-After": "1"])
+
+    /// Opens the data dir (its lock, schema, rows), rebuilds the engine from it, and starts
+    /// group commit; what the rebuild changed (interrupted attempts) is its first batch.
+    private func openStore(engine: Engine, scheduler: LoopScheduler) throws {
+        let loop = self.loop
+        let store = try SQLiteTaskStore(
+            dataDirectory: configuration.dataDirectory, syncLevel: configuration.durability == .full ? .full : .normal
+        ) { work in loop.execute(work) }
+        let durable: DurableState
+        do {
+            durable = try DurableState(store: store, engine: engine, loop: loop, scheduler: scheduler, logger: logger)
+        } catch {
+            store.close()
+            throw error
+        }
+        engine.addObserver { events in durable.record(events) }
+        let loaded = store.takeLoaded()
+        do {
+            try engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks)
+        } catch {
+            durable.close()
+            throw error
+        }
+        self.durable = durable
+        logger.info("restored from \(configuration.dataDirectory)", metadata: [
+            "tasks": "\(loaded.tasks.count)", "unfinished": "\(engine.unfinishedCount)", "durability": "\(configuration.durability)",
+        ])
+    }
+
     private func finishStopping() {
         guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, let completion = stopCompletion else { return }
         stopCompletion = nil
@@ -133,6 +183,9 @@ public final class TaskloopApplication {
         // Cancelling removed every transfer; this frees curl's connection cache and handles.
         httpClient?.close()
         httpClient = nil
+        // What the last turns changed is written before the process may end.
+        durable?.close()
+        durable = nil
         if execExecutor != nil {
             // The tree kills sent so far are carried out before the process may end.
             ProcessTreeKiller.shared.waitUntilIdle()
@@ -158,6 +211,9 @@ public final class TaskloopApplication {
                           started: Self.monotonicNanoseconds(), application: self)
         if !request.method.isGeneralPurpose {
             return reply.send(Router<Route>.notImplemented(request.method).response())
+        }
+        if durable?.isFailing == true && request.method != .GET && request.method != .HEAD {
+            return reply.send(Self.storageUnavailable.response())
         }
         if let authToken, found?.isPublic != true {
             guard let given = request.headers["Authorization"].flatMap(Self.bearerCredentials),
@@ -267,7 +323,19 @@ struct Reply {
     let started: UInt64
     unowned let application: TaskloopApplication
 
+    /// With a store, the answer leaves once everything changed so far is committed (at once
+    /// when nothing is in flight, or when the store is failing and this is a read).
     func send(_ response: HTTPResponse) {
+        guard responder.isOpen else { return }
+        guard let durable = application.durable, !(durable.isFailing && (method == .GET || method == .HEAD)) else {
+            return deliver(response)
+        }
+        durable.whenDurable { committed in
+            deliver(committed ? response : TaskloopApplication.storageUnavailable.response())
+        }
+    }
+
+    private func deliver(_ response: HTTPResponse) {
         guard responder.isOpen else { return }
         application.answered(self, status: response.status)
         responder.respond(response)

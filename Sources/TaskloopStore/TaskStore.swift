@@ -16,6 +16,22 @@ public struct StoreBatch: Sendable {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
             && forgottenQueues.isEmpty
     }
+
+    /// This batch followed by `later` as one: what `later` writes or deletes wins. A batch that
+    /// failed to commit is merged into the next, so nothing it held is dropped.
+    public func merged(with later: StoreBatch) -> StoreBatch {
+        var result = StoreBatch()
+        let laterTasks = Set(later.tasks.map(\.id)).union(later.evictedTasks)
+        result.tasks = tasks.filter { !laterTasks.contains($0.id) } + later.tasks
+        result.evictedTasks = evictedTasks.filter { !laterTasks.contains($0) } + later.evictedTasks
+        let laterWorkflows = Set(later.workflows.map(\.id)).union(later.evictedWorkflows)
+        result.workflows = workflows.filter { !laterWorkflows.contains($0.id) } + later.workflows
+        result.evictedWorkflows = evictedWorkflows.filter { !laterWorkflows.contains($0) } + later.evictedWorkflows
+        let laterQueues = Set(later.queues.map(\.name)).union(later.forgottenQueues)
+        result.queues = queues.filter { !laterQueues.contains($0.name) } + later.queues
+        result.forgottenQueues = forgottenQueues.filter { !laterQueues.contains($0) } + later.forgottenQueues
+        return result
+    }
 }
 
 /// Everything a store kept, for `Engine.restore` at start.

@@ -87,6 +87,12 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Most finished tasks kept; the oldest are forgotten first. [env: TASKLOOP_MAX_RETAINED_TASKS]")
     var maxRetainedTasks: Int = Environment.int("MAX_RETAINED_TASKS") ?? 100_000
 
+    @Option(help: "full (answer after fsync), normal (after the write-ahead log) or memory (nothing on disk). [env: TASKLOOP_DURABILITY]")
+    var durability: String = Environment.string("DURABILITY") ?? "memory"
+
+    @Option(help: "Where the database and its lock live (not touched with --durability memory). [env: TASKLOOP_DATA_DIR]")
+    var dataDir: String = Environment.string("DATA_DIR") ?? "taskloop-data"
+
     @Option(help: "trace, debug, info, notice, warning, error or critical. [env: TASKLOOP_LOG_LEVEL]")
     var logLevel: String = Environment.string("LOG_LEVEL") ?? "info"
 
@@ -126,6 +132,8 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("--http-allow-hosts: \(text) is not a host pattern (host, *.domain or IP address, optionally :port)")
         }
         guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("--log-format must be text or json") }
+        guard Durability(rawValue: durability) != nil else { throw ValidationError("--durability must be full, normal or memory") }
+        guard !dataDir.isEmpty else { throw ValidationError("--data-dir must name a directory") }
         guard (4_096...1 << 30).contains(logBufferBytes) else { throw ValidationError("--log-buffer-bytes must be 4096...1073741824") }
         if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
@@ -163,6 +171,8 @@ struct Taskloop: ParsableCommand {
         configuration.engine.maxRetainedTasks = maxRetainedTasks
         configuration.engine.retentionMilliseconds = UInt64(retentionSeconds * 1000)
         configuration.engine.cancelGraceMilliseconds = configuration.shutdownGraceMilliseconds
+        configuration.durability = Durability(rawValue: durability)!
+        configuration.dataDirectory = dataDir
 
         let level = Logger.Level(rawValue: logLevel)!
         let format = LogFormat(rawValue: logFormat)!

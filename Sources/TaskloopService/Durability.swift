@@ -1,0 +1,150 @@
+import Logging
+import TaskloopEngine
+import TaskloopLoop
+import TaskloopStore
+
+/// How the service keeps its state (`--durability`).
+public enum Durability: String, Sendable, CaseIterable {
+    /// Every change committed and fsynced before an answer shows it.
+    case full
+    /// Committed to the write-ahead log: survives the process dying, not the machine.
+    case normal
+    /// Nothing on disk, as in v1; no data dir is touched.
+    case memory
+}
+
+/// Between the engine and its store, on the loop thread: every settled change of one loop turn
+/// goes to the store as one batch when the turn ends (group commit), and answers wait until
+/// what they may show is committed, so no client sees a state a crash could take back.
+///
+/// When the store cannot write (a full or failing disk), answers that waited on the failed
+/// batch become 503, requests that would change state are refused, reads go on, and the
+/// unwritten records are written again, from the engine's current state, every second until
+/// a write succeeds; then all is as before.
+///
+/// Threading: loop thread only (the store's completions arrive through `EventLoop.execute`).
+final class DurableState {
+    private let store: TaskStore
+    private unowned let engine: Engine
+    private let scheduler: EngineScheduler
+    private let logger: Logger
+    private var builder = StoreBatchBuilder()
+    private var endOfTurn: LoopCheck?
+    /// Batches handed to the store, and how many of them it has answered (in order).
+    private var sent = 0
+    private var answered = 0
+    private var waiting: [(batch: Int, action: (Bool) -> Void)] = []
+    private var firstWaiting = 0
+    /// What a failed batch held, written again from the engine's state as it is by then.
+    private var unwrittenTasks = Set<TaskID>()
+    private var unwrittenWorkflows = Set<TaskID>()
+    private var unwrittenQueues = Set<String>()
+    private var retry: ScheduledAction?
+    private(set) var isFailing = false
+
+    init(store: TaskStore, engine: Engine, loop: EventLoop, scheduler: EngineScheduler, logger: Logger) throws(UVError) {
+        self.store = store
+        self.engine = engine
+        self.scheduler = scheduler
+        self.logger = logger
+        endOfTurn = try LoopCheck(loop: loop) { [unowned self] in
+            if !builder.isEmpty { send() }
+        }
+    }
+
+    func record(_ events: [EngineEvent]) {
+        builder.add(events)
+    }
+
+    /// Runs `action(true)` once every change made so far is committed: at once when nothing is
+    /// in flight. `action(false)` when the batch it waited for could not be written.
+    func whenDurable(_ action: @escaping (Bool) -> Void) {
+        let target = builder.isEmpty ? sent : sent + 1
+        guard answered < target else { return action(true) }
+        waiting.append((target, action))
+    }
+
+    /// Sends what is left and closes the store (which writes it before returning).
+    func close() {
+        retry?.cancel()
+        retry = nil
+        if !builder.isEmpty || !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty {
+            send()
+        }
+        endOfTurn?.close()
+        endOfTurn = nil
+        store.close()
+    }
+
+    private func send() {
+        var batch = builder.take(from: engine)
+        if !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty {
+            batch = rewrite().merged(with: batch)
+        }
+        guard !batch.isEmpty else { return }
+        sent += 1
+        let number = sent
+        let written = (tasks: batch.tasks.map(\.id) + batch.evictedTasks, workflows: batch.workflows.map(\.id) + batch.evictedWorkflows,
+                       queues: batch.queues.map(\.name) + batch.forgottenQueues)
+        store.write(batch) { [weak self] result in
+            guard let self else { return }
+            if case .failure(let error) = result {
+                unwrittenTasks.formUnion(written.tasks)
+                unwrittenWorkflows.formUnion(written.workflows)
+                unwrittenQueues.formUnion(written.queues)
+                failed(error)
+            } else if isFailing && unwrittenTasks.isEmpty && unwrittenWorkflows.isEmpty && unwrittenQueues.isEmpty {
+                isFailing = false
+                logger.info("storage writes again; changes are accepted")
+            }
+            answer(through: number, committed: (try? result.get()) != nil)
+        }
+    }
+
+    /// The unwritten records as the engine holds them now (gone ones as deletions).
+    private func rewrite() -> StoreBatch {
+        var batch = StoreBatch()
+        for id in unwrittenTasks {
+            if let record = engine.task(id) { batch.tasks.append(engine.snapshot(of: record)) } else { batch.evictedTasks.append(id) }
+        }
+        for id in unwrittenWorkflows {
+            if let workflow = engine.workflow(id) { batch.workflows.append(engine.snapshot(of: workflow)) } else {
+                batch.evictedWorkflows.append(id)
+            }
+        }
+        for name in unwrittenQueues {
+            if let queue = engine.queues[name] { batch.queues.append(engine.snapshot(of: queue)) } else {
+                batch.forgottenQueues.append(name)
+            }
+        }
+        unwrittenTasks.removeAll()
+        unwrittenWorkflows.removeAll()
+        unwrittenQueues.removeAll()
+        return batch
+    }
+
+    private func failed(_ error: StoreWriteError) {
+        if !isFailing { logger.error("storage cannot write; changes are refused until it can", metadata: ["error": "\(error)"]) }
+        isFailing = true
+        guard retry == nil else { return }
+        retry = scheduler.schedule(after: 1_000) { [weak self] in
+            guard let self else { return }
+            retry = nil
+            send()
+        }
+    }
+
+    private func answer(through number: Int, committed: Bool) {
+        answered = number
+        while firstWaiting < waiting.count, waiting[firstWaiting].batch <= number {
+            let action = waiting[firstWaiting].action
+            // Answers for earlier batches were sent when those were answered.
+            action(committed)
+            firstWaiting += 1
+        }
+        if firstWaiting == waiting.count {
+            waiting.removeAll(keepingCapacity: true)
+            firstWaiting = 0
+        }
+    }
+}
