@@ -24,7 +24,7 @@ public enum Durability: String, Sendable, CaseIterable {
 ///
 /// Threading: loop thread only (the store's completions arrive through `EventLoop.execute`).
 final class DurableState {
-    private let store: TaskStore
+    let store: TaskStore
     private unowned let engine: Engine
     private let scheduler: EngineScheduler
     private let logger: Logger

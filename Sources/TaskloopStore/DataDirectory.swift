@@ -30,9 +30,10 @@ public enum DataDirectoryError: Error, Equatable, CustomStringConvertible {
 /// A data directory held by this process: `lock` carries an exclusive `flock` for as long as
 /// this object lives (the kernel drops it when the process dies, `kill -9` included), and
 /// names its holder for whoever finds it taken. `taskloop.db` and its WAL files sit beside it.
-public final class DataDirectory: Sendable {
+public final class DataDirectory: @unchecked Sendable {
     public let path: String
-    private let lockDescriptor: Int32
+    /// -1 once released. Touched by the thread that opened the store and by `release()`.
+    private var lockDescriptor: Int32
 
     public var databasePath: String { path + "/taskloop.db" }
 
@@ -64,7 +65,14 @@ public final class DataDirectory: Sendable {
         lockDescriptor = descriptor
     }
 
-    deinit {
+    /// Lets the next server in: the lock is released (and the holder's name left as a trace).
+    public func release() {
+        guard lockDescriptor >= 0 else { return }
         close(lockDescriptor)
+        lockDescriptor = -1
+    }
+
+    deinit {
+        release()
     }
 }

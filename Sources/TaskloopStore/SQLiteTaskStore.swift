@@ -47,6 +47,20 @@ public final class SQLiteTaskStore: TaskStore {
 
     public func close() {
         writer.close()
+        directory.release()
+    }
+
+    /// Caps the database at its present size plus `extraPages` (nil lifts the cap): a disk that
+    /// fills up, for the tests of what the service does then. Applied in order with writes.
+    package func limitGrowth(toExtraPages extraPages: Int?) {
+        writer.submit({ database in
+            if let extraPages {
+                let pages = try database.integer("PRAGMA page_count") ?? 0
+                try database.execute("PRAGMA max_page_count = \(pages + Int64(extraPages))")
+            } else {
+                try database.execute("PRAGMA max_page_count = 4294967294")
+            }
+        }, completion: { _ in })
     }
 
     /// Transactions committed so far.

@@ -78,10 +78,14 @@ public final class StoreWriter: @unchecked Sendable {
         return committed
     }
 
-    /// Writes what is queued, then ends the thread and returns. Completions of that last work
-    /// are still handed to `deliver`.
+    /// Writes what is queued, then ends the thread and returns (at once when already closed).
+    /// Completions of that last work are still handed to `deliver`.
     public func close() {
         pthread_mutex_lock(mutex)
+        guard !closing else {
+            pthread_mutex_unlock(mutex)
+            return
+        }
         closing = true
         pthread_cond_signal(wake)
         pthread_mutex_unlock(mutex)

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+@testable import TaskloopService
 import TaskloopStore
 import TaskloopTestSupport
 
@@ -99,6 +100,44 @@ import TaskloopTestSupport
         let last = try Self.id(try client.submit(#"{"kind":"noop"}"#))
         #expect(try client.call("DELETE", "/tasks/\(last)").status == 200)
         #expect(try reader.text("SELECT state FROM tasks WHERE id = '\(last)'") == "cancelled")
+        try service.stop()
+    }
+}
+
+@Suite struct StorageFailureTests {
+    /// A disk that fills up: the change that could not be written is answered 503, later
+    /// changes are refused while reads go on, and once there is room again the service
+    /// recovers by itself; nothing acknowledged is lost.
+    @Test func aFullDiskRefusesChangesKeepsReadsAndRecovers() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let configure: (inout ServiceConfiguration) -> Void = {
+            $0.durability = .normal
+            $0.dataDirectory = directory
+        }
+        var service = try ServiceHarness(configure)
+        var client = try service.client()
+        let kept = try DurabilityTests.id(try client.submit(#"{"kind":"noop","name":"kept"}"#))
+        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: 0) }
+        let big = String(repeating: "x", count: 200_000)
+        let refused = try client.call("POST", "/tasks", json: #"{"kind":"noop","metadata":{"blob":"\#(big)"}}"#)
+        #expect(refused.status == 503 && refused.json["code"] as? String == "storage_unavailable")
+        #expect(refused.header("Retry-After") == "1")
+        #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop"}"#).status == 503, "changes are refused")
+        #expect(try client.call("GET", "/tasks/\(kept)").status == 200, "reads go on")
+        #expect(try client.call("GET", "/healthz").status == 200)
+        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: nil) }
+        var accepted: String?
+        try pollUntil("the service to accept changes again", timeout: 10, every: 50_000) {
+            let response = try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"after"}"#)
+            if response.status == 201 { accepted = response.json["id"] as? String }
+            return response.status == 201
+        }
+        try service.stop()
+        service = try ServiceHarness(configure)
+        client = try service.client()
+        #expect(try client.task(kept)["name"] as? String == "kept")
+        #expect(try client.task(try #require(accepted))["name"] as? String == "after")
         try service.stop()
     }
 }
