@@ -39,6 +39,9 @@ final class DurableState {
     private var unwrittenTasks = Set<TaskID>()
     private var unwrittenWorkflows = Set<TaskID>()
     private var unwrittenQueues = Set<String>()
+    private var unwrittenKeys = Set<String>()
+    /// The live record of an idempotency key, to write it again after a failed batch.
+    var currentKey: ((String) -> IdempotencyRecord?)?
     private var retry: ScheduledAction?
     private(set) var isFailing = false
 
@@ -56,6 +59,18 @@ final class DurableState {
         builder.add(events)
     }
 
+    func record(_ key: IdempotencyRecord) {
+        builder.add(key)
+    }
+
+    func expire(_ keys: [String]) {
+        builder.expire(keys)
+    }
+
+    private var hasUnwritten: Bool {
+        !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty || !unwrittenKeys.isEmpty
+    }
+
     /// Runs `action(true)` once every change made so far is committed: at once when nothing is
     /// in flight. `action(false)` when the batch it waited for could not be written.
     func whenDurable(_ action: @escaping (Bool) -> Void) {
@@ -68,9 +83,7 @@ final class DurableState {
     func close() {
         retry?.cancel()
         retry = nil
-        if !builder.isEmpty || !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty {
-            send()
-        }
+        if !builder.isEmpty || hasUnwritten { send() }
         endOfTurn?.close()
         endOfTurn = nil
         store.close()
@@ -78,22 +91,22 @@ final class DurableState {
 
     private func send() {
         var batch = builder.take(from: engine)
-        if !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty {
-            batch = rewrite().merged(with: batch)
-        }
+        if hasUnwritten { batch = rewrite().merged(with: batch) }
         guard !batch.isEmpty else { return }
         sent += 1
         let number = sent
         let written = (tasks: batch.tasks.map(\.id) + batch.evictedTasks, workflows: batch.workflows.map(\.id) + batch.evictedWorkflows,
-                       queues: batch.queues.map(\.name) + batch.forgottenQueues)
+                       queues: batch.queues.map(\.name) + batch.forgottenQueues,
+                       keys: batch.idempotencyKeys.map(\.key) + batch.expiredIdempotencyKeys)
         store.write(batch) { [weak self] result in
             guard let self else { return }
             if case .failure(let error) = result {
                 unwrittenTasks.formUnion(written.tasks)
                 unwrittenWorkflows.formUnion(written.workflows)
                 unwrittenQueues.formUnion(written.queues)
+                unwrittenKeys.formUnion(written.keys)
                 failed(error)
-            } else if isFailing && unwrittenTasks.isEmpty && unwrittenWorkflows.isEmpty && unwrittenQueues.isEmpty {
+            } else if isFailing && !hasUnwritten {
                 isFailing = false
                 logger.info("storage writes again; changes are accepted")
             }
@@ -117,9 +130,13 @@ final class DurableState {
                 batch.forgottenQueues.append(name)
             }
         }
+        for key in unwrittenKeys {
+            if let record = currentKey?(key) { batch.idempotencyKeys.append(record) } else { batch.expiredIdempotencyKeys.append(key) }
+        }
         unwrittenTasks.removeAll()
         unwrittenWorkflows.removeAll()
         unwrittenQueues.removeAll()
+        unwrittenKeys.removeAll()
         return batch
     }
 

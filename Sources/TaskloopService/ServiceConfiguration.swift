@@ -23,6 +23,8 @@ public struct ServiceConfiguration: Sendable {
     /// How changes are kept (`--durability`), and where (`--data-dir`) unless in memory.
     public var durability = Durability.memory
     public var dataDirectory = "taskloop-data"
+    /// How long an `Idempotency-Key` names its creation (`--idempotency-ttl-seconds`).
+    public var idempotencyTTLMilliseconds: Int64 = 86_400_000
 
     /// Where the logger's lines go, for the count of dropped lines in the metrics.
     public var logSink: LogSink?

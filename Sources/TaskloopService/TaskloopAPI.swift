@@ -49,7 +49,7 @@ extension TaskloopApplication {
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
                                         body: renderMetrics()))
             },
-            Route(.POST, "/tasks", [201, 415, 422, 429]) { [unowned self] request, reply in try submitTask(request, reply) },
+            Route(.POST, "/tasks", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitTask(request, reply) },
             Route(.GET, "/tasks", [200]) { [unowned self] request, reply in try listTasks(request, reply) },
             Route(.GET, "/tasks/{id}", [200, 404]) { [unowned self] request, reply in try getTask(request, reply) },
             Route(.DELETE, "/tasks/{id}", [200, 202, 404, 409]) { [unowned self] request, reply in
@@ -66,7 +66,7 @@ extension TaskloopApplication {
             Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
                 try reportFailure(request, reply)
             },
-            Route(.POST, "/workflows", [201, 415, 422, 429]) { [unowned self] request, reply in try submitWorkflow(request, reply) },
+            Route(.POST, "/workflows", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitWorkflow(request, reply) },
             Route(.GET, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
                 reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request))))
             },
@@ -110,12 +110,20 @@ extension TaskloopApplication {
 
     private func submitTask(_ request: HTTPRequest, _ reply: Reply) throws {
         try refuseWhileDraining()
+        let key = try IdempotencyKeys.key(of: request)
+        let fingerprint = key.map { _ in IdempotencyKeys.fingerprint(of: request) }
+        if try replayed(key, fingerprint, reply) { return }
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
         let spec = reader.object(document, "").flatMap { reader.taskSpec($0, prefix: "") }
         try reader.check()
         try checkKindAllowed(spec!.kind, field: "kind")
         let task = try engine.submit(spec!)
+        if let key, let fingerprint {
+            // Remembered in memory in any case; with a store, written in this turn's batch.
+            let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/tasks/\(task.id)")
+            durable?.record(record)
+        }
         metrics.taskSubmitted(kind: task.kind)
         reply.send(.json(.created, Representation.task(task), location: Representation.path("/tasks/", task.id)))
     }
@@ -249,6 +257,9 @@ extension TaskloopApplication {
 
     private func submitWorkflow(_ request: HTTPRequest, _ reply: Reply) throws {
         try refuseWhileDraining()
+        let key = try IdempotencyKeys.key(of: request)
+        let fingerprint = key.map { _ in IdempotencyKeys.fingerprint(of: request) }
+        if try replayed(key, fingerprint, reply) { return }
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
         var name: String?
@@ -281,6 +292,10 @@ extension TaskloopApplication {
         try reader.check()
         for (index, member) in members.enumerated() { try checkKindAllowed(member.spec.kind, field: "tasks[\(index)].kind") }
         let workflow = try engine.submitWorkflow(name: name, tasks: members)
+        if let key, let fingerprint {
+            let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/workflows/\(workflow.id)")
+            durable?.record(record)
+        }
         for task in workflow.tasks { metrics.taskSubmitted(kind: task.kind) }
         reply.send(.json(.created, Representation.workflow(workflow), location: Representation.path("/workflows/", workflow.id)))
     }
@@ -305,6 +320,30 @@ extension TaskloopApplication {
     }
 
     // MARK: helpers
+
+    /// A repeat of an `Idempotency-Key`'s first request answers that request's status with the
+    /// resource as it is now, marked `Idempotent-Replayed`; another request under the key is
+    /// 422. Returns whether it answered.
+    private func replayed(_ key: String?, _ fingerprint: [UInt8]?, _ reply: Reply) throws(APIProblem) -> Bool {
+        guard let key, let fingerprint, let first = idempotency.record(for: key) else { return false }
+        guard first.requestHash == fingerprint else {
+            throw APIProblem(.unprocessableContent, detail: "Idempotency-Key \(key) was first used with a different request.",
+                             code: "idempotency_key_reused")
+        }
+        let status = HTTPStatus(code: first.status)
+        var response: HTTPResponse
+        if first.resource.hasPrefix("/tasks/"), let id = TaskID(String(first.resource.dropFirst(7))), let task = engine.task(id) {
+            response = .json(status, Representation.task(task), location: first.resource)
+        } else if first.resource.hasPrefix("/workflows/"), let id = TaskID(String(first.resource.dropFirst(11))),
+                  let workflow = engine.workflow(id) {
+            response = .json(status, Representation.workflow(workflow), location: first.resource)
+        } else {
+            throw APIProblem(.notFound, detail: "What Idempotency-Key \(key) created (\(first.resource)) has been forgotten since.")
+        }
+        response.headers.add("Idempotent-Replayed", "true")
+        reply.send(response)
+        return true
+    }
 
     private func refuseWhileDraining() throws(APIProblem) {
         guard !isDraining else {

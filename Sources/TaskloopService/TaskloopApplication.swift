@@ -46,6 +46,7 @@ public final class TaskloopApplication {
     private(set) var metrics: ServiceMetrics!
     /// The store and group commit, unless `durability` is `memory`.
     private(set) var durable: DurableState?
+    private(set) var idempotency: IdempotencyKeys!
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
         self.loop = loop
@@ -77,9 +78,10 @@ public final class TaskloopApplication {
         let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
+        var restoredKeys: [IdempotencyRecord] = []
         if configuration.durability != .memory {
             do {
-                try openStore(engine: engine, scheduler: scheduler)
+                restoredKeys = try openStore(engine: engine, scheduler: scheduler)
             } catch {
                 httpClient.close()
                 scheduler.close()
@@ -87,6 +89,12 @@ public final class TaskloopApplication {
                 throw error
             }
         }
+        let idempotency = IdempotencyKeys(ttlMilliseconds: configuration.idempotencyTTLMilliseconds, scheduler: scheduler,
+                                          restored: restoredKeys)
+        idempotency.onExpire = { [unowned self] keys in durable?.expire(keys) }
+        durable?.currentKey = { [unowned idempotency] key in idempotency.record(for: key) }
+        idempotency.start()
+        self.idempotency = idempotency
         engine.addObserver { [unowned self] events in settled(events) }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
@@ -150,7 +158,7 @@ public final class TaskloopApplication {
 
     /// Opens the data dir (its lock, schema, rows), rebuilds the engine from it, and starts
     /// group commit; what the rebuild changed (interrupted attempts) is its first batch.
-    private func openStore(engine: Engine, scheduler: LoopScheduler) throws {
+    private func openStore(engine: Engine, scheduler: LoopScheduler) throws -> [IdempotencyRecord] {
         let loop = self.loop
         let store = try SQLiteTaskStore(
             dataDirectory: configuration.dataDirectory, syncLevel: configuration.durability == .full ? .full : .normal
@@ -174,6 +182,7 @@ public final class TaskloopApplication {
         logger.info("restored from \(configuration.dataDirectory)", metadata: [
             "tasks": "\(loaded.tasks.count)", "unfinished": "\(engine.unfinishedCount)", "durability": "\(configuration.durability)",
         ])
+        return loaded.idempotencyKeys
     }
 
     private func finishStopping() {
@@ -184,6 +193,7 @@ public final class TaskloopApplication {
         httpClient?.close()
         httpClient = nil
         // What the last turns changed is written before the process may end.
+        idempotency?.close()
         durable?.close()
         durable = nil
         if execExecutor != nil {

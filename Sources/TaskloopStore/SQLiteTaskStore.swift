@@ -106,6 +106,19 @@ public final class SQLiteTaskStore: TaskStore {
             let delete = try database.statement("DELETE FROM queues WHERE name = ?")
             for name in batch.forgottenQueues { try delete.bind(1, name).run() }
         }
+        if !batch.idempotencyKeys.isEmpty {
+            let insert = try database.statement("""
+                INSERT OR REPLACE INTO idempotency_keys (key, request_hash, status, resource, expires_at) VALUES (?, ?, ?, ?, ?)
+                """)
+            for key in batch.idempotencyKeys {
+                try insert.bind(1, key.key).bind(2, bytes: key.requestHash).bind(3, Int64(key.status)).bind(4, key.resource)
+                    .bind(5, key.expiresAt).run()
+            }
+        }
+        if !batch.expiredIdempotencyKeys.isEmpty {
+            let delete = try database.statement("DELETE FROM idempotency_keys WHERE key = ?")
+            for key in batch.expiredIdempotencyKeys { try delete.bind(1, key).run() }
+        }
     }
 
     static func load(_ database: SQLiteDatabase) throws -> StoredState {
@@ -119,6 +132,13 @@ public final class SQLiteTaskStore: TaskStore {
         let workflows = try database.statement("SELECT record FROM workflows")
         while try workflows.step() { state.workflows.append(try RecordCodec.decodeWorkflow(workflows.bytes(0))) }
         workflows.reset()
+        let keys = try database.statement("SELECT key, request_hash, status, resource, expires_at FROM idempotency_keys")
+        while try keys.step() {
+            state.idempotencyKeys.append(IdempotencyRecord(
+                key: keys.string(0) ?? "", requestHash: keys.bytes(1), status: Int(keys.int64(2)),
+                resource: keys.string(3) ?? "", expiresAt: keys.int64(4)))
+        }
+        keys.reset()
         let tasks = try database.statement("SELECT record FROM tasks ORDER BY sequence")
         while try tasks.step() { state.tasks.append(try RecordCodec.decodeTask(tasks.bytes(0))) }
         tasks.reset()

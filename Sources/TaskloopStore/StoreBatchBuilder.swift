@@ -13,11 +13,25 @@ public struct StoreBatchBuilder {
     private var evictedTasks: [TaskID] = []
     private var evictedWorkflows: [TaskID] = []
     private var forgottenQueues: [String] = []
+    private var idempotencyKeys: [IdempotencyRecord] = []
+    private var expiredIdempotencyKeys: [String] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         taskOrder.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty
+            && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty
+    }
+
+    /// A key used for the first time: written in the same transaction as what it created.
+    public mutating func add(_ key: IdempotencyRecord) {
+        idempotencyKeys.append(key)
+    }
+
+    public mutating func expire(_ keys: [String]) {
+        let expired = Set(keys)
+        idempotencyKeys.removeAll { expired.contains($0.key) }
+        expiredIdempotencyKeys += keys
     }
 
     public mutating func add(_ events: [EngineEvent]) {
@@ -54,6 +68,8 @@ public struct StoreBatchBuilder {
         batch.evictedTasks = evictedTasks
         batch.evictedWorkflows = evictedWorkflows
         batch.forgottenQueues = forgottenQueues
+        batch.idempotencyKeys = idempotencyKeys
+        batch.expiredIdempotencyKeys = expiredIdempotencyKeys
         self = StoreBatchBuilder()
         return batch
     }

@@ -1,5 +1,24 @@
 import TaskloopEngine
 
+/// An `Idempotency-Key` and what its first request created, kept until `expiresAt` (wall ms).
+public struct IdempotencyRecord: Sendable, Equatable {
+    public var key: String
+    /// SHA-256 of the request that used the key first (method, path and body).
+    public var requestHash: [UInt8]
+    public var status: Int
+    /// The path of what it created (`/tasks/<id>`, `/workflows/<id>`).
+    public var resource: String
+    public var expiresAt: Int64
+
+    public init(key: String, requestHash: [UInt8], status: Int, resource: String, expiresAt: Int64) {
+        self.key = key
+        self.requestHash = requestHash
+        self.status = status
+        self.resource = resource
+        self.expiresAt = expiresAt
+    }
+}
+
 /// What changed in one turn of the loop, as a store writes it: one transaction. Tasks carry
 /// their latest snapshot (a task changed twice in the turn is written once).
 public struct StoreBatch: Sendable {
@@ -9,12 +28,14 @@ public struct StoreBatch: Sendable {
     public var evictedWorkflows: [TaskID] = []
     public var queues: [QueueSnapshot] = []
     public var forgottenQueues: [String] = []
+    public var idempotencyKeys: [IdempotencyRecord] = []
+    public var expiredIdempotencyKeys: [String] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
-            && forgottenQueues.isEmpty
+            && forgottenQueues.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty
     }
 
     /// This batch followed by `later` as one: what `later` writes or deletes wins. A batch that
@@ -30,6 +51,9 @@ public struct StoreBatch: Sendable {
         let laterQueues = Set(later.queues.map(\.name)).union(later.forgottenQueues)
         result.queues = queues.filter { !laterQueues.contains($0.name) } + later.queues
         result.forgottenQueues = forgottenQueues.filter { !laterQueues.contains($0) } + later.forgottenQueues
+        let laterKeys = Set(later.idempotencyKeys.map(\.key)).union(later.expiredIdempotencyKeys)
+        result.idempotencyKeys = idempotencyKeys.filter { !laterKeys.contains($0.key) } + later.idempotencyKeys
+        result.expiredIdempotencyKeys = expiredIdempotencyKeys.filter { !laterKeys.contains($0) } + later.expiredIdempotencyKeys
         return result
     }
 }
@@ -39,6 +63,7 @@ public struct StoredState: Sendable {
     public var queues: [QueueSnapshot] = []
     public var workflows: [WorkflowSnapshot] = []
     public var tasks: [TaskSnapshot] = []
+    public var idempotencyKeys: [IdempotencyRecord] = []
 
     public init() {}
 }

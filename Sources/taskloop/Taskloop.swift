@@ -93,6 +93,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Where the database and its lock live (not touched with --durability memory). [env: TASKLOOP_DATA_DIR]")
     var dataDir: String = Environment.string("DATA_DIR") ?? "taskloop-data"
 
+    @Option(help: "Seconds an Idempotency-Key names what its first request created. [env: TASKLOOP_IDEMPOTENCY_TTL_SECONDS]")
+    var idempotencyTTLSeconds: Int = Environment.int("IDEMPOTENCY_TTL_SECONDS") ?? 86_400
+
     @Option(help: "trace, debug, info, notice, warning, error or critical. [env: TASKLOOP_LOG_LEVEL]")
     var logLevel: String = Environment.string("LOG_LEVEL") ?? "info"
 
@@ -134,6 +137,9 @@ struct Taskloop: ParsableCommand {
         guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("--log-format must be text or json") }
         guard Durability(rawValue: durability) != nil else { throw ValidationError("--durability must be full, normal or memory") }
         guard !dataDir.isEmpty else { throw ValidationError("--data-dir must name a directory") }
+        guard (1...31_536_000).contains(idempotencyTTLSeconds) else {
+            throw ValidationError("--idempotency-ttl-seconds must be 1...31536000")
+        }
         guard (4_096...1 << 30).contains(logBufferBytes) else { throw ValidationError("--log-buffer-bytes must be 4096...1073741824") }
         if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
@@ -173,6 +179,7 @@ struct Taskloop: ParsableCommand {
         configuration.engine.cancelGraceMilliseconds = configuration.shutdownGraceMilliseconds
         configuration.durability = Durability(rawValue: durability)!
         configuration.dataDirectory = dataDir
+        configuration.idempotencyTTLMilliseconds = Int64(idempotencyTTLSeconds) * 1_000
 
         let level = Logger.Level(rawValue: logLevel)!
         let format = LogFormat(rawValue: logFormat)!

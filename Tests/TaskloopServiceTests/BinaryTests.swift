@@ -143,7 +143,8 @@ import TaskloopTestSupport
         for flag in ["--auth-token", "--allow-exec", "--default-concurrency", "--max-unfinished-tasks", "--retention-seconds",
                      "--max-retained-tasks", "--log-level", "--log-format", "--max-body-bytes", "--max-header-bytes",
                      "--header-timeout-seconds", "--body-timeout-seconds", "--idle-timeout-seconds", "--max-connections",
-                     "--max-queues", "--log-buffer-bytes", "--durability", "--data-dir"] {
+                     "--max-queues", "--log-buffer-bytes", "--durability", "--data-dir",
+                     "--idempotency-ttl-seconds"] {
             #expect(binary.printed.contains(flag), "--help lists \(flag)")
         }
     }
