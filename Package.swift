@@ -93,6 +93,7 @@ let package = Package(
                 "TaskloopLoop",
                 "TaskloopHTTP",
                 "TaskloopHTTPClient",
+                "TaskloopStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

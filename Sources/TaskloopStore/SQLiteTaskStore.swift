@@ -66,6 +66,20 @@ public final class SQLiteTaskStore: TaskStore {
     /// Transactions committed so far.
     public var transactionsCommitted: Int { writer.transactionsCommitted }
 
+    /// Writes a consistent copy of the data dir's database to `file` (which must not exist),
+    /// while a server may be running on it: SQLite's `VACUUM INTO` reads one snapshot and takes
+    /// no lock a writer would wait on. To restore, copy the file to `taskloop.db` in an empty
+    /// data dir.
+    public static func backup(dataDirectory path: String, to file: String) throws(SQLiteError) {
+        let database = try SQLiteDatabase(path: path + "/taskloop.db", mode: .readOnly)
+        try database.execute("PRAGMA busy_timeout = 10000")
+        guard try database.integer("PRAGMA user_version") ?? 0 > 0 else {
+            throw SQLiteError(code: 1, message: "\(path) holds no Taskloop database", operation: "backup")
+        }
+        let vacuum = try database.statement("VACUUM INTO ?")
+        try vacuum.bind(1, file).run()
+    }
+
     static func apply(_ batch: StoreBatch, to database: SQLiteDatabase) throws(SQLiteError) {
         if !batch.tasks.isEmpty {
             let upsert = try database.statement("""

@@ -13,7 +13,8 @@ struct Taskloop: ParsableCommand {
         commandName: "taskloop",
         abstract: "A task-orchestration service: submit tasks over HTTP, watch them run, cancel them.",
         discussion: "Every option can also be set with an environment variable TASKLOOP_<OPTION>, "
-            + "e.g. TASKLOOP_PORT=9000; a flag on the command line wins.")
+            + "e.g. TASKLOOP_PORT=9000; a flag on the command line wins.",
+        subcommands: [Backup.self])
 
     @Option(help: "Address to listen on (IPv4, IPv6 or a host name). [env: TASKLOOP_HOST]")
     var host: String = Environment.string("HOST") ?? "127.0.0.1"

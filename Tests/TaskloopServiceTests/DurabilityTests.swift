@@ -68,6 +68,27 @@ import TaskloopTestSupport
         #expect(try binary.stop() == 0)
     }
 
+    /// `taskloop backup` while the server runs, and a restore into an empty data dir.
+    @Test func aBackupTakenWhileRunningRestores() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (server, client) = try Self.start(directory + "/data")
+        var ids: [String] = []
+        for index in 0..<20 { ids.append(try Self.id(try client.submit(#"{"kind":"noop","name":"n\#(index)"}"#))) }
+        let backup = try Binary(arguments: ["backup", "--data-dir", directory + "/data", "--to", directory + "/copy.db"])
+        _ = try backup.waitForLine(containing: "backed up")
+        #expect(try backup.waitForExit() == 0)
+        let again = try Binary(arguments: ["backup", "--data-dir", directory + "/data", "--to", directory + "/copy.db"])
+        _ = try again.waitForLine(containing: "already exists")
+        #expect(try again.waitForExit() != 0, "a backup never overwrites")
+        #expect(try server.stop() == 0)
+        try FileManager.default.createDirectory(atPath: directory + "/restored", withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: directory + "/copy.db", toPath: directory + "/restored/taskloop.db")
+        let (restored, restoredClient) = try Self.start(directory + "/restored")
+        for id in ids { #expect(try restoredClient.task(id)["state"] as? String == "succeeded") }
+        #expect(try restored.stop() == 0)
+    }
+
     @Test func aSecondServerOnTheSameDataDirRefusesToStart() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
