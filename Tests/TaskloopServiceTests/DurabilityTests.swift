@@ -162,3 +162,116 @@ import TaskloopTestSupport
         try service.stop()
     }
 }
+
+/// The crash loop: clients submit tasks and workflows and cancel as fast as they can while the
+/// server is killed with SIGKILL at random moments and restarted on the same data dir. Every
+/// change a 2xx acknowledged is there afterwards, nothing is left stuck, and no task ran
+/// before its dependencies.
+@Suite(.serialized) struct CrashLoopTests {
+    struct Acknowledged {
+        var tasks: Set<String> = []
+        var cancelled: Set<String> = []
+        var workflows: Set<String> = []
+    }
+
+    @Test func acknowledgedChangesSurviveRandomKills() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var random = SplitMix64(seed: UInt64(ProcessInfo.processInfo.environment["TASKLOOP_CRASH_SEED"].flatMap(UInt64.init) ?? 7))
+        let cycles = 8
+        let acknowledged = Locked(Acknowledged())
+        for cycle in 0..<cycles {
+            let (server, _) = try DurabilityTests.start(directory)
+            let port = try #require(BinaryTests.port(from: try server.waitForLine(containing: "listening on")))
+            let stop = Locked(false)
+            let done = DispatchGroup()
+            for worker in 0..<4 {
+                done.enter()
+                let seed = random.next()
+                Thread {
+                    defer { done.leave() }
+                    var random = SplitMix64(seed: seed)
+                    guard let client = try? APIClient(port: port) else { return }
+                    var mine: [String] = []
+                    while !stop.value {
+                        do {
+                            switch random.below(10) {
+                            case 0..<5:
+                                let after = mine.suffix(2).map { "\"\($0)\"" }.joined(separator: ",")
+                                let kind = random.below(2) == 0 ? #""noop""# : #""sleep","params":{"duration_ms":20,"steps":1}"#
+                                let response = try client.call("POST", "/tasks", json: #"{"kind":\#(kind),"dependencies":[\#(after)],"on_dependency_failure":"run","name":"c\#(cycle)w\#(worker)"}"#)
+                                if response.status == 201, let id = response.json["id"] as? String {
+                                    mine.append(id)
+                                    acknowledged.withLock { $0.tasks.insert(id) }
+                                }
+                            case 5..<8:
+                                let response = try client.call("POST", "/workflows", json: #"{"tasks":[{"key":"a","kind":"noop"},{"key":"b","kind":"sleep","params":{"duration_ms":10,"steps":1},"dependencies":["a"]},{"key":"c","kind":"noop","dependencies":["a","b"]}]}"#)
+                                if response.status == 201, let id = response.json["id"] as? String,
+                                   let keys = response.json["keys"] as? [String: String] {
+                                    acknowledged.withLock {
+                                        $0.workflows.insert(id)
+                                        $0.tasks.formUnion(keys.values)
+                                    }
+                                }
+                            default:
+                                guard let victim = mine.randomElement(using: &random) else { continue }
+                                let response = try client.call("DELETE", "/tasks/\(victim)")
+                                if response.status == 200 { acknowledged.withLock { _ = $0.cancelled.insert(victim) } }
+                            }
+                        } catch {
+                            return  // the server is gone
+                        }
+                    }
+                }.start()
+            }
+            // Let the clients work for a random while, then kill without warning.
+            let deadline = Date().addingTimeInterval(0.05 + Double(random.below(300)) / 1_000)
+            try pollUntil("the next kill", timeout: 5, every: 5_000) { Date() >= deadline }
+            kill(server.process.processIdentifier, SIGKILL)
+            stop.withLock { $0 = true }
+            #expect(done.wait(timeout: .now() + 30) == .success)
+            #expect(try server.waitForExit() == SIGKILL)
+        }
+
+        // The last restart: everything acknowledged is there, and it all comes to an end.
+        let (server, client) = try DurabilityTests.start(directory)
+        let promised = acknowledged.value
+        var states: [String: [String: Any]] = [:]
+        var interrupted = 0
+        for id in promised.tasks {
+            let task = try client.waitForTerminal(id)
+            states[id] = task
+            if (task["error"] as? [String: Any])?["code"] as? String == "interrupted" { interrupted += 1 }
+        }
+        for id in promised.cancelled { #expect(states[id]?["state"] as? String == "cancelled", "cancel of \(id) was acknowledged") }
+        for id in promised.workflows { #expect(try client.call("GET", "/workflows/\(id)").status == 200) }
+        // Dependencies first: a task that started did so after each dependency had finished.
+        for (id, task) in states {
+            guard let started = task["started_at"] as? String else { continue }
+            for dependency in task["dependencies"] as? [String] ?? [] {
+                let dependencyTask = try states[dependency] ?? client.task(dependency)
+                guard let finished = dependencyTask["finished_at"] as? String else {
+                    Issue.record("\(id) started before its dependency \(dependency) finished")
+                    continue
+                }
+                #expect(finished <= started, "\(id) started at \(started), before \(dependency) finished at \(finished)")
+            }
+        }
+        print("crash loop: \(cycles) kills, \(promised.tasks.count) acknowledged tasks (\(promised.workflows.count) workflows, "
+              + "\(promised.cancelled.count) acknowledged cancels), all present and terminal; \(interrupted) attempts interrupted")
+        #expect(promised.tasks.count > 100, "the clients got work done between the kills")
+        #expect(try server.stop() == 0)
+    }
+}
+
+extension APIClient {
+    /// Waits for the task to be terminal, whatever the state, and returns it.
+    func waitForTerminal(_ id: String, timeout: Double = 30) throws -> [String: Any] {
+        var task: [String: Any] = [:]
+        try pollUntil("task \(id) to end", timeout: timeout, every: 0) {
+            task = try call("GET", "/tasks/\(id)?wait=1", timeout: 3).json
+            return ["succeeded", "failed", "cancelled"].contains(task["state"] as? String ?? "")
+        }
+        return task
+    }
+}
