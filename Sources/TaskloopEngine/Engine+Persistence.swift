@@ -155,6 +155,7 @@ extension Engine {
 
     /// A task restored as `running` has no attempt: the process that ran it is gone.
     private func interrupt(_ record: TaskRecord) {
+        record.executor.stopInterrupted(record.id)
         if record.cancelRequested {
             finish(record, as: .cancelled, error: .cancelled)
             return

@@ -14,6 +14,17 @@ public protocol TaskExecutor: AnyObject {
     /// `cancelled` on `run` (later calls are ignored), and should stop the work when `run`'s
     /// `onCancel` is called. It may report synchronously, before returning.
     func start(_ run: TaskRun)
+
+    /// After a restart: an attempt of task `id` was running when the server died. Whatever of
+    /// it may still run must be stopped before the task runs again, so that one task never runs
+    /// twice at once. Called from `Engine.restore`, before anything starts; it may block
+    /// (the server is not serving yet).
+    func stopInterrupted(_ id: TaskID)
+}
+
+extension TaskExecutor {
+    /// Work that lives only in this process died with it: nothing to stop.
+    public func stopInterrupted(_ id: TaskID) {}
 }
 
 /// One attempt of one task, as its executor sees it.

@@ -53,6 +53,32 @@ import TaskloopTestSupport
         #expect(try binary.stop() == 0)
     }
 
+    /// A program that outlived a killed server (it runs detached, and went to init) is killed
+    /// by the next server before its task runs again: never two copies of one task at once.
+    @Test func anInterruptedProgramIsKilledBeforeItsTaskRunsAgain() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
+        let file = directory + "/pid"
+        let body = ExecTests.json(["kind": "exec", "retry": ["max_attempts": 2, "backoff_ms": 0],
+                                   "params": ["argv": ["sh", "-c", "echo $$ >> \(file); exec sleep 1000"]]])
+        let task = try Self.id(try client.submit(body))
+        try pollUntil("the program to start") { FileManager.default.fileExists(atPath: file) }
+        let survivor = try #require(Int32(try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n")[0]))
+        let pid = binary.process.processIdentifier
+        kill(pid, SIGKILL)
+        try pollUntil("the server to die") { ExecTests.isGone(pid) }
+        #expect(!ExecTests.isGone(survivor), "the program outlives the server")
+        (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
+        #expect(ExecTests.isGone(survivor), "killed while the server started, before the task ran again")
+        let again = try client.waitForState(task, "running")
+        #expect(again["attempt"] as? Int == 2)
+        try pollUntil("the second attempt's program to start") {
+            (try? String(contentsOfFile: file, encoding: .utf8))?.split(separator: "\n").count == 2
+        }
+        #expect(try binary.stop() == 0)
+    }
+
     /// SIGTERM keeps the state too: what was running runs again after the restart, with its
     /// attempt not consumed.
     @Test func aStopRequeuesRunningWork() throws {

@@ -133,6 +133,14 @@ final class ExecExecutor: TaskExecutor {
         ExecAttempt(run: run, params: params, executor: self).begin()
     }
 
+    /// A program of an attempt that was running when the server died may outlive it (it runs
+    /// detached, and orphans go to init): every process carrying the task's cookie is killed,
+    /// and this returns once that is done.
+    func stopInterrupted(_ id: TaskID) {
+        ProcessTreeKiller.shared.signal(SIGKILL, carrying: ["TASKLOOP_TASK_ID=\(id)"])
+        ProcessTreeKiller.shared.waitUntilIdle()
+    }
+
     /// `PATH`, `HOME` and `LANG`, then the task's own `env` on top.
     static func environment(adding extra: [(String, String)]) -> [String] {
         var variables: [(String, String)] = [
