@@ -153,7 +153,9 @@ public final class SQLiteTaskStore: TaskStore {
                 resource: keys.string(3) ?? "", expiresAt: keys.int64(4)))
         }
         keys.reset()
-        let tasks = try database.statement("SELECT record FROM tasks ORDER BY sequence")
+        // In key order; `Engine.restore` puts them in sequence order (an index for that would
+        // cost every write).
+        let tasks = try database.statement("SELECT record FROM tasks")
         while try tasks.step() { state.tasks.append(try RecordCodec.decodeTask(tasks.bytes(0))) }
         tasks.reset()
         return state

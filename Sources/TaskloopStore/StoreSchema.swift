@@ -16,7 +16,6 @@ public enum StoreSchema {
             workflow TEXT,
             record BLOB NOT NULL
         ) WITHOUT ROWID;
-        CREATE INDEX tasks_by_sequence ON tasks(sequence);
         CREATE TABLE workflows (id TEXT PRIMARY KEY, record BLOB NOT NULL) WITHOUT ROWID;
         CREATE TABLE queues (
             name TEXT PRIMARY KEY,

@@ -44,6 +44,11 @@ public final class StoreWriter: @unchecked Sendable {
     public init(database: SQLiteDatabase, syncLevel: SyncLevel, deliver: @escaping Deliver) throws(SQLiteError) {
         try database.execute("PRAGMA journal_mode = WAL")
         try database.execute(syncLevel.pragma)
+        // A larger page cache keeps the tasks B-tree's inner pages in memory, and checkpoints
+        // every 10,000 pages (40 MB of WAL) rather than 1,000 copy pages back in fewer, larger
+        // runs.
+        try database.execute("PRAGMA cache_size = -65536")
+        try database.execute("PRAGMA wal_autocheckpoint = 10000")
         self.database = database
         self.deliver = deliver
         pthread_mutex_init(mutex, nil)
