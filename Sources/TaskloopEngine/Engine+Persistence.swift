@@ -124,6 +124,15 @@ extension Engine {
         }
     }
 
+    /// The server is stopping and keeps its state: nothing starts any more; what runs may
+    /// finish (until `suspendForShutdown`).
+    public func haltDispatch() {
+        halted = true
+    }
+
+    /// Tasks running now, in every queue.
+    public var runningCount: Int { queues.values.reduce(0) { $0 + $1.counts[.running] } }
+
     /// The server is stopping and keeps its state: nothing starts any more, and every running
     /// task is stopped and put back in `queued` with its attempt not consumed, to run again
     /// after the restart. Returns how many were running.

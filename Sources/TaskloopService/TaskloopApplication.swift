@@ -14,8 +14,10 @@ import TaskloopStore
 /// routes, then bind. `stop(completion:)`, within the shutdown grace G:
 /// 1. stop accepting; requests in flight are answered with `Connection: close`, idle
 ///    connections close; new submissions get 503;
-/// 2. every unfinished task is cancelled: running work is told to stop (SIGTERM to `exec`
-///    trees, whose SIGKILL comes after min(`grace_ms`, what is left of G); transfers aborted);
+/// 2. in memory, every unfinished task is cancelled: running work is told to stop (SIGTERM to
+///    `exec` trees, whose SIGKILL comes after min(`grace_ms`, what is left of G); transfers
+///    aborted). With a store, nothing new starts and running work may finish within G; what
+///    still runs at G is stopped and queued again for after the restart;
 /// 3. long polls are answered with their task as it is now;
 /// 4. at G: connections still open are closed, `exec` trees still alive are SIGKILLed, and
 ///    half a second later output they still hold open is given up;
@@ -138,13 +140,15 @@ public final class TaskloopApplication {
         }
         if let engine, let scheduler {
             if durable != nil {
-                // The state is kept: running work is stopped and runs again after the restart.
-                engine.suspendForShutdown()
+                // The state is kept: nothing new starts, running work has the grace to finish,
+                // and what still runs then is stopped and runs again after the restart.
+                engine.haltDispatch()
             } else {
                 for name in engine.queues.keys.sorted() { engine.cancelAll(inQueue: name) }
             }
             waiters.answerAll()
             _ = scheduler.schedule(after: grace) { [weak self] in
+                if self?.durable != nil { self?.engine.suspendForShutdown() }
                 self?.execExecutor?.killAll()
                 _ = self?.scheduler?.schedule(after: 500) { [weak self] in self?.execExecutor?.abandonOutput() }
             }
@@ -186,7 +190,8 @@ public final class TaskloopApplication {
     }
 
     private func finishStopping() {
-        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, let completion = stopCompletion else { return }
+        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, durable == nil || engine.runningCount == 0,
+              let completion = stopCompletion else { return }
         stopCompletion = nil
         server = nil
         // Cancelling removed every transfer; this frees curl's connection cache and handles.
@@ -273,6 +278,8 @@ public final class TaskloopApplication {
                 waiters.finished(task.id)
             }
         }
+        // Stopping with a store waits for running work to finish within the grace.
+        if isDraining && durable != nil { finishStopping() }
     }
 
     /// `http` transfers in flight.

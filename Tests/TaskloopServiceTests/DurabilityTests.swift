@@ -115,6 +115,25 @@ import TaskloopTestSupport
         #expect(try restored.stop() == 0)
     }
 
+    /// Within the grace, running work finishes rather than being stopped, and nothing new
+    /// starts: the queued task waits for the restart.
+    @Test func aStopLetsRunningWorkFinishWithinTheGrace() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var (binary, client) = try Self.start(directory, ["--shutdown-grace-seconds", "10", "--default-concurrency", "1"])
+        let running = try Self.id(try client.submit(#"{"kind":"sleep","params":{"duration_ms":300,"steps":1}}"#))
+        let waiting = try Self.id(try client.submit(#"{"kind":"noop"}"#))
+        _ = try client.waitForState(running, "running")
+        let started = Date()
+        #expect(try binary.stop() == 0)
+        #expect(Date().timeIntervalSince(started) < 5, "the stop ends once the work is done, not at the grace")
+        (binary, client) = try Self.start(directory)
+        let finished = try client.task(running)
+        #expect(finished["state"] as? String == "succeeded" && finished["attempt"] as? Int == 1)
+        _ = try client.waitForState(waiting, "succeeded")
+        #expect(try binary.stop() == 0)
+    }
+
     @Test func aSecondServerOnTheSameDataDirRefusesToStart() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
