@@ -50,6 +50,7 @@ bench: bench-deps
 	bash Benchmarks/engine/run.sh
 	bash Benchmarks/http/run.sh
 	bash Benchmarks/service/run.sh
+	bash Benchmarks/store/run.sh
 
 clean:
 	rm -rf .build

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Durability benchmark: what keeping state costs, measured in one run on one machine.
+# - POST /tasks under wrk (server on core 0 with its store writer thread, wrk on core 1) with
+#   --durability memory, normal and full, as ratios to memory;
+# - the 100 x 100 lattice workflow end to end in `full`;
+# - restart with BENCH_RESTART_TASKS (200000) queued tasks: from exec to `listening on`;
+# - the database's size under churn (retention at 10,000 tasks while 10x that many pass);
+# - the disk's fsync rate (a small probe: 4 KiB write + fdatasync, in the data dir's filesystem),
+#   so the figures can be read against the physical limit.
+#   BENCH_DURATION  seconds of wrk per mode (default 10)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+duration=${BENCH_DURATION:-10}
+restart_tasks=${BENCH_RESTART_TASKS:-200000}
+swift build -c release --product taskloop >/dev/null
+binary="$(swift build -c release --show-bin-path)/taskloop"
+source scripts/serve-in-background.sh
+work=$(mktemp -d)
+trap 'kill -TERM "${serve_in_background_pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
+
+stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
+
+echo "POST /tasks (noop): wrk -t1 -c64 -d${duration}s, server on core 0, wrk on core 1"
+memory_rate=""
+for mode in memory normal full; do
+    serve_in_background taskset -c 0 "$binary" --port 0 --durability "$mode" --data-dir "$work/$mode" \
+        --max-unfinished-tasks 10000000 --log-level warning
+    rate=$(taskset -c 1 wrk -t1 -c64 -d"${duration}s" -s Benchmarks/service/noop.lua "$url/tasks" | awk '/Requests\/sec/ {print $2}')
+    stop "$server"
+    [ -z "$memory_rate" ] && memory_rate=$rate
+    printf '  %-7s %10.0f req/s  %5.2fx memory\n' "$mode" "$rate" "$(awk "BEGIN {print $rate / $memory_rate}")"
+done
+
+serve_in_background taskset -c 0 "$binary" --port 0 --durability full --data-dir "$work/lattice" --log-level warning
+host_port=${url#http://}
+taskset -c 1 python3 Benchmarks/service/lattice.py "${host_port%:*}" "${host_port##*:}" 100 | sed 's/^/  full: /'
+stop "$server"
+
+# Restart: fill a paused queue, stop, and time the start that restores it.
+serve_in_background "$binary" --port 0 --durability normal --data-dir "$work/restart" \
+    --max-unfinished-tasks 10000000 --max-body-bytes 16777216 --log-level warning
+curl -sf -X PATCH "$url/queues/held" -H 'Content-Type: application/json' -d '{"paused":true}' >/dev/null
+python3 - "$url" "$restart_tasks" <<'PY'
+import http.client, json, sys
+url, count = sys.argv[1], int(sys.argv[2])
+host, port = url[len("http://"):].split(":")
+connection = http.client.HTTPConnection(host, int(port))
+task = {"kind": "noop", "queue": "held", "name": "restored", "metadata": {"owner": "bench"}}
+for start in range(0, count, 10000):
+    tasks = [dict(task, key=f"t{index}") for index in range(start, min(count, start + 10000))]
+    connection.request("POST", "/workflows", json.dumps({"tasks": tasks}), {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    answer.read()
+    assert answer.status == 201, answer.status
+PY
+stop "$server"
+started=$(date +%s.%N)
+serve_in_background "$binary" --port 0 --durability normal --data-dir "$work/restart" \
+    --max-unfinished-tasks 10000000 --log-level warning
+elapsed=$(awk "BEGIN {print $(date +%s.%N) - $started}")
+queued=$(curl -sf "$url/queues/held" | python3 -c 'import json, sys; print(json.load(sys.stdin)["counts"]["queued"])')
+stop "$server"
+printf 'restart with %d queued tasks: listening after %.2f s (%.2f s per million)\n' "$queued" "$elapsed" \
+    "$(awk "BEGIN {print $elapsed * 1000000 / $queued}")"
+
+# Churn: retention keeps 10,000 finished tasks while ten times that many pass through.
+serve_in_background taskset -c 0 "$binary" --port 0 --durability normal --data-dir "$work/churn" \
+    --max-retained-tasks 10000 --log-level warning
+sizes=""
+for round in 1 2 3 4 5; do
+    taskset -c 1 wrk -t1 -c16 -d2s -s Benchmarks/service/noop.lua "$url/tasks" >/dev/null
+    sizes="$sizes $(du -sk "$work/churn" | cut -f1)"
+done
+submitted=$(curl -sf "$url/metrics" | awk '/^taskloop_tasks_submitted_total/ {sum += $2} END {print sum}')
+stop "$server"
+echo "churn: $submitted tasks through a 10,000-task retention; data dir KiB after each 2 s round:$sizes"
+
+python3 - "$work" <<'PY'
+import os, sys, time
+path = os.path.join(sys.argv[1], "fsync-probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+block = b"x" * 4096
+count, started = 0, time.perf_counter()
+while time.perf_counter() - started < 2:
+    os.pwrite(fd, block, 0)
+    os.fdatasync(fd)
+    count += 1
+os.close(fd)
+print(f"disk: {count / (time.perf_counter() - started):.0f} fdatasync/s (4 KiB write each)")
+PY
