@@ -42,19 +42,25 @@ public struct StoreBatch: Sendable {
     /// failed to commit is merged into the next, so nothing it held is dropped.
     public func merged(with later: StoreBatch) -> StoreBatch {
         var result = StoreBatch()
-        let laterTasks = Set(later.tasks.map(\.id)).union(later.evictedTasks)
-        result.tasks = tasks.filter { !laterTasks.contains($0.id) } + later.tasks
-        result.evictedTasks = evictedTasks.filter { !laterTasks.contains($0) } + later.evictedTasks
-        let laterWorkflows = Set(later.workflows.map(\.id)).union(later.evictedWorkflows)
-        result.workflows = workflows.filter { !laterWorkflows.contains($0.id) } + later.workflows
-        result.evictedWorkflows = evictedWorkflows.filter { !laterWorkflows.contains($0) } + later.evictedWorkflows
-        let laterQueues = Set(later.queues.map(\.name)).union(later.forgottenQueues)
-        result.queues = queues.filter { !laterQueues.contains($0.name) } + later.queues
-        result.forgottenQueues = forgottenQueues.filter { !laterQueues.contains($0) } + later.forgottenQueues
-        let laterKeys = Set(later.idempotencyKeys.map(\.key)).union(later.expiredIdempotencyKeys)
-        result.idempotencyKeys = idempotencyKeys.filter { !laterKeys.contains($0.key) } + later.idempotencyKeys
-        result.expiredIdempotencyKeys = expiredIdempotencyKeys.filter { !laterKeys.contains($0) } + later.expiredIdempotencyKeys
+        (result.tasks, result.evictedTasks) = Self.merge((tasks, evictedTasks), (later.tasks, later.evictedTasks), key: \.id)
+        (result.workflows, result.evictedWorkflows) = Self.merge(
+            (workflows, evictedWorkflows), (later.workflows, later.evictedWorkflows), key: \.id)
+        (result.queues, result.forgottenQueues) = Self.merge(
+            (queues, forgottenQueues), (later.queues, later.forgottenQueues), key: \.name)
+        (result.idempotencyKeys, result.expiredIdempotencyKeys) = Self.merge(
+            (idempotencyKeys, expiredIdempotencyKeys), (later.idempotencyKeys, later.expiredIdempotencyKeys), key: \.key)
         return result
+    }
+
+    /// Writes and deletions of one kind of record, earlier then later: for a key the later
+    /// batch writes or deletes, the earlier batch's entry goes.
+    private static func merge<Record, Key: Hashable>(
+        _ earlier: (writes: [Record], deletions: [Key]), _ later: (writes: [Record], deletions: [Key]),
+        key: (Record) -> Key
+    ) -> ([Record], [Key]) {
+        let touchedLater = Set(later.writes.map(key)).union(later.deletions)
+        return (earlier.writes.filter { !touchedLater.contains(key($0)) } + later.writes,
+                earlier.deletions.filter { !touchedLater.contains($0) } + later.deletions)
     }
 }
 

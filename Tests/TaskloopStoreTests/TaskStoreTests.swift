@@ -155,3 +155,22 @@ import TaskloopTestSupport
         }
     }
 }
+
+@Suite struct StoreBatchTests {
+    /// A batch that failed is merged into the next: what the later batch writes or deletes wins.
+    @Test func laterWritesAndDeletionsWin() {
+        var earlier = StoreBatch()
+        earlier.queues = [QueueSnapshot(name: "a", maxConcurrency: 1, paused: false), QueueSnapshot(name: "b", maxConcurrency: 1, paused: false)]
+        earlier.forgottenQueues = ["c"]
+        earlier.idempotencyKeys = [IdempotencyRecord(key: "k", requestHash: [1], status: 201, resource: "/tasks/x", expiresAt: 1)]
+        var later = StoreBatch()
+        later.queues = [QueueSnapshot(name: "b", maxConcurrency: 9, paused: true)]
+        later.forgottenQueues = ["a"]
+        later.expiredIdempotencyKeys = ["k"]
+        let merged = earlier.merged(with: later)
+        #expect(merged.queues == [QueueSnapshot(name: "b", maxConcurrency: 9, paused: true)])
+        #expect(merged.forgottenQueues == ["c", "a"])
+        #expect(merged.idempotencyKeys.isEmpty && merged.expiredIdempotencyKeys == ["k"])
+        #expect(StoreBatch().merged(with: StoreBatch()).isEmpty)
+    }
+}
