@@ -95,16 +95,18 @@ final class DurableState {
         guard !batch.isEmpty else { return }
         sent += 1
         let number = sent
-        let written = (tasks: batch.tasks.map(\.id) + batch.evictedTasks, workflows: batch.workflows.map(\.id) + batch.evictedWorkflows,
-                       queues: batch.queues.map(\.name) + batch.forgottenQueues,
-                       keys: batch.idempotencyKeys.map(\.key) + batch.expiredIdempotencyKeys)
         store.write(batch) { [weak self] result in
             guard let self else { return }
             if case .failure(let error) = result {
-                unwrittenTasks.formUnion(written.tasks)
-                unwrittenWorkflows.formUnion(written.workflows)
-                unwrittenQueues.formUnion(written.queues)
-                unwrittenKeys.formUnion(written.keys)
+                // Which records it held; they are written again as they are by then.
+                unwrittenTasks.formUnion(batch.tasks.lazy.map(\.id))
+                unwrittenTasks.formUnion(batch.evictedTasks)
+                unwrittenWorkflows.formUnion(batch.workflows.lazy.map(\.id))
+                unwrittenWorkflows.formUnion(batch.evictedWorkflows)
+                unwrittenQueues.formUnion(batch.queues.lazy.map(\.name))
+                unwrittenQueues.formUnion(batch.forgottenQueues)
+                unwrittenKeys.formUnion(batch.idempotencyKeys.lazy.map(\.key))
+                unwrittenKeys.formUnion(batch.expiredIdempotencyKeys)
                 failed(error)
             } else if isFailing && !hasUnwritten {
                 isFailing = false

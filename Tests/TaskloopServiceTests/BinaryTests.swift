@@ -63,8 +63,9 @@ import TaskloopTestSupport
         func stop(_ signal: Int32 = SIGTERM) throws -> Int32 {
             kill(process.processIdentifier, signal)
             _ = try waitForLine(containing: "stopping: ", timeout: 120)
-            let grace = zip(arguments, arguments.dropFirst())
-                .first { $0.0 == "--shutdown-grace-seconds" }.flatMap { Double($0.1) } ?? 10
+            // The last occurrence wins, as it does for the server's parser.
+            let flag = arguments.lastIndex(of: "--shutdown-grace-seconds")
+            let grace = flag.flatMap { $0 + 1 < arguments.count ? Double(arguments[$0 + 1]) : nil } ?? 10
             return try waitForExit(timeout: grace + 3)
         }
 

@@ -8,8 +8,11 @@ import TaskloopTestSupport
 @Suite(.serialized) struct DurabilityTests {
     typealias Binary = BinaryTests.RunningBinary
 
+    /// A durable server; running work gets one second of grace when it stops, unless `extra`
+    /// says otherwise (a later flag wins).
     static func start(_ directory: String, _ extra: [String] = []) throws -> (Binary, APIClient) {
-        let binary = try Binary(arguments: ["--port", "0", "--durability", "full", "--data-dir", directory] + extra)
+        let binary = try Binary(arguments: ["--port", "0", "--durability", "full", "--data-dir", directory,
+                                            "--shutdown-grace-seconds", "1"] + extra)
         let port = try #require(BinaryTests.port(from: try binary.waitForLine(containing: "listening on")))
         return (binary, try APIClient(port: port))
     }
