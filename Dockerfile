@@ -20,11 +20,15 @@ FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 libcurl4 libsqlite3-0 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin taskloop
+    && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin taskloop \
+    && install -d -o taskloop -g taskloop -m 0750 /var/lib/taskloop
 COPY --from=build /out/taskloop /usr/local/bin/taskloop
 USER taskloop:taskloop
 ENV TASKLOOP_HOST=0.0.0.0 \
-    TASKLOOP_PORT=8080
+    TASKLOOP_PORT=8080 \
+    TASKLOOP_DATA_DIR=/var/lib/taskloop
+# The database and its lock: keep them on a volume, and the tasks outlive the container.
+VOLUME /var/lib/taskloop
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=5s --start-period=5s --retries=3 \
     CMD ["/usr/local/bin/taskloop", "--health-check"]

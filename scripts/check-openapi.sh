@@ -15,7 +15,8 @@ BIN="$(swift build --show-bin-path)/taskloop"
 source scripts/serve-in-background.sh
 # Without --allow-exec: the fuzzer's made-up programs are never run. http tasks it makes up are
 # refused internal addresses, so they cannot poke at services on this machine.
-serve_in_background "$BIN" --port 0 --log-level warning --max-unfinished-tasks 1000000 --http-deny-private
+serve_in_background "$BIN" --port 0 --log-level warning --max-unfinished-tasks 1000000 --http-deny-private \
+    --data-dir "$(mktemp -d)"
 
 "$VENV/bin/schemathesis" --config-file scripts/schemathesis.toml run openapi.yaml --url "$url" \
     --max-examples "${SCHEMATHESIS_EXAMPLES:-40}" --seed "${SCHEMATHESIS_SEED:-1}" \

@@ -26,7 +26,10 @@ origin=$url
 serve_in_background taskset -c 0 "$reference_binary" 0
 reference=$url
 # Finished noop tasks are kept up to 100,000 (the default), so memory stays bounded under load.
-serve_in_background taskset -c 0 "$binary" --port 0 --max-body-bytes 16777216 --max-unfinished-tasks 1000000 --allow-exec
+# In memory: this measures the request path against the C reference; Benchmarks/store measures
+# what durability adds.
+serve_in_background taskset -c 0 "$binary" --port 0 --max-body-bytes 16777216 --max-unfinished-tasks 1000000 --allow-exec \
+    --durability memory
 service=$url
 
 task=$(curl -sf -X POST "$service/tasks" -H 'Content-Type: application/json' \

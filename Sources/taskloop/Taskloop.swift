@@ -89,7 +89,7 @@ struct Taskloop: ParsableCommand {
     var maxRetainedTasks: Int = Environment.int("MAX_RETAINED_TASKS") ?? 100_000
 
     @Option(help: "full (answer after fsync), normal (after the write-ahead log) or memory (nothing on disk). [env: TASKLOOP_DURABILITY]")
-    var durability: String = Environment.string("DURABILITY") ?? "memory"
+    var durability: String = Environment.string("DURABILITY") ?? "full"
 
     @Option(help: "Where the database and its lock live (not touched with --durability memory). [env: TASKLOOP_DATA_DIR]")
     var dataDir: String = Environment.string("DATA_DIR") ?? "taskloop-data"

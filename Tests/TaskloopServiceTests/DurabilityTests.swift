@@ -137,6 +137,32 @@ import TaskloopTestSupport
         #expect(try binary.stop() == 0)
     }
 
+    /// A program that ignores SIGTERM does not hold a durable server past its grace: at the end
+    /// of the grace it is stopped (killed at once, the grace being spent), and its task waits for
+    /// the restart.
+    @Test func aStubbornProgramIsStoppedAtTheGraceAndRequeued() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
+        let file = directory + "/pid"
+        let body = ExecTests.json(["kind": "exec", "params": [
+            "argv": ["sh", "-c", "trap '' TERM; echo $$ > \(file); while true; do sleep 1; done"], "grace_ms": 60_000]])
+        let task = try Self.id(try client.submit(body))
+        try pollUntil("the program to start") { FileManager.default.fileExists(atPath: file) }
+        let program = try #require(Int32(try String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
+        let started = Date()
+        kill(binary.process.processIdentifier, SIGTERM)
+        _ = try binary.waitForLine(containing: "taskloop stopped", timeout: 10)
+        #expect(Date().timeIntervalSince(started) < 2, "the grace is one second, and a second more at most")
+        #expect(try binary.waitForExit() == 0)
+        #expect(ExecTests.isGone(program))
+        try FileManager.default.removeItem(atPath: file)
+        (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
+        let again = try client.waitForState(task, "running")
+        #expect(again["attempt"] as? Int == 1, "stopped by the shutdown, not failed: the attempt is not consumed")
+        #expect(try binary.stop() == 0)
+    }
+
     @Test func aSecondServerOnTheSameDataDirRefusesToStart() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
