@@ -73,6 +73,9 @@ final class DurableState {
 
     /// Runs `action(true)` once every change made so far is committed: at once when nothing is
     /// in flight. `action(false)` when the batch it waited for could not be written.
+    /// Nothing changed and uncommitted: an answer may leave at once.
+    var isCaughtUp: Bool { builder.isEmpty && answered == sent }
+
     func whenDurable(_ action: @escaping (Bool) -> Void) {
         let target = builder.isEmpty ? sent : sent + 1
         guard answered < target else { return action(true) }

@@ -344,7 +344,9 @@ struct Reply {
     /// when nothing is in flight, or when the store is failing and this is a read).
     func send(_ response: HTTPResponse) {
         guard responder.isOpen else { return }
-        guard let durable = application.durable, !(durable.isFailing && (method == .GET || method == .HEAD)) else {
+        // The common case sends at once, without making a closure per answer.
+        guard let durable = application.durable, !durable.isCaughtUp,
+              !(durable.isFailing && (method == .GET || method == .HEAD)) else {
             return deliver(response)
         }
         durable.whenDurable { committed in
