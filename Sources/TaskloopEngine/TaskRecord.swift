@@ -6,7 +6,7 @@ import TaskloopJSON
 public final class TaskRecord {
     public let id: TaskID
     /// Submission order, for FIFO among equal priorities.
-    let sequence: UInt64
+    public let sequence: UInt64
     public let kind: String
     let executor: TaskExecutor
     public let params: JSONValue

@@ -21,6 +21,13 @@ public struct JSONParser {
         }
     }
 
+    /// Parses bytes in place (a column of a database row, without copying it first).
+    public static func parse(_ buffer: UnsafeBufferPointer<UInt8>, maxDepth: Int = defaultMaxDepth)
+        throws(JSONParseError) -> JSONValue {
+        var parser = JSONParser(buffer, maxDepth: maxDepth)
+        return try parser.parseDocument()
+    }
+
     public static func parse(_ text: String, maxDepth: Int = defaultMaxDepth) throws(JSONParseError) -> JSONValue {
         try parse(Array(text.utf8), maxDepth: maxDepth)
     }

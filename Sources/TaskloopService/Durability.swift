@@ -36,7 +36,7 @@ final class DurableState {
     private var waiting: [(batch: Int, action: (Bool) -> Void)] = []
     private var firstWaiting = 0
     /// What a failed batch held, written again from the engine's state as it is by then.
-    private var unwrittenTasks = Set<TaskID>()
+    private var unwrittenTasks = Set<StoredTaskKey>()
     private var unwrittenWorkflows = Set<TaskID>()
     private var unwrittenQueues = Set<String>()
     private var unwrittenKeys = Set<String>()
@@ -102,7 +102,7 @@ final class DurableState {
             guard let self else { return }
             if case .failure(let error) = result {
                 // Which records it held; they are written again as they are by then.
-                unwrittenTasks.formUnion(batch.tasks.lazy.map(\.id))
+                unwrittenTasks.formUnion(batch.tasks.lazy.map(\.storedKey))
                 unwrittenTasks.formUnion(batch.evictedTasks)
                 unwrittenWorkflows.formUnion(batch.workflows.lazy.map(\.id))
                 unwrittenWorkflows.formUnion(batch.evictedWorkflows)
@@ -122,8 +122,10 @@ final class DurableState {
     /// The unwritten records as the engine holds them now (gone ones as deletions).
     private func rewrite() -> StoreBatch {
         var batch = StoreBatch()
-        for id in unwrittenTasks {
-            if let record = engine.task(id) { batch.tasks.append(engine.snapshot(of: record)) } else { batch.evictedTasks.append(id) }
+        for key in unwrittenTasks {
+            if let record = engine.task(key.id) { batch.tasks.append(engine.snapshot(of: record)) } else {
+                batch.evictedTasks.append(key)
+            }
         }
         for id in unwrittenWorkflows {
             if let workflow = engine.workflow(id) { batch.workflows.append(engine.snapshot(of: workflow)) } else {

@@ -200,6 +200,14 @@ public final class SQLiteStatement {
         return String(decoding: UnsafeBufferPointer(start: text, count: count), as: UTF8.self)
     }
 
+    /// The column's bytes in place, valid only inside `body` (until the next step).
+    public func withBytes<Result, Failure: Error>(
+        _ column: Int32, _ body: (UnsafeRawBufferPointer) throws(Failure) -> Result
+    ) throws(Failure) -> Result {
+        let count = Int(sqlite3_column_bytes(handle, column))
+        return try body(UnsafeRawBufferPointer(start: count > 0 ? sqlite3_column_blob(handle, column) : nil, count: count))
+    }
+
     public func bytes(_ column: Int32) -> [UInt8] {
         let count = Int(sqlite3_column_bytes(handle, column))
         guard count > 0, let blob = sqlite3_column_blob(handle, column) else { return [] }

@@ -81,26 +81,29 @@ public final class SQLiteTaskStore: TaskStore {
     }
 
     static func apply(_ batch: StoreBatch, to database: SQLiteDatabase) throws(SQLiteError) {
+        var output = RecordWriter()
         if !batch.tasks.isEmpty {
             let upsert = try database.statement("""
-                INSERT INTO tasks (id, sequence, state, workflow, record) VALUES (?, ?, ?, ?, ?)
-                ON CONFLICT (id) DO UPDATE SET state = excluded.state, record = excluded.record
+                INSERT INTO tasks (sequence, record) VALUES (?, ?) ON CONFLICT (sequence) DO UPDATE SET record = excluded.record
                 """)
             for task in batch.tasks {
-                try upsert.bind(1, task.id.description).bind(2, Int64(task.sequence)).bind(3, task.state.rawValue)
-                    .bind(4, task.workflow?.description).bind(5, bytes: RecordCodec.encode(task)).run()
+                output.clear()
+                RecordCodec.encode(task, into: &output)
+                try upsert.bind(1, Int64(task.sequence)).bind(2, bytes: output.bytes).run()
             }
         }
         if !batch.evictedTasks.isEmpty {
-            let delete = try database.statement("DELETE FROM tasks WHERE id = ?")
-            for id in batch.evictedTasks { try delete.bind(1, id.description).run() }
+            let delete = try database.statement("DELETE FROM tasks WHERE sequence = ?")
+            for key in batch.evictedTasks { try delete.bind(1, Int64(key.sequence)).run() }
         }
         if !batch.workflows.isEmpty {
             let upsert = try database.statement("""
                 INSERT INTO workflows (id, record) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET record = excluded.record
                 """)
             for workflow in batch.workflows {
-                try upsert.bind(1, workflow.id.description).bind(2, bytes: RecordCodec.encode(workflow)).run()
+                output.clear()
+                RecordCodec.encode(workflow, into: &output)
+                try upsert.bind(1, workflow.id.description).bind(2, bytes: output.bytes).run()
             }
         }
         if !batch.evictedWorkflows.isEmpty {
@@ -135,7 +138,7 @@ public final class SQLiteTaskStore: TaskStore {
         }
     }
 
-    static func load(_ database: SQLiteDatabase) throws -> StoredState {
+    package static func load(_ database: SQLiteDatabase) throws -> StoredState {
         var state = StoredState()
         let queues = try database.statement("SELECT name, max_concurrency, paused FROM queues")
         while try queues.step() {
@@ -143,8 +146,15 @@ public final class SQLiteTaskStore: TaskStore {
                                               paused: queues.int64(2) != 0))
         }
         queues.reset()
-        let workflows = try database.statement("SELECT record FROM workflows")
-        while try workflows.step() { state.workflows.append(try RecordCodec.decodeWorkflow(workflows.bytes(0))) }
+        let workflows = try database.statement("SELECT id, record FROM workflows")
+        while try workflows.step() {
+            guard let id = TaskID(workflows.string(0) ?? "") else {
+                throw RecordDecodingError(table: "workflows", reason: "a key is not a workflow id")
+            }
+            state.workflows.append(try workflows.withBytes(1) { bytes throws(RecordDecodingError) in
+                try RecordCodec.decodeWorkflow(bytes, id: id)
+            })
+        }
         workflows.reset()
         let keys = try database.statement("SELECT key, request_hash, status, resource, expires_at FROM idempotency_keys")
         while try keys.step() {
@@ -153,10 +163,14 @@ public final class SQLiteTaskStore: TaskStore {
                 resource: keys.string(3) ?? "", expiresAt: keys.int64(4)))
         }
         keys.reset()
-        // In key order; `Engine.restore` puts them in sequence order (an index for that would
-        // cost every write).
-        let tasks = try database.statement("SELECT record FROM tasks")
-        while try tasks.step() { state.tasks.append(try RecordCodec.decodeTask(tasks.bytes(0))) }
+        // In key order, which is submission order, as `Engine.restore` wants them.
+        let tasks = try database.statement("SELECT sequence, record FROM tasks")
+        while try tasks.step() {
+            let sequence = UInt64(tasks.int64(0))
+            state.tasks.append(try tasks.withBytes(1) { bytes throws(RecordDecodingError) in
+                try RecordCodec.decodeTask(bytes, sequence: sequence)
+            })
+        }
         tasks.reset()
         return state
     }

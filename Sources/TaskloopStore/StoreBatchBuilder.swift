@@ -10,7 +10,7 @@ public struct StoreBatchBuilder {
     private var taskOrder: [TaskID] = []
     private var workflows: [WorkflowRecord] = []
     private var queues: [String: TaskQueue] = [:]
-    private var evictedTasks: [TaskID] = []
+    private var evictedTasks: [StoredTaskKey] = []
     private var evictedWorkflows: [TaskID] = []
     private var forgottenQueues: [String] = []
     private var idempotencyKeys: [IdempotencyRecord] = []
@@ -50,7 +50,7 @@ public struct StoreBatchBuilder {
             case .evicted(let record, let workflowEmptied):
                 // Its id stays in `taskOrder`; `take` skips ids no longer in `tasks`.
                 tasks.removeValue(forKey: record.id)
-                evictedTasks.append(record.id)
+                evictedTasks.append(StoredTaskKey(id: record.id, sequence: record.sequence))
                 if workflowEmptied, let workflow = record.workflow {
                     workflows.removeAll { $0 === workflow }
                     evictedWorkflows.append(workflow.id)

@@ -1,14 +1,17 @@
 import CSQLite
+import TaskloopEngine
 
 /// The database's shape, versioned in `PRAGMA user_version`, with forward-only migrations in
 /// code: migration N takes a database at version N to N + 1. A file from a newer server is
 /// refused before anything is written to it.
 public enum StoreSchema {
-    static let migrations: [String] = [
-        // 1: tasks as the engine's own encoding of a record, with the columns recovery and
-        // retention look things up by; workflows, queue settings, idempotency keys and a few
-        // named values (`meta`).
-        """
+    typealias Migration = @Sendable (SQLiteDatabase) throws -> Void
+
+    static let migrations: [Migration] = [
+        // 1: tasks as JSON records keyed by id, with the columns recovery and retention looked
+        // things up by; workflows, queue settings, idempotency keys and a few named values
+        // (`meta`).
+        { database in try database.execute("""
         CREATE TABLE tasks (
             id TEXT PRIMARY KEY,
             sequence INTEGER NOT NULL,
@@ -30,15 +33,43 @@ public enum StoreSchema {
             expires_at INTEGER NOT NULL
         ) WITHOUT ROWID;
         CREATE TABLE meta (name TEXT PRIMARY KEY, value) WITHOUT ROWID;
-        """,
+        """) },
+        // 2: tasks keyed by their sequence number (an integer key appends and deletes without
+        // comparing text, and restores in submission order with no sort), records in
+        // `RecordCodec`'s binary form, a fifth of the JSON's size.
+        { database in
+            try database.execute("CREATE TABLE tasks_v2 (sequence INTEGER PRIMARY KEY, record BLOB NOT NULL)")
+            let insert = try database.statement("INSERT INTO tasks_v2 (sequence, record) VALUES (?, ?)")
+            let tasks = try database.statement("SELECT record FROM tasks")
+            var output = RecordWriter()
+            while try tasks.step() {
+                let task = try JSONRecordsV1.decodeTask(tasks.bytes(0))
+                output.clear()
+                RecordCodec.encode(task, into: &output)
+                try insert.bind(1, Int64(task.sequence)).bind(2, bytes: output.bytes).run()
+            }
+            tasks.reset()
+            try database.execute("DROP TABLE tasks; ALTER TABLE tasks_v2 RENAME TO tasks")
+            var workflows: [WorkflowSnapshot] = []
+            let select = try database.statement("SELECT record FROM workflows")
+            while try select.step() { workflows.append(try JSONRecordsV1.decodeWorkflow(select.bytes(0))) }
+            select.reset()
+            let update = try database.statement("UPDATE workflows SET record = ? WHERE id = ?")
+            for workflow in workflows {
+                output.clear()
+                RecordCodec.encode(workflow, into: &output)
+                try update.bind(1, bytes: output.bytes).bind(2, workflow.id.description).run()
+            }
+        },
     ]
 
     /// The version this server writes.
     public static var version: Int { migrations.count }
 
-    /// Checks the file and brings it to `version`: refuses a damaged file or a newer schema
-    /// without writing, then migrates in one transaction per step.
-    public static func prepare(_ database: SQLiteDatabase) throws(DataDirectoryError) {
+    /// Checks the file and brings it to `target` (tests stop early to make old files): refuses
+    /// a damaged file or a newer schema without writing, then migrates in one transaction per
+    /// step.
+    public static func prepare(_ database: SQLiteDatabase, upTo target: Int = version) throws(DataDirectoryError) {
         let found: Int64
         do {
             // Reading the header is the first access: a file that is not a database fails here.
@@ -51,12 +82,14 @@ public enum StoreSchema {
             throw .newerSchema(path: database.path, found: found, supported: version)
         }
         do {
-            for step in Int(found)..<version {
+            for step in Int(found)..<max(Int(found), target) {
                 try database.transaction {
-                    try database.execute(migrations[step])
+                    try migrations[step](database)
                     try database.execute("PRAGMA user_version = \(step + 1)")
                 }
             }
+        } catch let error as RecordDecodingError {
+            throw .damaged(path: database.path, reason: error.description)
         } catch let error as SQLiteError {
             throw error.isStorageFailure ? .unusable(path: database.path, reason: error.message)
                 : .damaged(path: database.path, reason: error.message)

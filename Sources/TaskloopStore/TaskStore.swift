@@ -19,11 +19,27 @@ public struct IdempotencyRecord: Sendable, Equatable {
     }
 }
 
+/// Which task a deletion names: by the id clients know, or by the engine's sequence number,
+/// which is the SQLite store's row key.
+public struct StoredTaskKey: Hashable, Sendable {
+    public var id: TaskID
+    public var sequence: UInt64
+
+    public init(id: TaskID, sequence: UInt64) {
+        self.id = id
+        self.sequence = sequence
+    }
+}
+
+extension TaskSnapshot {
+    public var storedKey: StoredTaskKey { StoredTaskKey(id: id, sequence: sequence) }
+}
+
 /// What changed in one turn of the loop, as a store writes it: one transaction. Tasks carry
 /// their latest snapshot (a task changed twice in the turn is written once).
 public struct StoreBatch: Sendable {
     public var tasks: [TaskSnapshot] = []
-    public var evictedTasks: [TaskID] = []
+    public var evictedTasks: [StoredTaskKey] = []
     public var workflows: [WorkflowSnapshot] = []
     public var evictedWorkflows: [TaskID] = []
     public var queues: [QueueSnapshot] = []
@@ -42,7 +58,7 @@ public struct StoreBatch: Sendable {
     /// failed to commit is merged into the next, so nothing it held is dropped.
     public func merged(with later: StoreBatch) -> StoreBatch {
         var result = StoreBatch()
-        (result.tasks, result.evictedTasks) = Self.merge((tasks, evictedTasks), (later.tasks, later.evictedTasks), key: \.id)
+        (result.tasks, result.evictedTasks) = Self.merge((tasks, evictedTasks), (later.tasks, later.evictedTasks), key: \.storedKey)
         (result.workflows, result.evictedWorkflows) = Self.merge(
             (workflows, evictedWorkflows), (later.workflows, later.evictedWorkflows), key: \.id)
         (result.queues, result.forgottenQueues) = Self.merge(

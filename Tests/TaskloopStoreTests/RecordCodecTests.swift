@@ -1,0 +1,146 @@
+import Foundation
+import Testing
+import TaskloopEngine
+import TaskloopJSON
+@testable import TaskloopStore
+
+/// The binary records, and the migration that rewrote version 1's JSON ones.
+@Suite struct RecordCodecTests {
+    static let rich = TaskSnapshot(
+        id: TaskID(high: 0x0192_3456_789A_BCDE, low: 0xFEDC_BA98_7654_3210), sequence: 7, kind: "http",
+        params: ["url": "http://example.test/", "n": 1.5], name: "fetch ✓", queue: "io", priority: -3,
+        dependencies: [TaskID(high: 1, low: 2), TaskID(high: 3, low: 4)], onDependencyFailure: .run,
+        timeoutMilliseconds: 60_000, retry: RetryPolicy(maxAttempts: 5, backoffMilliseconds: 250, backoffFactor: 1.5),
+        metadata: ["owner": "me", "tags": ["a", nil]], workflow: TaskID(high: 9, low: 9), createdAt: 1_795_000_000_000,
+        state: .failed, cancelRequested: true, attempt: 5, startedAt: 1_795_000_000_001, finishedAt: 1_795_000_000_002,
+        result: .null, error: TaskError(code: "http_status", message: "502", details: ["status": 502]),
+        progress: TaskProgress(fraction: 0.25, message: "a quarter", details: .null, updatedAt: 1_795_000_000_003),
+        notBefore: -1)
+
+    static func encoded(_ task: TaskSnapshot) -> [UInt8] {
+        var output = RecordWriter()
+        RecordCodec.encode(task, into: &output)
+        return output.bytes
+    }
+
+    static func decoded(_ bytes: [UInt8], sequence: UInt64 = 7) throws -> TaskSnapshot {
+        try bytes.withUnsafeBytes { buffer in try RecordCodec.decodeTask(buffer, sequence: sequence) }
+    }
+
+    @Test func everyFieldRoundTrips() throws {
+        #expect(try Self.decoded(Self.encoded(Self.rich)) == Self.rich)
+        // Absent optionals stay absent (not JSON null), and a bare task is small.
+        let bare = TaskSnapshot(
+            id: TaskID(high: 1, low: 1), sequence: 1, kind: "noop", params: .object([:]), name: nil, queue: "default",
+            priority: 0, dependencies: [], onDependencyFailure: .cancel, timeoutMilliseconds: nil, retry: RetryPolicy(),
+            metadata: nil, workflow: nil, createdAt: 1_795_000_000_000, state: .succeeded, cancelRequested: false,
+            attempt: 1, startedAt: 1_795_000_000_000, finishedAt: 1_795_000_000_000, result: nil, error: nil,
+            progress: TaskProgress(), notBefore: nil)
+        #expect(try Self.decoded(Self.encoded(bare), sequence: 1) == bare)
+        #expect(Self.encoded(bare).count < 80)
+    }
+
+    @Test func extremeNumbersRoundTrip() throws {
+        var task = Self.rich
+        task.priority = Int.min
+        task.createdAt = Int64.max
+        task.startedAt = Int64.min
+        task.timeoutMilliseconds = UInt64.max
+        task.retry = RetryPolicy(maxAttempts: Int.max, backoffMilliseconds: UInt64.max, backoffFactor: .greatestFiniteMagnitude)
+        #expect(try Self.decoded(Self.encoded(task)) == task)
+    }
+
+    /// A damaged row is an error naming the table, whatever byte it stops or goes wrong at.
+    @Test func everyTruncationAndCorruptionIsAnErrorNotACrash() {
+        let bytes = Self.encoded(Self.rich)
+        for length in 0..<bytes.count {
+            #expect(throws: RecordDecodingError.self) { try Self.decoded(Array(bytes[..<length])) }
+        }
+        #expect(throws: RecordDecodingError.self) { try Self.decoded(bytes + [0]) }
+        for index in bytes.indices {
+            var flipped = bytes
+            flipped[index] ^= 0xFF
+            // Either it reads as some other task or it is refused; it never traps.
+            _ = try? Self.decoded(flipped)
+        }
+        #expect(throws: RecordDecodingError.self) { try Self.decoded([RecordCodec.taskFormat, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]) }
+        // An attempt count beyond Int.max: refused, not trapped on.
+        var huge = bytes
+        let attempt = 1 + 3 + 16 + 5 + 1  // format, fields, id, kind, state
+        #expect(huge[attempt] == 5)
+        huge.replaceSubrange(attempt...attempt, with: [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01])
+        #expect(throws: RecordDecodingError.self) { try Self.decoded(huge) }
+    }
+
+    @Test func workflowsRoundTrip() throws {
+        let workflow = WorkflowSnapshot(id: TaskID(high: 5, low: 6), name: "build", createdAt: 1_795_000_000_000,
+                                        keys: [.init(key: "a", id: TaskID(high: 1, low: 2)), .init(key: "ü", id: TaskID(high: 3, low: 4))])
+        var output = RecordWriter()
+        RecordCodec.encode(workflow, into: &output)
+        let decoded = try output.bytes.withUnsafeBytes { buffer in
+            try RecordCodec.decodeWorkflow(buffer, id: workflow.id)
+        }
+        #expect(decoded == workflow)
+    }
+
+    /// A version 1 file (JSON records keyed by id) opens as version 2 with every field kept.
+    @Test func aVersionOneFileIsMigratedKeepingItsTasksAndWorkflows() throws {
+        let path = DataDirectoryTests.temporaryPath()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        do {
+            let directory = try DataDirectory(path: path)
+            let database = try SQLiteDatabase(path: directory.databasePath)
+            try StoreSchema.prepare(database, upTo: 1)
+            try database.execute("""
+                INSERT INTO tasks (id, sequence, state, workflow, record) VALUES ('01M7Q5CQG0Q4NGPGVDXF6Y158Z', 4, 'pending',
+                '01M7Q5CQG0Q4NGPGVDXF6Y1590', '{"id":"01M7Q5CQG0Q4NGPGVDXF6Y158Z","sequence":4,"kind":"sleep",
+                "params":{"duration_ms":10},"name":"flaky","queue":"default","priority":2,"dependencies":[],
+                "on_dependency_failure":"cancel","timeout_ms":60000,"retry":{"max_attempts":2,"backoff_ms":1000,
+                "backoff_factor":2},"metadata":{"owner":"me"},"workflow":"01M7Q5CQG0Q4NGPGVDXF6Y1590",
+                "created_at":1795000000000,"state":"pending","attempt":2,"started_at":1795000000000,
+                "error":{"code":"sleep_failed","message":"no","details":{}},
+                "progress":{"fraction":0.9,"message":"step 9","updated_at":1795000000009},"not_before":1795000001010}');
+                INSERT INTO workflows (id, record) VALUES ('01M7Q5CQG0Q4NGPGVDXF6Y1590', '{"id":"01M7Q5CQG0Q4NGPGVDXF6Y1590",
+                "name":"w","created_at":1795000000000,"keys":[["a","01M7Q5CQG0Q4NGPGVDXF6Y158Z"]]}');
+                """)
+        }
+        let store = try SQLiteTaskStore(dataDirectory: path, syncLevel: .normal) { $0() }
+        defer { store.close() }
+        let loaded = store.takeLoaded()
+        let id = try #require(TaskID("01M7Q5CQG0Q4NGPGVDXF6Y158Z"))
+        let workflow = try #require(TaskID("01M7Q5CQG0Q4NGPGVDXF6Y1590"))
+        #expect(loaded.tasks == [TaskSnapshot(
+            id: id, sequence: 4, kind: "sleep", params: ["duration_ms": 10], name: "flaky", queue: "default", priority: 2,
+            dependencies: [], onDependencyFailure: .cancel, timeoutMilliseconds: 60_000, retry: RetryPolicy(maxAttempts: 2),
+            metadata: ["owner": "me"], workflow: workflow, createdAt: 1_795_000_000_000, state: .pending,
+            cancelRequested: false, attempt: 2, startedAt: 1_795_000_000_000, finishedAt: nil, result: nil,
+            error: TaskError(code: "sleep_failed", message: "no"),
+            progress: TaskProgress(fraction: 0.9, message: "step 9", updatedAt: 1_795_000_000_009), notBefore: 1_795_000_001_010)])
+        #expect(loaded.workflows == [WorkflowSnapshot(id: workflow, name: "w", createdAt: 1_795_000_000_000,
+                                                      keys: [.init(key: "a", id: id)])])
+    }
+
+    /// A version 1 row the migration cannot read stops the start and leaves the file as it was.
+    @Test func aDamagedVersionOneRowStopsTheMigrationAndTouchesNothing() throws {
+        let path = DataDirectoryTests.temporaryPath()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let file: String
+        do {
+            let directory = try DataDirectory(path: path)
+            file = directory.databasePath
+            let database = try SQLiteDatabase(path: file)
+            try StoreSchema.prepare(database, upTo: 1)
+            try database.execute("INSERT INTO tasks VALUES ('x', 1, 'queued', NULL, '{\"id\": 42}')")
+        }
+        let before = try DataDirectoryTests.digest(file)
+        do {
+            _ = try SQLiteTaskStore(dataDirectory: path, syncLevel: .normal) { $0() }
+            Issue.record("a damaged version 1 row was migrated")
+        } catch {
+            guard case .damaged = error else { throw error }
+        }
+        #expect(try DataDirectoryTests.digest(file) == before)
+        let database = try SQLiteDatabase(path: file, mode: .readOnly)
+        #expect(try database.integer("PRAGMA user_version") == 1)
+    }
+}
