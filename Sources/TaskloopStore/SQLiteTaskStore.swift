@@ -93,8 +93,12 @@ public final class SQLiteTaskStore: TaskStore {
             }
         }
         if !batch.evictedTasks.isEmpty {
-            let delete = try database.statement("DELETE FROM tasks WHERE sequence = ?")
-            for key in batch.evictedTasks { try delete.bind(1, Int64(key.sequence)).run() }
+            // Retention evicts in finishing order, which for most tasks is submission order: runs
+            // of consecutive sequence numbers go as one range each.
+            let delete = try database.statement("DELETE FROM tasks WHERE sequence BETWEEN ? AND ?")
+            for run in consecutiveRuns(batch.evictedTasks.map(\.sequence)) {
+                try delete.bind(1, Int64(run.lowerBound)).bind(2, Int64(run.upperBound)).run()
+            }
         }
         if !batch.workflows.isEmpty {
             let upsert = try database.statement("""
@@ -136,6 +140,19 @@ public final class SQLiteTaskStore: TaskStore {
             let delete = try database.statement("DELETE FROM idempotency_keys WHERE key = ?")
             for key in batch.expiredIdempotencyKeys { try delete.bind(1, key).run() }
         }
+    }
+
+    /// `numbers` as the fewest closed ranges that cover exactly them.
+    static func consecutiveRuns(_ numbers: [UInt64]) -> [ClosedRange<UInt64>] {
+        var runs: [ClosedRange<UInt64>] = []
+        for number in numbers.sorted() {
+            if let last = runs.last, number - last.upperBound <= 1 {
+                runs[runs.count - 1] = last.lowerBound...number
+            } else {
+                runs.append(number...number)
+            }
+        }
+        return runs
     }
 
     package static func load(_ database: SQLiteDatabase) throws -> StoredState {

@@ -6,8 +6,11 @@ import TaskloopEngine
 ///
 /// Threading: the engine's (loop) thread.
 public struct StoreBatchBuilder {
-    private var tasks: [TaskID: TaskRecord] = [:]
-    private var taskOrder: [TaskID] = []
+    /// Tasks changed in the turn, in order of first change; a task changed by several events
+    /// in a row (submitted, started, finished) is listed once, others are deduplicated in `take`.
+    private var tasks: [TaskRecord] = []
+    /// Held (not just their identities) until `take`, so no new record can reuse an address.
+    private var evictedRecords: [TaskRecord] = []
     private var workflows: [WorkflowRecord] = []
     private var queues: [String: TaskQueue] = [:]
     private var evictedTasks: [StoredTaskKey] = []
@@ -19,7 +22,7 @@ public struct StoreBatchBuilder {
     public init() {}
 
     public var isEmpty: Bool {
-        taskOrder.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty
+        tasks.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty
             && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty
     }
 
@@ -38,7 +41,7 @@ public struct StoreBatchBuilder {
         for event in events {
             switch event {
             case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record):
-                if tasks.updateValue(record, forKey: record.id) == nil { taskOrder.append(record.id) }
+                if tasks.last !== record { tasks.append(record) }
             case .workflowSubmitted(let workflow):
                 workflows.append(workflow)
             case .queueChanged(let queue):
@@ -48,8 +51,8 @@ public struct StoreBatchBuilder {
                 queues.removeValue(forKey: name)
                 forgottenQueues.append(name)
             case .evicted(let record, let workflowEmptied):
-                // Its id stays in `taskOrder`; `take` skips ids no longer in `tasks`.
-                tasks.removeValue(forKey: record.id)
+                // `take` skips it if it also changed in this turn.
+                evictedRecords.append(record)
                 evictedTasks.append(StoredTaskKey(id: record.id, sequence: record.sequence))
                 if workflowEmptied, let workflow = record.workflow {
                     workflows.removeAll { $0 === workflow }
@@ -62,7 +65,13 @@ public struct StoreBatchBuilder {
     /// The turn's batch, snapshotted now; the builder starts afresh.
     public mutating func take(from engine: Engine) -> StoreBatch {
         var batch = StoreBatch()
-        batch.tasks = taskOrder.compactMap { tasks[$0].map { engine.snapshot(of: $0) } }
+        batch.tasks.reserveCapacity(tasks.count)
+        // Evicted in the same turn: only the deletion is written.
+        var seen = Set<ObjectIdentifier>(minimumCapacity: tasks.count + evictedRecords.count)
+        for record in evictedRecords { seen.insert(ObjectIdentifier(record)) }
+        for record in tasks where seen.insert(ObjectIdentifier(record)).inserted {
+            batch.tasks.append(engine.snapshot(of: record))
+        }
         batch.workflows = workflows.map { engine.snapshot(of: $0) }
         batch.queues = queues.values.map { engine.snapshot(of: $0) }
         batch.evictedTasks = evictedTasks

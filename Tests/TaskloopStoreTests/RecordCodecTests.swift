@@ -144,3 +144,11 @@ import TaskloopJSON
         #expect(try database.integer("PRAGMA user_version") == 1)
     }
 }
+
+@Suite struct EvictionRangeTests {
+    @Test func runsCoverExactlyTheNumbersGiven() {
+        #expect(SQLiteTaskStore.consecutiveRuns([]) == [])
+        #expect(SQLiteTaskStore.consecutiveRuns([5, 3, 4, 9, 7, 8, 8, 1, 9]) == [1...1, 3...5, 7...9])
+        #expect(SQLiteTaskStore.consecutiveRuns([UInt64.max, 0, UInt64.max - 1, UInt64.max]) == [0...0, (UInt64.max - 1)...UInt64.max])
+    }
+}
