@@ -2,11 +2,10 @@ import CSQLite
 import Glibc
 
 /// How far a commit goes before it counts as done (`--durability`): `full` waits for fsync of
-/// the WAL (survives a power cut), `normal` for the write to the WAL (survives the process).
+/// the WAL (survives a power cut; see `WALSyncer`), `normal` for the write to the WAL
+/// (survives the process).
 public enum SyncLevel: String, Sendable, CaseIterable {
     case full, normal
-
-    var pragma: String { self == .full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL" }
 }
 
 /// The one thread that writes to the database, with group commit.
@@ -33,6 +32,8 @@ public final class StoreWriter: @unchecked Sendable {
 
     private let database: SQLiteDatabase
     private let deliver: Deliver
+    /// With `full`, completions wait for its fsync of the log.
+    private let syncer: WALSyncer?
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     private var queue: [Item] = []
@@ -45,7 +46,8 @@ public final class StoreWriter: @unchecked Sendable {
     /// Takes over `database` (no other thread may touch it from now on) and starts the thread.
     public init(database: SQLiteDatabase, syncLevel: SyncLevel, deliver: @escaping Deliver) throws(SQLiteError) {
         try database.execute("PRAGMA journal_mode = WAL")
-        try database.execute(syncLevel.pragma)
+        // `full` syncs through `WALSyncer`, after the commit rather than inside it.
+        try database.execute("PRAGMA synchronous = NORMAL")
         // Checkpoints every 10,000 pages (40 MB of WAL) rather than 1,000 copy pages back in
         // fewer, larger runs. The page cache stays at SQLite's 2 MB: writes append at the right
         // edge of the tasks B-tree and delete at its left, so little else is hot, and a larger
@@ -54,6 +56,13 @@ public final class StoreWriter: @unchecked Sendable {
         try database.execute("PRAGMA wal_autocheckpoint = 10000")
         self.database = database
         self.deliver = deliver
+        if syncLevel == .full {
+            // Reading makes SQLite open (and create) the log first.
+            _ = try database.integer("SELECT count(*) FROM sqlite_schema")
+            syncer = try WALSyncer(logPath: database.path + "-wal", deliver: deliver)
+        } else {
+            syncer = nil
+        }
         pthread_mutex_init(mutex, nil)
         pthread_cond_init(wake, nil)
         let started = pthread_create(&thread, nil, { context in
@@ -120,10 +129,17 @@ public final class StoreWriter: @unchecked Sendable {
             queue.removeAll(keepingCapacity: true)
             let done = closing && batch.isEmpty
             pthread_mutex_unlock(mutex)
-            if done { return }
+            if done {
+                syncer?.finish()
+                return
+            }
             let outcome = write(batch)
-            let completions = UncheckedSendable(batch.map(\.completion))
-            deliver { for completion in completions.value { completion(outcome) } }
+            if let syncer {
+                syncer.enqueue((outcome, batch.map(\.completion)))
+            } else {
+                let completions = UncheckedSendable(batch.map(\.completion))
+                deliver { for completion in completions.value { completion(outcome) } }
+            }
         }
     }
 

@@ -133,8 +133,10 @@ import TaskloopTestSupport
         #expect(try harness.count() == 200)
     }
 
-    @Test func aFailingItemRollsBackItsTransactionAndTheNextOneCommits() throws {
-        let harness = try Harness(syncLevel: .normal)
+    /// In order at both levels: with `full` the outcomes pass through the log flusher.
+    @Test(arguments: SyncLevel.allCases)
+    func aFailingItemRollsBackItsTransactionAndTheNextOneCommits(syncLevel: SyncLevel) throws {
+        let harness = try Harness(syncLevel: syncLevel)
         defer { harness.close() }
         let gate = DispatchSemaphore(value: 0)
         let outcomes = Locked<[Bool]>([])
