@@ -42,6 +42,8 @@ test: deps
 	$(call ensure_packages,$(TEST_PACKAGES))
 	$(SWIFT) build --build-tests
 	TASKLOOP_FUZZ_SECONDS=$(FUZZ_SECONDS) $(SWIFT) test --skip-build
+	# The service's suites keep state durably (`full`, as the binary does); once more in memory.
+	TASKLOOP_TEST_DURABILITY=memory $(SWIFT) test --skip-build --filter TaskloopServiceTests
 	bash scripts/check-openapi.sh
 	bash scripts/check-container.sh
 

@@ -9,15 +9,27 @@ import TaskloopTestSupport
 /// The whole service on 127.0.0.1 and a free port, its loop on a thread of its own. `stop()`
 /// runs the real shutdown story and checks the loop closed clean; a test that fails before
 /// calling it still gets the service stopped when the harness goes away.
+///
+/// It keeps state as the binary does by default, `full`, in a data dir of its own (removed
+/// when it stops); `TASKLOOP_TEST_DURABILITY=memory` (or `normal`) runs the same tests in
+/// that mode, and a test may set its own.
 final class ServiceHarness: @unchecked Sendable {
+    static let defaultDurability: Durability = ProcessInfo.processInfo.environment["TASKLOOP_TEST_DURABILITY"]
+        .flatMap(Durability.init(rawValue:)) ?? .full
+
     let loop: EventLoop
     let port: Int
+    /// The data dir made for this harness (the configuration may point elsewhere).
+    private let dataDirectory: String
     private let application: LoopBound<TaskloopApplication>
     private let thread: LoopThread
     private let stopped = Locked(false)
 
     init(logHandler: LogHandler? = nil, _ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
         var configuration = ServiceConfiguration()
+        dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("taskloop-harness-\(UUID())").path
+        configuration.durability = Self.defaultDurability
+        configuration.dataDirectory = dataDirectory
         configuration.http.host = "127.0.0.1"
         configuration.http.port = 0
         configuration.shutdownGraceMilliseconds = 2_000
@@ -41,6 +53,7 @@ final class ServiceHarness: @unchecked Sendable {
         let application = self.application
         let loop = self.loop
         loop.execute { application.value.stop { loop.finish() } }
+        defer { try? FileManager.default.removeItem(atPath: dataDirectory) }
         try thread.waitForExit(timeout: timeout, what: "service to stop")
     }
 
