@@ -7,11 +7,13 @@
 # - the database's size under churn (retention at 10,000 tasks while 10x that many pass);
 # - the disk's fsync rate (a small probe: 4 KiB write + fdatasync, in the data dir's filesystem),
 #   so the figures can be read against the physical limit.
-#   BENCH_DURATION  seconds of wrk per mode (default 10)
+#   BENCH_DURATION  seconds of wrk per mode and round (default 5)
+#   BENCH_ROUNDS    rounds of the three modes (default 3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-duration=${BENCH_DURATION:-10}
+duration=${BENCH_DURATION:-5}
+rounds=${BENCH_ROUNDS:-3}
 restart_tasks=${BENCH_RESTART_TASKS:-200000}
 swift build -c release --product taskloop >/dev/null
 binary="$(swift build -c release --show-bin-path)/taskloop"
@@ -21,15 +23,40 @@ trap 'kill -TERM "${serve_in_background_pids[@]}" 2>/dev/null || true; rm -rf "$
 
 stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
 
-echo "POST /tasks (noop): wrk -t1 -c64 -d${duration}s, server on core 0, wrk on core 1"
-memory_rate=""
-for mode in memory normal full; do
-    serve_in_background taskset -c 0 "$binary" --port 0 --durability "$mode" --data-dir "$work/$mode" \
+# Rounds alternate the modes so that drift of the machine hits all three alike; ratios are
+# taken within a round and the median is reported. Two layouts: `pinned` gives the server (loop,
+# store writer and log flusher) core 0 and wrk core 1; `shared` lets the kernel place everything
+# on both cores, as a deployment would.
+post_rate() { # layout mode round
+    local server_cpus="" wrk_cpus=""
+    if [ "$1" = pinned ]; then server_cpus="taskset -c 0"; wrk_cpus="taskset -c 1"; fi
+    serve_in_background $server_cpus "$binary" --port 0 --durability "$2" --data-dir "$work/$1-$2-$3" \
         --max-unfinished-tasks 10000000 --log-level warning
-    rate=$(taskset -c 1 wrk -t1 -c64 -d"${duration}s" -s Benchmarks/service/noop.lua "$url/tasks" | awk '/Requests\/sec/ {print $2}')
+    $wrk_cpus wrk -t1 -c64 -d"${duration}s" -s Benchmarks/service/noop.lua "$url/tasks" | awk '/Requests\/sec/ {print $2}'
     stop "$server"
-    [ -z "$memory_rate" ] && memory_rate=$rate
-    printf '  %-7s %10.0f req/s  %5.2fx memory\n' "$mode" "$rate" "$(awk "BEGIN {print $rate / $memory_rate}")"
+    rm -rf "$work/$1-$2-$3"
+}
+echo "POST /tasks (noop): wrk -t1 -c64 -d${duration}s, $rounds rounds of memory, normal, full"
+for layout in pinned shared; do
+    lines=""
+    for round in $(seq 1 "$rounds"); do
+        memory=$(post_rate "$layout" memory "$round")
+        normal=$(post_rate "$layout" normal "$round")
+        full=$(post_rate "$layout" full "$round")
+        lines="$lines$memory $normal $full"$'\n'
+    done
+    printf '%s' "$lines" | python3 -c '
+import statistics, sys
+layout = sys.argv[1]
+rounds = [list(map(float, line.split())) for line in sys.stdin if line.strip()]
+median = lambda values: statistics.median(values)
+memory = median([r[0] for r in rounds])
+for index, mode in ((1, "normal"), (2, "full")):
+    ratios = [r[index] / r[0] for r in rounds]
+    each = ", ".join("%.2f" % ratio for ratio in ratios)
+    print(f"  {layout:6} {mode:6} {median([r[index] for r in rounds]):9.0f} req/s  {median(ratios):.2f}x memory (rounds: {each})")
+print(f"  {layout:6} memory {memory:9.0f} req/s")
+' "$layout"
 done
 
 serve_in_background taskset -c 0 "$binary" --port 0 --durability full --data-dir "$work/lattice" --log-level warning
