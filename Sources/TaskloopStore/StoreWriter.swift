@@ -1,5 +1,6 @@
 import CSQLite
 import Glibc
+import Synchronization
 
 /// How far a commit goes before it counts as done (`--durability`): `full` waits for fsync of
 /// the WAL (survives a power cut; see `WALSyncer`), `normal` for the write to the WAL
@@ -34,14 +35,8 @@ public final class StoreWriter: @unchecked Sendable {
     private let deliver: Deliver
     /// With `full`, completions wait for its fsync of the log.
     private let syncer: WALSyncer?
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
-    private var queue: [Item] = []
-    private var closing = false
-    /// The writer is in (or about to enter) `pthread_cond_wait`; guarded by `mutex`.
-    private var isWaiting = false
-    private var thread = pthread_t()
-    private var committed = 0
+    private var thread: DrainingThread<Item>!
+    private let committed = Atomic<Int>(0)
 
     /// Takes over `database` (no other thread may touch it from now on) and starts the thread.
     public init(database: SQLiteDatabase, syncLevel: SyncLevel, deliver: @escaping Deliver) throws(SQLiteError) {
@@ -63,83 +58,38 @@ public final class StoreWriter: @unchecked Sendable {
         } else {
             syncer = nil
         }
-        pthread_mutex_init(mutex, nil)
-        pthread_cond_init(wake, nil)
-        let started = pthread_create(&thread, nil, { context in
-            Unmanaged<StoreWriter>.fromOpaque(context!).takeUnretainedValue().writeUntilClosed()
-            return nil
-        }, Unmanaged.passUnretained(self).toOpaque())
-        precondition(started == 0, "cannot start the store writer thread")
-    }
-
-    deinit {
-        pthread_mutex_destroy(mutex)
-        pthread_cond_destroy(wake)
-        mutex.deallocate()
-        wake.deallocate()
+        thread = DrainingThread(name: "store writer", start: {
+            // SCHED_BATCH: waking the writer does not preempt the loop. On a busy core the loop
+            // then goes on gathering the next batch until it waits on its own (for the commit),
+            // so one transaction carries many requests; on an idle core nothing changes. Best
+            // effort.
+            var parameters = sched_param()
+            _ = sched_setscheduler(0, 3 /* SCHED_BATCH */, &parameters)
+        }, drain: { [unowned self] batch in commit(batch) })
     }
 
     /// Queues `work` for the next transaction; `completion` learns whether it committed.
     public func submit(_ work: @escaping Work, completion: @escaping Completion) {
-        pthread_mutex_lock(mutex)
-        precondition(!closing, "StoreWriter.submit after close")
-        queue.append(Item(work: work, completion: completion))
-        let writerIsWaiting = isWaiting
-        pthread_mutex_unlock(mutex)
-        // Signalled outside the lock, and only when the writer sleeps: a writer woken while we
-        // held the mutex would block on it straight away.
-        if writerIsWaiting { pthread_cond_signal(wake) }
+        thread.enqueue(Item(work: work, completion: completion))
     }
 
     /// Transactions committed so far (for tests and metrics).
-    public var transactionsCommitted: Int {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        return committed
-    }
+    public var transactionsCommitted: Int { committed.load(ordering: .relaxed) }
 
     /// Writes what is queued, then ends the thread and returns (at once when already closed).
     /// Completions of that last work are still handed to `deliver`.
     public func close() {
-        pthread_mutex_lock(mutex)
-        guard !closing else {
-            pthread_mutex_unlock(mutex)
-            return
-        }
-        closing = true
-        pthread_cond_signal(wake)
-        pthread_mutex_unlock(mutex)
-        pthread_join(thread, nil)
+        thread.finish()
+        syncer?.finish()
     }
 
-    private func writeUntilClosed() {
-        // SCHED_BATCH: waking the writer does not preempt the loop. On a busy core the loop
-        // then goes on gathering the next batch until it waits on its own (for the commit), so
-        // one transaction carries many requests; on an idle core nothing changes. Best effort.
-        var parameters = sched_param()
-        _ = sched_setscheduler(0, 3 /* SCHED_BATCH */, &parameters)
-        while true {
-            pthread_mutex_lock(mutex)
-            while queue.isEmpty && !closing {
-                isWaiting = true
-                pthread_cond_wait(wake, mutex)
-                isWaiting = false
-            }
-            let batch = queue
-            queue.removeAll(keepingCapacity: true)
-            let done = closing && batch.isEmpty
-            pthread_mutex_unlock(mutex)
-            if done {
-                syncer?.finish()
-                return
-            }
-            let outcome = write(batch)
-            if let syncer {
-                syncer.enqueue((outcome, batch.map(\.completion)))
-            } else {
-                let completions = UncheckedSendable(batch.map(\.completion))
-                deliver { for completion in completions.value { completion(outcome) } }
-            }
+    private func commit(_ batch: [Item]) {
+        let outcome = write(batch)
+        if let syncer {
+            syncer.enqueue((outcome, batch.map(\.completion)))
+        } else {
+            let completions = UncheckedSendable(batch.map(\.completion))
+            deliver { for completion in completions.value { completion(outcome) } }
         }
     }
 
@@ -148,9 +98,7 @@ public final class StoreWriter: @unchecked Sendable {
             try database.transaction {
                 for item in batch { try item.work(database) }
             }
-            pthread_mutex_lock(mutex)
-            committed += 1
-            pthread_mutex_unlock(mutex)
+            committed.add(1, ordering: .relaxed)
             return .success(())
         } catch let error as SQLiteError {
             return .failure(error)
@@ -159,7 +107,6 @@ public final class StoreWriter: @unchecked Sendable {
         }
     }
 }
-
 /// Carries loop-thread closures across the writer thread untouched: they are only called
 /// again where `deliver` runs them, on the loop.
 struct UncheckedSendable<Value>: @unchecked Sendable {

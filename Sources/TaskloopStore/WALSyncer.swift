@@ -23,12 +23,7 @@ final class WALSyncer: @unchecked Sendable {
     private let log: Int32
     private let path: String
     private let deliver: StoreWriter.Deliver
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
-    private var queue: [Outcome] = []
-    private var closing = false
-    private var isWaiting = false
-    private var thread = pthread_t()
+    private var thread: DrainingThread<Outcome>!
 
     /// Opens the write-ahead log at `path` (it must exist: the connection is in WAL mode and has
     /// read) and starts the thread.
@@ -39,65 +34,34 @@ final class WALSyncer: @unchecked Sendable {
         }
         self.path = path
         self.deliver = deliver
-        pthread_mutex_init(mutex, nil)
-        pthread_cond_init(wake, nil)
-        let started = pthread_create(&thread, nil, { context in
-            Unmanaged<WALSyncer>.fromOpaque(context!).takeUnretainedValue().flushUntilClosed()
-            return nil
-        }, Unmanaged.passUnretained(self).toOpaque())
-        precondition(started == 0, "cannot start the store's log flusher thread")
+        thread = DrainingThread(name: "store log flusher") { [unowned self] outcomes in flush(outcomes) }
     }
 
     deinit {
         close(log)
-        pthread_mutex_destroy(mutex)
-        pthread_cond_destroy(wake)
-        mutex.deallocate()
-        wake.deallocate()
     }
 
     func enqueue(_ outcome: Outcome) {
-        pthread_mutex_lock(mutex)
-        queue.append(outcome)
-        let flusherIsWaiting = isWaiting
-        pthread_mutex_unlock(mutex)
-        if flusherIsWaiting { pthread_cond_signal(wake) }
+        thread.enqueue(outcome)
     }
 
     /// Flushes what is queued, then ends the thread and returns.
     func finish() {
-        pthread_mutex_lock(mutex)
-        closing = true
-        pthread_cond_signal(wake)
-        pthread_mutex_unlock(mutex)
-        pthread_join(thread, nil)
+        thread.finish()
     }
 
-    private func flushUntilClosed() {
-        while true {
-            pthread_mutex_lock(mutex)
-            while queue.isEmpty && !closing {
-                isWaiting = true
-                pthread_cond_wait(wake, mutex)
-                isWaiting = false
-            }
-            let outcomes = queue
-            queue.removeAll(keepingCapacity: true)
-            let done = closing && outcomes.isEmpty
-            pthread_mutex_unlock(mutex)
-            if done { return }
-            var flushed: Result<Void, SQLiteError> = .success(())
-            if outcomes.contains(where: { (try? $0.result.get()) != nil }), fdatasync(log) != 0 {
-                flushed = .failure(SQLiteError(code: SQLITE_IOERR | (4 << 8) /* _FSYNC */, message: String(cString: strerror(errno)),
-                                               operation: "fdatasync \(path)"))
-            }
-            let delivered = UncheckedSendable(outcomes.map { outcome in
-                (result: outcome.result.flatMap { flushed }, completions: outcome.completions)
-            })
-            deliver {
-                for outcome in delivered.value {
-                    for completion in outcome.completions { completion(outcome.result) }
-                }
+    private func flush(_ outcomes: [Outcome]) {
+        var flushed: Result<Void, SQLiteError> = .success(())
+        if outcomes.contains(where: { (try? $0.result.get()) != nil }), fdatasync(log) != 0 {
+            flushed = .failure(SQLiteError(code: SQLITE_IOERR | (4 << 8) /* _FSYNC */, message: String(cString: strerror(errno)),
+                                           operation: "fdatasync \(path)"))
+        }
+        let delivered = UncheckedSendable(outcomes.map { outcome in
+            (result: outcome.result.flatMap { flushed }, completions: outcome.completions)
+        })
+        deliver {
+            for outcome in delivered.value {
+                for completion in outcome.completions { completion(outcome.result) }
             }
         }
     }
