@@ -1,3 +1,4 @@
+import Glibc
 import TaskloopEngine
 import TaskloopJSON
 
@@ -165,8 +166,8 @@ enum Representation {
     /// Writes the 24 bytes of `2026-11-22T14:50:00.123Z` (UTC, proleptic Gregorian; Howard
     /// Hinnant's days-to-civil) and returns 24.
     ///
-    /// With `reusingDay` (loop thread only: it keeps the last day in a static), a time on the
-    /// same day as the last one copies the date instead of working it out again.
+    /// With `reusingDay` (it keeps the last day per thread), a time on the same day as the last
+    /// one copies the date instead of working it out again.
     static func writeRFC3339(_ milliseconds: Int64, to output: UnsafeMutablePointer<UInt8>, reusingDay: Bool = false) -> Int {
         let millisecondsPerDay: Int64 = 86_400_000
         var days = milliseconds / millisecondsPerDay
@@ -175,14 +176,14 @@ enum Representation {
             rest += millisecondsPerDay
             days -= 1
         }
-        if reusingDay && lastDate.days == days {
+        let lastDate = reusingDay ? DayCache.ofThisThread : nil
+        if let lastDate, lastDate.days == days {
             withUnsafeBytes(of: lastDate.text) { output.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 11) }
         } else {
             writeDate(days, to: output)
-            if reusingDay {
-                var text: (UInt64, UInt64) = (0, 0)
-                withUnsafeMutableBytes(of: &text) { $0.baseAddress!.copyMemory(from: output, byteCount: 11) }
-                lastDate = (days, text)
+            if let lastDate {
+                withUnsafeMutableBytes(of: &lastDate.text) { $0.baseAddress!.copyMemory(from: output, byteCount: 11) }
+                lastDate.days = days
             }
         }
         var position = 11
@@ -208,9 +209,6 @@ enum Representation {
         separator("Z")
         return position
     }
-
-    /// The day last written, as `YYYY-MM-DDT`: times of one day share it (loop thread only).
-    nonisolated(unsafe) private static var lastDate: (days: Int64, text: (UInt64, UInt64)) = (.min, (0, 0))
 
     /// Writes `YYYY-MM-DDT` for a count of days since the epoch (11 bytes).
     private static func writeDate(_ days: Int64, to output: UnsafeMutablePointer<UInt8>) {
@@ -242,5 +240,28 @@ enum Representation {
         separator("-")
         digits(day, 2)
         separator("T")
+    }
+}
+
+/// The day a thread last wrote, as `YYYY-MM-DDT`: times of one day share it. One per thread,
+/// since a process may run several loops (the tests do).
+private final class DayCache {
+    var days: Int64 = .min
+    var text: (UInt64, UInt64) = (0, 0)
+
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let created = pthread_key_create(&key) { cache in
+            if let cache { Unmanaged<DayCache>.fromOpaque(cache).release() }
+        }
+        precondition(created == 0, "cannot create the date cache's thread key")
+        return key
+    }()
+
+    static var ofThisThread: DayCache {
+        if let cache = pthread_getspecific(key) { return Unmanaged<DayCache>.fromOpaque(cache).takeUnretainedValue() }
+        let cache = DayCache()
+        pthread_setspecific(key, Unmanaged.passRetained(cache).toOpaque())
+        return cache
     }
 }
