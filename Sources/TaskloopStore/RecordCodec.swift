@@ -232,7 +232,20 @@ struct RecordWriter {
 
     init() { bytes.reserveCapacity(512) }
 
-    mutating func clear() { bytes.removeAll(keepingCapacity: true) }
+    private mutating func clear() { bytes.removeAll(keepingCapacity: true) }
+
+    /// `task`'s record, encoded afresh into this writer's buffer.
+    mutating func record(of task: TaskSnapshot) -> [UInt8] {
+        clear()
+        RecordCodec.encode(task, into: &self)
+        return bytes
+    }
+
+    mutating func record(of workflow: WorkflowSnapshot) -> [UInt8] {
+        clear()
+        RecordCodec.encode(workflow, into: &self)
+        return bytes
+    }
 
     mutating func byte(_ value: UInt8) { bytes.append(value) }
 

@@ -87,9 +87,7 @@ public final class SQLiteTaskStore: TaskStore {
                 INSERT INTO tasks (sequence, record) VALUES (?, ?) ON CONFLICT (sequence) DO UPDATE SET record = excluded.record
                 """)
             for task in batch.tasks {
-                output.clear()
-                RecordCodec.encode(task, into: &output)
-                try upsert.bind(1, Int64(task.sequence)).bind(2, bytes: output.bytes).run()
+                try upsert.bind(1, Int64(task.sequence)).bind(2, bytes: output.record(of: task)).run()
             }
         }
         if !batch.evictedTasks.isEmpty {
@@ -105,9 +103,7 @@ public final class SQLiteTaskStore: TaskStore {
                 INSERT INTO workflows (id, record) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET record = excluded.record
                 """)
             for workflow in batch.workflows {
-                output.clear()
-                RecordCodec.encode(workflow, into: &output)
-                try upsert.bind(1, workflow.id.description).bind(2, bytes: output.bytes).run()
+                try upsert.bind(1, workflow.id.description).bind(2, bytes: output.record(of: workflow)).run()
             }
         }
         if !batch.evictedWorkflows.isEmpty {

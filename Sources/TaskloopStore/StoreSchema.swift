@@ -44,9 +44,7 @@ public enum StoreSchema {
             var output = RecordWriter()
             while try tasks.step() {
                 let task = try JSONRecordsV1.decodeTask(tasks.bytes(0))
-                output.clear()
-                RecordCodec.encode(task, into: &output)
-                try insert.bind(1, Int64(task.sequence)).bind(2, bytes: output.bytes).run()
+                try insert.bind(1, Int64(task.sequence)).bind(2, bytes: output.record(of: task)).run()
             }
             tasks.reset()
             try database.execute("DROP TABLE tasks; ALTER TABLE tasks_v2 RENAME TO tasks")
@@ -56,9 +54,7 @@ public enum StoreSchema {
             select.reset()
             let update = try database.statement("UPDATE workflows SET record = ? WHERE id = ?")
             for workflow in workflows {
-                output.clear()
-                RecordCodec.encode(workflow, into: &output)
-                try update.bind(1, bytes: output.bytes).bind(2, workflow.id.description).run()
+                try update.bind(1, bytes: output.record(of: workflow)).bind(2, workflow.id.description).run()
             }
         },
     ]

@@ -19,8 +19,7 @@ import TaskloopJSON
 
     static func encoded(_ task: TaskSnapshot) -> [UInt8] {
         var output = RecordWriter()
-        RecordCodec.encode(task, into: &output)
-        return output.bytes
+        return output.record(of: task)
     }
 
     static func decoded(_ bytes: [UInt8], sequence: UInt64 = 7) throws -> TaskSnapshot {
@@ -76,8 +75,7 @@ import TaskloopJSON
         let workflow = WorkflowSnapshot(id: TaskID(high: 5, low: 6), name: "build", createdAt: 1_795_000_000_000,
                                         keys: [.init(key: "a", id: TaskID(high: 1, low: 2)), .init(key: "ü", id: TaskID(high: 3, low: 4))])
         var output = RecordWriter()
-        RecordCodec.encode(workflow, into: &output)
-        let decoded = try output.bytes.withUnsafeBytes { buffer in
+        let decoded = try output.record(of: workflow).withUnsafeBytes { buffer in
             try RecordCodec.decodeWorkflow(buffer, id: workflow.id)
         }
         #expect(decoded == workflow)
