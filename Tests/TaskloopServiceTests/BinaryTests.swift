@@ -340,8 +340,10 @@ import TaskloopTestSupport
         _ = try client.waitForState(last, "succeeded", timeout: 120)
         #expect(try client.waitForWorkflowToEnd(workflow, timeout: 60)["state"] as? String == "succeeded")
         // The process tree killer scans /proc on a thread of its own after every exit, holding a
-        // descriptor or two meanwhile: the count settles back to where it was.
-        try pollUntil("descriptors to return to \(before) (now \(openDescriptors()))") { openDescriptors() == before }
+        // descriptor or two meanwhile (the warm-up's scan may still have held one when `before`
+        // was counted): the count settles back to at most where it was. A leak per run would
+        // leave hundreds more.
+        try pollUntil("descriptors to return to \(before) (now \(openDescriptors()))") { openDescriptors() <= before }
         #expect(children().isEmpty, "children left: \(children())")
         #expect(try binary.stop() == 0)
     }
