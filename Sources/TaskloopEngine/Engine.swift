@@ -107,7 +107,7 @@ public final class Engine {
     var grants: [(request: LeaseRequest, tasks: [TaskRecord])] = []
     /// Tasks under lease now, in every queue.
     public internal(set) var leasedCount = 0
-    var leaseTokens = SystemRandomNumberGenerator()
+    var leaseTokens = LeaseTokenSource()
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()

@@ -52,38 +52,39 @@ struct ReadyHeap {
 }
 
 /// A worker queue's ready tasks, by kind: a lease that asks for some kinds takes the best of
-/// those kinds' heads instead of passing over every task of other kinds.
+/// those kinds' heads instead of passing over every task of other kinds. A server knows a
+/// handful of kinds, so they are a list, scanned without hashing.
 struct ReadyByKind {
-    private var heaps: [String: ReadyHeap] = [:]
+    private var kinds: [String] = []
+    private var heaps: [ReadyHeap] = []
 
     mutating func insert(_ record: TaskRecord) {
-        heaps[record.kind, default: ReadyHeap()].insert(record)
+        if let index = kinds.firstIndex(of: record.kind) { return heaps[index].insert(record) }
+        kinds.append(record.kind)
+        heaps.append(ReadyHeap())
+        heaps[heaps.count - 1].insert(record)
     }
 
     /// The best queued task of `kinds` (of any kind when nil), removed.
-    mutating func popBest(of kinds: Set<String>?) -> TaskRecord? {
-        var bestKind: String?
+    mutating func popBest(of wanted: Set<String>?) -> TaskRecord? {
+        var bestIndex: Int?
         var best: TaskRecord?
-        for kind in Array(heaps.keys) where kinds?.contains(kind) ?? true {
-            guard let head = heaps[kind]!.best() else {
-                heaps.removeValue(forKey: kind)
-                continue
-            }
+        for index in heaps.indices where wanted?.contains(kinds[index]) ?? true {
+            guard let head = heaps[index].best() else { continue }
             if best == nil || ReadyHeap.precedes(head, best!) {
                 best = head
-                bestKind = kind
+                bestIndex = index
             }
         }
-        guard let bestKind else { return nil }
-        return heaps[bestKind]!.popBest()
+        guard let bestIndex else { return nil }
+        return heaps[bestIndex].popBest()
     }
 
     /// Every queued task, emptying this.
     mutating func removeAll() -> [TaskRecord] {
         var records: [TaskRecord] = []
-        for kind in heaps.keys {
-            while let record = heaps[kind]!.popBest() { records.append(record) }
-        }
+        for index in heaps.indices { records += heaps[index].removeAll() }
+        kinds.removeAll()
         heaps.removeAll()
         return records
     }
