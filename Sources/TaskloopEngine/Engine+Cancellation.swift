@@ -24,20 +24,24 @@ extension Engine {
             if !record.cancelRequested {
                 record.cancelRequested = true
                 emit(.cancelRequested(record))
-                let grace = record.run?.stopGraceMilliseconds ?? configuration.cancelGraceMilliseconds
-                record.graceTimer = scheduler.schedule(after: grace) { [link, weak record] in
-                    guard let engine = link.engine, let record, record.state == .running else { return }
-                    engine.settling {
-                        engine.finish(record, as: .cancelled, error: TaskError(
-                            code: "cancelled", message: "The task was cancelled; its work did not confirm within the grace period."))
-                        engine.dispatch()
-                    }
-                }
+                armCancelGrace(on: record, after: record.run?.stopGraceMilliseconds ?? configuration.cancelGraceMilliseconds)
                 record.run?.requestStop()
             }
             return record.state == .cancelled ? .cancelled : .cancelRequested
         case .succeeded, .failed, .cancelled:
             return .cancelled
+        }
+    }
+
+    /// Finishes a task whose cancellation was requested after `grace`, confirmed or not.
+    func armCancelGrace(on record: TaskRecord, after grace: UInt64) {
+        record.graceTimer = scheduler.schedule(after: grace) { [link, weak record] in
+            guard let engine = link.engine, let record, record.state == .running else { return }
+            engine.settling {
+                engine.finish(record, as: .cancelled, error: TaskError(
+                    code: "cancelled", message: "The task was cancelled; its work did not confirm within the grace period."))
+                engine.dispatch()
+            }
         }
     }
 

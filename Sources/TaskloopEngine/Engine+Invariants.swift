@@ -9,10 +9,16 @@ extension Engine {
         for queue in queues.values {
             let counts = queue.counts
             unfinished += counts[.pending] + counts[.queued] + counts[.running]
-            if !queue.paused && queue.running < queue.maxConcurrency && counts[.queued] > 0 {
+            let hasRoom = !halted && !queue.paused && queue.running < queue.maxConcurrency && counts[.queued] > 0
+            if hasRoom && (queue.dispatch == .server || queue.lessees.contains { $0.isWaiting && $0.kinds == nil }) {
                 violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
             }
+            if queue.waitingLessees != queue.lessees.count(where: \.isWaiting) {
+                violations.append("queue \(queue.name) counts \(queue.waitingLessees) waiting lease calls")
+            }
         }
+        let leased = tasks.entries.count { $0?.lease != nil }
+        if leased != leasedCount { violations.append("leased count \(leasedCount), but \(leased) tasks hold a lease") }
         if unfinished != unfinishedCount {
             violations.append("unfinished count \(unfinishedCount), but the queues count \(unfinished)")
         }
@@ -24,6 +30,7 @@ extension Engine {
                     violations.append("\(name) is blocked by \(record.blockingDependencies), waits on \(waitingOn)")
                 }
             }
+            if record.state != .running && record.lease != nil { violations.append("\(name) holds a lease") }
             switch record.state {
             case .pending:
                 if record.blockingDependencies == 0 && record.attemptTimer == nil {
@@ -33,6 +40,7 @@ extension Engine {
                 if record.attemptTimer != nil { violations.append("\(name) has an attempt timer") }
             case .running:
                 if record.run?.record !== record { violations.append("\(name) has no current run") }
+                if let lease = record.lease, lease.expiry == nil { violations.append("\(name) has a lease without expiry") }
                 if record.startedAt == nil { violations.append("\(name) has no start time") }
             case .succeeded, .failed, .cancelled:
                 if record.run != nil || record.attemptTimer != nil || record.graceTimer != nil {

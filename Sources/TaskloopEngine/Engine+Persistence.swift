@@ -9,7 +9,11 @@ extension Engine {
             retry: record.retry, metadata: record.metadata, workflow: record.workflow?.id, createdAt: record.createdAt,
             state: record.state, cancelRequested: record.cancelRequested, attempt: record.attempt,
             startedAt: record.startedAt, finishedAt: record.finishedAt, result: record.result, error: record.error,
-            progress: record.progress, notBefore: record.notBefore)
+            progress: record.progress, notBefore: record.notBefore,
+            lease: record.lease.map {
+                LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds,
+                              expiresAt: $0.expiresAt)
+            })
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -18,7 +22,7 @@ extension Engine {
     }
 
     public func snapshot(of queue: TaskQueue) -> QueueSnapshot {
-        QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused)
+        QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch)
     }
 
     /// Rebuilds a new engine (one nothing was submitted to) from what a store kept, ids and
@@ -27,6 +31,7 @@ extension Engine {
     ///   wall time (one that elapsed while the server was down ends at once);
     /// - a task that was `running` lost its attempt with the process: a cancellation under way
     ///   completes, anything else ends the attempt as `interrupted` under the retry policy;
+    ///   unless a worker leased it: it keeps its lease (and token) until that expires;
     /// - terminal tasks are retained by their finishing time, and those past retention go.
     /// What this changes reaches observers as one settled batch, like any call. Throws, having
     /// changed nothing, when a task's kind has no executor on this server.
@@ -48,6 +53,7 @@ extension Engine {
                 let queue = queue(named: saved.name)
                 queue.maxConcurrency = saved.maxConcurrency
                 queue.paused = saved.paused
+                queue.switchDispatch(to: saved.dispatch)
             }
             let wallClock = scheduler.wallClock
             var retainedByFinish: [TaskRecord] = []
@@ -97,12 +103,19 @@ extension Engine {
                     if let dependency = tasks[id] { link(record, to: dependency) }
                 }
             }
+            var savedLeases: [TaskID: LeaseSnapshot] = [:]
+            for saved in ordered where saved.state == .running { savedLeases[saved.id] = saved.lease }
             for record in unfinished where !record.state.isTerminal {
                 switch record.state {
                 case .running:
-                    interrupt(record)
+                    if let saved = savedLeases[record.id] {
+                        resumeLease(of: record, Lease(token: saved.token, worker: saved.worker, grantedAt: saved.grantedAt,
+                                                      milliseconds: saved.milliseconds, expiresAt: saved.expiresAt))
+                    } else {
+                        interrupt(record)
+                    }
                 case .queued:
-                    record.queue.ready.insert(record)
+                    record.queue.enqueue(record)
                     needsDispatch(record.queue)
                 case .pending:
                     if let notBefore = record.notBefore, notBefore > wallClock {
@@ -133,15 +146,19 @@ extension Engine {
     /// Tasks running now, in every queue.
     public var runningCount: Int { queues.values.reduce(0) { $0 + $1.counts[.running] } }
 
-    /// The server is stopping and keeps its state: nothing starts any more, and every running
-    /// task is stopped and put back in `queued` with its attempt not consumed, to run again
-    /// after the restart. Returns how many were running.
+    /// Tasks running in this process: not those workers hold under leases.
+    public var runningHereCount: Int { runningCount - leasedCount }
+
+    /// The server is stopping and keeps its state: nothing starts any more, and every task
+    /// running here is stopped and put back in `queued` with its attempt not consumed, to run
+    /// again after the restart (leased tasks keep their leases: their workers go on). Returns
+    /// how many were running here.
     @discardableResult
     public func suspendForShutdown() -> Int {
         settling {
             halted = true
             var suspended = 0
-            for case let record? in tasks.entries where record.state == .running {
+            for case let record? in tasks.entries where record.state == .running && record.lease == nil {
                 // A cancellation under way completes; only work nobody stopped runs again.
                 if record.cancelRequested {
                     finish(record, as: .cancelled, error: .cancelled)
@@ -154,7 +171,7 @@ extension Engine {
                 let run = record.run
                 record.run = nil
                 transition(record, to: .queued)
-                record.queue.ready.insert(record)
+                record.queue.enqueue(record)
                 run?.requestStop()
                 suspended += 1
             }

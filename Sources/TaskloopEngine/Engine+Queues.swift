@@ -2,7 +2,8 @@
 extension Engine {
     /// Changes a queue's limit or pause switch (creating it if needed), with immediate effect.
     @discardableResult
-    public func updateQueue(_ name: String, maxConcurrency: Int? = nil, paused: Bool? = nil) throws(EngineError) -> TaskQueue {
+    public func updateQueue(_ name: String, maxConcurrency: Int? = nil, paused: Bool? = nil,
+                            dispatch newDispatch: QueueDispatch? = nil) throws(EngineError) -> TaskQueue {
         guard SubmissionValidator.isValidQueueName(name) else {
             throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "name")
         }
@@ -15,6 +16,11 @@ extension Engine {
             let queue = queue(named: name)
             if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
             if let paused { queue.paused = paused }
+            if let newDispatch, newDispatch != queue.dispatch {
+                // Leased tasks keep their leases; queued ones wait for the new dispatcher.
+                if newDispatch == .server { dismissLessees(queue) }
+                queue.switchDispatch(to: newDispatch)
+            }
             emit(.queueChanged(queue))
             needsDispatch(queue)
             dispatch()
@@ -35,7 +41,7 @@ extension Engine {
     /// A queue that holds no task and has default settings: forgetting it changes nothing.
     func isIdle(_ queue: TaskQueue) -> Bool {
         queue.counts.total == 0 && !queue.paused && queue.maxConcurrency == configuration.defaultConcurrency
-            && queue.name != "default"
+            && queue.dispatch == .server && queue.name != "default"
     }
 
     func forget(_ queue: TaskQueue) {

@@ -57,6 +57,7 @@ extension Engine {
     /// Back to `pending` for the backoff, then `queued` again with the next attempt number.
     func retry(_ record: TaskRecord, after error: TaskError) {
         record.run = nil
+        if record.lease != nil { endLease(of: record) }
         record.attemptTimer?.cancel()
         record.error = error
         transition(record, to: .pending)
@@ -83,8 +84,11 @@ extension Engine {
     /// A worker's report on an `external` task. Throws `notRunning` when the task is not a
     /// running external task, or when its cancellation was requested (the worker learns of it
     /// this way, and the task is then cancelled).
-    public func report(_ report: ExternalReport, for id: TaskID) throws(EngineError) {
-        guard let record = tasks[id] else { throw EngineError(.notFound, "No task \(id).") }
+    /// A report on a leased task (of any kind) needs the lease's token instead, and is fenced
+    /// by it (`leaseLost`).
+    public func report(_ report: ExternalReport, for id: TaskID, leaseToken: String? = nil) throws(EngineError) {
+        let record = try existing(id)
+        if record.lease != nil || leaseToken != nil { return try reportLeased(report, on: record, token: leaseToken) }
         guard let executor = executors[record.kind] as? ExternalExecutor else {
             throw EngineError(.notRunning, "Task \(id) is of kind \(record.kind), not external.")
         }

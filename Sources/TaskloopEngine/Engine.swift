@@ -39,6 +39,8 @@ public enum EngineEvent {
     case queueForgotten(String)
     /// Retention forgot a terminal task; `workflowEmptied` when it was its workflow's last.
     case evicted(TaskRecord, workflowEmptied: Bool)
+    /// A worker's heartbeat moved its lease's expiry.
+    case leaseRenewed(TaskRecord)
 }
 
 /// A reference to the engine that `deinit` clears, for timers and attempts that may outlive it.
@@ -100,6 +102,12 @@ public final class Engine {
     /// Finds repeated dependencies without hashing: each dependency list gets a fresh stamp,
     /// and a record already carrying it was listed before.
     var duplicateStamp: UInt64 = 0
+    /// Leases made in the call in progress, answered once its events are published (a store
+    /// then holds them, so an answer can wait for them to be durable).
+    var grants: [(request: LeaseRequest, tasks: [TaskRecord])] = []
+    /// Tasks under lease now, in every queue.
+    public internal(set) var leasedCount = 0
+    var leaseTokens = SystemRandomNumberGenerator()
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()
@@ -149,7 +157,10 @@ public final class Engine {
         callDepth += 1
         defer {
             callDepth -= 1
-            if callDepth == 0 && !unpublished.isEmpty { publish() }
+            if callDepth == 0 && !unpublished.isEmpty {
+                publish()
+                if !grants.isEmpty { deliverGrants() }
+            }
         }
         return try body()
     }
@@ -173,7 +184,7 @@ public final class Engine {
 
     func makeReady(_ record: TaskRecord) {
         transition(record, to: .queued)
-        record.queue.ready.insert(record)
+        record.queue.enqueue(record)
         needsDispatch(record.queue)
     }
 
@@ -192,6 +203,10 @@ public final class Engine {
         defer { dispatching = false }
         while let queue = queuesToDispatch.popLast() {
             queue.needsDispatch = false
+            guard queue.dispatch == .server else {
+                serveLessees(queue)
+                continue
+            }
             while !queue.paused && queue.running < queue.maxConcurrency, let record = queue.ready.popBest() {
                 start(record)
             }
@@ -204,18 +219,27 @@ public final class Engine {
         record.progress = TaskProgress()
         let run = TaskRun(link: link, record: record)
         record.run = run
-        if let timeout = record.timeoutMilliseconds {
-            record.attemptTimer = scheduler.schedule(after: timeout) { [link, weak run] in
-                guard let engine = link.engine, let run, run.isCurrent else { return }
-                engine.settling {
-                    // Fail first, then stop: an executor may confirm the stop from inside the
-                    // request, and that confirmation would otherwise settle the task as cancelled.
-                    engine.attemptFailed(run, error: .timeout(after: timeout))
-                    run.requestStop()
-                }
+        if let timeout = record.timeoutMilliseconds { armTimeout(timeout, for: run, on: record, after: timeout) }
+        if let lease = record.lease {
+            // The worker runs it; the engine keeps the lease's clock.
+            run.stopGraceMilliseconds = lease.milliseconds
+            armExpiry(of: lease, on: record)
+        } else {
+            record.executor.start(run)
+        }
+    }
+
+    /// Ends attempt `run` with `timeout` after `delay`.
+    func armTimeout(_ timeout: UInt64, for run: TaskRun, on record: TaskRecord, after delay: UInt64) {
+        record.attemptTimer = scheduler.schedule(after: delay) { [link, weak run] in
+            guard let engine = link.engine, let run, run.isCurrent else { return }
+            engine.settling {
+                // Fail first, then stop: an executor may confirm the stop from inside the
+                // request, and that confirmation would otherwise settle the task as cancelled.
+                engine.attemptFailed(run, error: .timeout(after: timeout))
+                run.requestStop()
             }
         }
-        record.executor.start(run)
     }
 
     // MARK: the one place states change
@@ -253,6 +277,7 @@ public final class Engine {
             run.requestStop()
         }
         record.notBefore = nil
+        if record.lease != nil { endLease(of: record) }
         record.result = result
         if let error { record.error = error } else if state == .succeeded { record.error = nil }
         record.finishedAt = scheduler.wallClock

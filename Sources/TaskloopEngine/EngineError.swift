@@ -19,6 +19,10 @@ public struct EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case alreadyTerminal = "already_terminal"
         /// A worker report for a task that is not running (or not external).
         case notRunning = "not_running"
+        /// A lease token that is not the task's current lease (or none for a leased task).
+        case leaseLost = "lease_lost"
+        /// Leasing from a queue whose tasks the server runs itself.
+        case notLeasable = "queue_not_leasable"
     }
 
     public let code: Code

@@ -17,6 +17,13 @@ struct ReadyHeap {
 
     private var heap = Heap<Entry>()
 
+    /// Every queued task, emptying this.
+    mutating func removeAll() -> [TaskRecord] {
+        var records: [TaskRecord] = []
+        while let record = popBest() { records.append(record) }
+        return records
+    }
+
     mutating func insert(_ record: TaskRecord) {
         heap.insert(Entry(priority: record.priority, sequence: record.sequence, record: record))
     }
@@ -27,5 +34,57 @@ struct ReadyHeap {
             if entry.record.state == .queued { return entry.record }
         }
         return nil
+    }
+
+    /// The best task that is still queued, left in place; stale entries are dropped.
+    mutating func best() -> TaskRecord? {
+        while let entry = heap.max {
+            if entry.record.state == .queued { return entry.record }
+            heap.removeMax()
+        }
+        return nil
+    }
+
+    /// Whether `record` runs before `other` (both queued, in one queue).
+    static func precedes(_ record: TaskRecord, _ other: TaskRecord) -> Bool {
+        record.priority != other.priority ? record.priority > other.priority : record.sequence < other.sequence
+    }
+}
+
+/// A worker queue's ready tasks, by kind: a lease that asks for some kinds takes the best of
+/// those kinds' heads instead of passing over every task of other kinds.
+struct ReadyByKind {
+    private var heaps: [String: ReadyHeap] = [:]
+
+    mutating func insert(_ record: TaskRecord) {
+        heaps[record.kind, default: ReadyHeap()].insert(record)
+    }
+
+    /// The best queued task of `kinds` (of any kind when nil), removed.
+    mutating func popBest(of kinds: Set<String>?) -> TaskRecord? {
+        var bestKind: String?
+        var best: TaskRecord?
+        for kind in Array(heaps.keys) where kinds?.contains(kind) ?? true {
+            guard let head = heaps[kind]!.best() else {
+                heaps.removeValue(forKey: kind)
+                continue
+            }
+            if best == nil || ReadyHeap.precedes(head, best!) {
+                best = head
+                bestKind = kind
+            }
+        }
+        guard let bestKind else { return nil }
+        return heaps[bestKind]!.popBest()
+    }
+
+    /// Every queued task, emptying this.
+    mutating func removeAll() -> [TaskRecord] {
+        var records: [TaskRecord] = []
+        for kind in heaps.keys {
+            while let record = heaps[kind]!.popBest() { records.append(record) }
+        }
+        heaps.removeAll()
+        return records
     }
 }

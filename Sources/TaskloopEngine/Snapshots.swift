@@ -27,13 +27,15 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var error: TaskError?
     public var progress: TaskProgress
     public var notBefore: Int64?
+    /// A running task's lease, token included: a worker keeps it across a restart.
+    public var lease: LeaseSnapshot?
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
         dependencies: [TaskID], onDependencyFailure: DependencyFailurePolicy, timeoutMilliseconds: UInt64?,
         retry: RetryPolicy, metadata: JSONValue?, workflow: TaskID?, createdAt: Int64, state: TaskState,
         cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
-        error: TaskError?, progress: TaskProgress, notBefore: Int64?
+        error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil
     ) {
         self.id = id
         self.sequence = sequence
@@ -58,6 +60,23 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.error = error
         self.progress = progress
         self.notBefore = notBefore
+        self.lease = lease
+    }
+}
+
+public struct LeaseSnapshot: Sendable, Equatable {
+    public var token: String
+    public var worker: String
+    public var grantedAt: Int64
+    public var milliseconds: UInt64
+    public var expiresAt: Int64
+
+    public init(token: String, worker: String, grantedAt: Int64, milliseconds: UInt64, expiresAt: Int64) {
+        self.token = token
+        self.worker = worker
+        self.grantedAt = grantedAt
+        self.milliseconds = milliseconds
+        self.expiresAt = expiresAt
     }
 }
 
@@ -90,10 +109,12 @@ public struct QueueSnapshot: Sendable, Equatable {
     public var name: String
     public var maxConcurrency: Int
     public var paused: Bool
+    public var dispatch: QueueDispatch
 
-    public init(name: String, maxConcurrency: Int, paused: Bool) {
+    public init(name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch = .server) {
         self.name = name
         self.maxConcurrency = maxConcurrency
         self.paused = paused
+        self.dispatch = dispatch
     }
 }

@@ -1,3 +1,4 @@
+import DequeModule
 import TaskloopJSON
 
 /// One task as the engine knows it. Clients read it; only the engine changes it.
@@ -35,6 +36,8 @@ public final class TaskRecord {
     public internal(set) var progress = TaskProgress()
     /// Wall-clock milliseconds before which a task waiting out a retry's backoff does not run.
     public internal(set) var notBefore: Int64?
+    /// While a worker holds the running attempt (a queue dispatched to workers).
+    public internal(set) var lease: Lease?
 
     /// Dependencies that have not yet released this task.
     var blockingDependencies = 0
@@ -80,15 +83,25 @@ public final class TaskQueue {
     public let name: String
     public internal(set) var maxConcurrency: Int
     public internal(set) var paused = false
+    /// Who starts its tasks: the server's executors, or workers that lease them.
+    public internal(set) var dispatch = QueueDispatch.server
     /// Tasks of this queue by state (evicted tasks no longer count).
     public private(set) var counts = StateCounts()
 
     /// Queued tasks, best first. Entries for tasks that left `queued` meanwhile are skipped
     /// when they surface (lazy deletion), so cancelling a queued task is O(1).
     var ready = ReadyHeap()
+    /// Instead of `ready` while workers lease the queue's tasks.
+    var readyForWorkers = ReadyByKind()
     var running: Int { counts[.running] }
     /// Set while the queue waits in the engine's dispatch list.
     var needsDispatch = false
+    /// Lease calls held until a task can be leased, in arrival order (withdrawn ones are
+    /// skipped when they surface).
+    var lessees = Deque<LeaseRequest>()
+    /// Lease calls waiting now.
+    public internal(set) var waitingLessees = 0
+    public internal(set) var leaseCounts = LeaseCounts()
 
     init(name: String, maxConcurrency: Int) {
         self.name = name
@@ -96,6 +109,19 @@ public final class TaskQueue {
     }
 
     func count(_ state: TaskState, _ delta: Int) { counts[state] += delta }
+
+    /// Files a task that became `queued` where its dispatch looks for it.
+    func enqueue(_ record: TaskRecord) {
+        if dispatch == .server { ready.insert(record) } else { readyForWorkers.insert(record) }
+    }
+
+    /// Moves the queued tasks to where the new dispatch looks for them.
+    func switchDispatch(to new: QueueDispatch) {
+        guard new != dispatch else { return }
+        let moving = dispatch == .server ? ready.removeAll() : readyForWorkers.removeAll()
+        dispatch = new
+        for record in moving { enqueue(record) }
+    }
 }
 
 /// Counts indexed by state.

@@ -13,7 +13,8 @@ enum Representation {
         return json.bytes
     }
 
-    static func write(_ task: TaskRecord, into json: inout JSONWriter) {
+    /// `showingToken`: the lease's token, for the worker it was granted to (a lease answer).
+    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false) {
         json.beginObject()
         json.key(static: "id")
         write(task.id, into: &json)
@@ -52,6 +53,16 @@ enum Representation {
         if let error = task.error { write(error, into: &json) } else { json.null() }
         json.field("metadata", task.metadata ?? .null)
         json.field("workflow", task.workflow?.id.description)
+        json.key(static: "lease")
+        if let lease = task.lease { write(lease, into: &json, showingToken: showingToken) } else { json.null() }
+        json.endObject()
+    }
+
+    static func write(_ lease: Lease, into json: inout JSONWriter, showingToken: Bool) {
+        json.beginObject()
+        if showingToken { json.field("token", lease.token) }
+        json.field("worker", lease.worker)
+        timestamp("expires_at", lease.expiresAt, into: &json)
         json.endObject()
     }
 
@@ -133,6 +144,8 @@ enum Representation {
         json.field("name", queue.name)
         json.field("max_concurrency", queue.maxConcurrency)
         json.field("paused", queue.paused)
+        json.field("dispatch", queue.dispatch.rawValue)
+        json.field("waiting_workers", queue.waitingLessees)
         json.key(static: "counts")
         json.beginObject()
         for state in TaskState.allCases {

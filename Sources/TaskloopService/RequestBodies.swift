@@ -148,6 +148,25 @@ struct BodyReader {
         }
     }
 
+    /// `{fraction?, message?, details?}` of a progress report or a heartbeat.
+    mutating func progressReport(_ object: JSONObject, prefix: String) -> ExternalReport {
+        var fraction: Double?, message: String?, details: JSONValue?
+        if case .some(let value) = number(object, "fraction", prefix: prefix, in: 0...1, nullable: true) { fraction = value }
+        if case .some(let value) = string(object, "message", prefix: prefix, maxLength: 4_096, nullable: true) { message = value }
+        if let value = object.nonNull("details") {
+            if value.objectValue != nil { details = value } else {
+                fail(prefix + "details", "must be an object, not \(value.kindDescription).")
+            }
+        }
+        return .progress(fraction: fraction, message: message, details: details)
+    }
+
+    /// `lease_token`: a report on a leased task quotes its lease.
+    mutating func leaseToken(_ object: JSONObject) -> String? {
+        if case .some(let value?) = string(object, "lease_token", prefix: "", maxLength: 256) { return value }
+        return nil
+    }
+
     static let taskFields: [String] = [
         "kind", "params", "name", "queue", "priority", "dependencies", "on_dependency_failure", "timeout_ms", "retry",
         "metadata",

@@ -25,6 +25,9 @@ public struct ServiceConfiguration: Sendable {
     public var dataDirectory = "taskloop-data"
     /// How long an `Idempotency-Key` names its creation (`--idempotency-ttl-seconds`).
     public var idempotencyTTLMilliseconds: Int64 = 86_400_000
+    /// The longest a lease call waits for a task (`--max-lease-wait-seconds`); a longer `wait_s`
+    /// is cut to it (the call is answered with no tasks then, as when its own time is up).
+    public var maxLeaseWaitMilliseconds: UInt64 = 60_000
 
     /// Where the logger's lines go, for the count of dropped lines in the metrics.
     public var logSink: LogSink?

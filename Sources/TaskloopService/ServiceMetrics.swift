@@ -30,6 +30,8 @@ final class ServiceMetrics {
     private let transfers: Gauge
     private let droppedLogLines: Counter
     private var droppedLogLinesCounted = 0
+    private var leaseCollectors: [String: LeaseCollectors] = [:]
+    private let leaseLatency: ValueHistogram
 
     /// Two label values (kind and state): a struct, not a joined string, so a lookup on the
     /// per-task path allocates nothing.
@@ -58,6 +60,20 @@ final class ServiceMetrics {
         }
     }
 
+    /// A worker queue's lease series; the engine keeps the totals, each scrape adds what is new.
+    private final class LeaseCollectors {
+        let granted: Counter, expired: Counter, released: Counter, poisoned: Counter
+        let waiting: Gauge
+        var counted = LeaseCounts()
+        init(granted: Counter, expired: Counter, released: Counter, poisoned: Counter, waiting: Gauge) {
+            self.granted = granted
+            self.expired = expired
+            self.released = released
+            self.poisoned = poisoned
+            self.waiting = waiting
+        }
+    }
+
     private final class RouteCollectors {
         let latency: ValueHistogram
         /// A route answers a handful of statuses; a scan beats hashing them.
@@ -76,6 +92,9 @@ final class ServiceMetrics {
         transfers = registry.makeGauge(descriptor: Self.name("http_task_transfers", "", "Requests of http tasks in flight now."))
         droppedLogLines = registry.makeCounter(descriptor: Self.name(
             "log_lines_dropped", "total", "Log lines dropped because standard error's reader was too slow."))
+        leaseLatency = registry.makeValueHistogram(
+            descriptor: Self.name("lease_latency", "seconds", "Time from a lease call's arrival to its answer with tasks."),
+            buckets: Self.latencyBuckets)
         for kind in kinds {
             _ = submittedCounter(kind)
             _ = runTimeHistogram(kind)
@@ -190,6 +209,44 @@ final class ServiceMetrics {
 
     private static let otherMethod = HTTPMethod(token: "OTHER")
 
+    func leaseAnswered(seconds: Double) {
+        leaseLatency.record(seconds)
+    }
+
+    private func updateLeaseSeries(_ engine: Engine) {
+        for (name, queue) in engine.queues where queue.dispatch == .workers || leaseCollectors[name] != nil {
+            let collectors = leaseCollectors[name] ?? {
+                func counter(_ metric: String, _ help: String) -> Counter {
+                    registry.makeCounter(descriptor: Self.name(metric, "total", help), labels: [("queue", name)])
+                }
+                return LeaseCollectors(
+                    granted: counter("leases_granted", "Leases handed to workers, by queue."),
+                    expired: counter("leases_expired", "Leases that ran out before their worker renewed them, by queue."),
+                    released: counter("leases_released", "Leases handed back by their workers, by queue."),
+                    poisoned: counter("leases_poisoned",
+                                      "Tasks failed for good because the lease of their last attempt expired, by queue."),
+                    waiting: registry.makeGauge(descriptor: Self.name("lease_waiting_workers", "", "Lease calls waiting now, by queue."),
+                                                labels: [("queue", name)]))
+            }()
+            leaseCollectors[name] = collectors
+            // A queue forgotten and made again between scrapes starts from zero: no negative steps.
+            let now = queue.leaseCounts, then = collectors.counted
+            collectors.granted.increment(by: Int64(max(0, now.granted - then.granted)))
+            collectors.expired.increment(by: Int64(max(0, now.expired - then.expired)))
+            collectors.released.increment(by: Int64(max(0, now.released - then.released)))
+            collectors.poisoned.increment(by: Int64(max(0, now.poisoned - then.poisoned)))
+            collectors.counted = now
+            collectors.waiting.set(Double(queue.waitingLessees))
+        }
+        for (name, collectors) in leaseCollectors where engine.queues[name] == nil {
+            for counter in [collectors.granted, collectors.expired, collectors.released, collectors.poisoned] {
+                registry.unregisterCounter(counter)
+            }
+            registry.unregisterGauge(collectors.waiting)
+            leaseCollectors[name] = nil
+        }
+    }
+
     /// The text exposition, with the state gauges brought up to date first.
     func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int, droppedLogLines dropped: Int) -> [UInt8] {
         for (name, queue) in engine.queues {
@@ -205,6 +262,7 @@ final class ServiceMetrics {
             for gauge in gauges { registry.unregisterGauge(gauge) }
             taskGauges[name] = nil
         }
+        updateLeaseSeries(engine)
         openConnections.set(Double(connections))
         waiting.set(Double(longPolls))
         transfers.set(Double(activeTransfers))

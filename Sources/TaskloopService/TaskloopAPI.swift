@@ -66,6 +66,12 @@ extension TaskloopApplication {
             Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
                 try reportFailure(request, reply)
             },
+            Route(.POST, "/tasks/{id}/heartbeat", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+                try heartbeat(request, reply)
+            },
+            Route(.POST, "/tasks/{id}/release", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+                try release(request, reply)
+            },
             Route(.POST, "/workflows", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitWorkflow(request, reply) },
             Route(.GET, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
                 reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request))))
@@ -89,6 +95,9 @@ extension TaskloopApplication {
                 reply.send(.json(.ok, Representation.queue(try existingQueue(request))))
             },
             Route(.PATCH, "/queues/{name}", [200, 415, 422]) { [unowned self] request, reply in try updateQueue(request, reply) },
+            Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+                try lease(request, reply)
+            },
             Route(.POST, "/queues/{name}/cancel", [200, 404]) { [unowned self] request, reply in
                 let queue = try existingQueue(request)
                 let count = engine.cancelAll(inQueue: queue.name)
@@ -117,7 +126,7 @@ extension TaskloopApplication {
         var reader = BodyReader()
         let spec = reader.object(document, "").flatMap { reader.taskSpec($0, prefix: "") }
         try reader.check()
-        try checkKindAllowed(spec!.kind, field: "kind")
+        try checkKindAllowed(spec!.kind, queue: spec!.queue, field: "kind")
         let task = try engine.submit(spec!)
         if let key, let fingerprint {
             // Remembered in memory in any case; with a store, written in this turn's batch.
@@ -197,34 +206,32 @@ extension TaskloopApplication {
         let task = try existingTask(request)
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
-        var fraction: Double?, message: String?, details: JSONValue?
+        var progress: ExternalReport?
+        var token: String?
         if let object = reader.object(document, "") {
-            reader.rejectUnknown(object, allowed: ["fraction", "message", "details"], prefix: "")
-            if case .some(let value) = reader.number(object, "fraction", prefix: "", in: 0...1, nullable: true) { fraction = value }
-            if case .some(let value) = reader.string(object, "message", prefix: "", maxLength: 4_096, nullable: true) { message = value }
-            if let value = object.nonNull("details") {
-                if value.objectValue != nil { details = value } else {
-                    reader.fail("details", "must be an object, not \(value.kindDescription).")
-                }
-            }
+            reader.rejectUnknown(object, allowed: ["fraction", "message", "details", "lease_token"], prefix: "")
+            progress = reader.progressReport(object, prefix: "")
+            token = reader.leaseToken(object)
         }
         try reader.check()
-        try engine.report(.progress(fraction: fraction, message: message, details: details), for: task.id)
+        try engine.report(progress!, for: task.id, leaseToken: token)
         reply.send(.json(.ok, Representation.task(task)))
     }
 
     private func reportCompletion(_ request: HTTPRequest, _ reply: Reply) throws {
         let task = try existingTask(request)
         var result: JSONValue?
+        var token: String?
         if let document = try BodyReader.document(request, optional: true) {
             var reader = BodyReader()
             if let object = reader.object(document, "") {
-                reader.rejectUnknown(object, allowed: ["result"], prefix: "")
+                reader.rejectUnknown(object, allowed: ["result", "lease_token"], prefix: "")
                 result = object["result"]
+                token = reader.leaseToken(object)
             }
             try reader.check()
         }
-        try engine.report(.complete(result: result), for: task.id)
+        try engine.report(.complete(result: result), for: task.id, leaseToken: token)
         reply.send(.json(.ok, Representation.task(task)))
     }
 
@@ -233,8 +240,10 @@ extension TaskloopApplication {
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
         var failure: TaskError?
+        var token: String?
         if let object = reader.object(document, "") {
-            reader.rejectUnknown(object, allowed: ["error"], prefix: "")
+            reader.rejectUnknown(object, allowed: ["error", "lease_token"], prefix: "")
+            token = reader.leaseToken(object)
             if let error = reader.object(object["error"], "error") {
                 var code = "failed"
                 if case .some(let value?) = reader.string(error, "code", prefix: "error.", maxLength: 64) { code = value }
@@ -249,7 +258,7 @@ extension TaskloopApplication {
             }
         }
         try reader.check()
-        try engine.report(.fail(failure!), for: task.id)
+        try engine.report(.fail(failure!), for: task.id, leaseToken: token)
         reply.send(.json(.ok, Representation.task(task)))
     }
 
@@ -290,7 +299,9 @@ extension TaskloopApplication {
             }
         }
         try reader.check()
-        for (index, member) in members.enumerated() { try checkKindAllowed(member.spec.kind, field: "tasks[\(index)].kind") }
+        for (index, member) in members.enumerated() {
+            try checkKindAllowed(member.spec.kind, queue: member.spec.queue, field: "tasks[\(index)].kind")
+        }
         let workflow = try engine.submitWorkflow(name: name, tasks: members)
         if let key, let fingerprint {
             let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/workflows/\(workflow.id)")
@@ -306,16 +317,20 @@ extension TaskloopApplication {
         let name = request.parameters["name"] ?? ""
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
-        var maxConcurrency: Int?, paused: Bool?
+        var maxConcurrency: Int?, paused: Bool?, dispatch: QueueDispatch?
         if let object = reader.object(document, "") {
-            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused"], prefix: "")
+            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused", "dispatch"], prefix: "")
+            if case .some(let value?) = reader.string(object, "dispatch", prefix: "") {
+                dispatch = QueueDispatch(rawValue: value)
+                if dispatch == nil { reader.fail("dispatch", "must be server or workers.") }
+            }
             if case .some(let value?) = reader.integer(object, "max_concurrency", prefix: "", in: SubmissionValidator.maxConcurrency) {
                 maxConcurrency = Int(value)
             }
             if case .some(let value?) = reader.boolean(object, "paused", prefix: "") { paused = value }
         }
         try reader.check()
-        let queue = try engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused)
+        let queue = try engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch)
         reply.send(.json(.ok, Representation.queue(queue)))
     }
 
@@ -345,23 +360,26 @@ extension TaskloopApplication {
         return true
     }
 
-    private func refuseWhileDraining() throws(APIProblem) {
+    func refuseWhileDraining() throws(APIProblem) {
         guard !isDraining else {
             throw APIProblem(.serviceUnavailable, detail: "The server is shutting down and accepts no new tasks.",
                               headers: ["Retry-After": "5"])
         }
     }
 
-    private func checkKindAllowed(_ kind: String, field: String) throws(APIProblem) {
-        guard kind != "exec" || configuration.allowExec else {
+    /// `exec` needs `--allow-exec`, except in a queue that workers lease: there the worker's
+    /// own flag decides.
+    func checkKindAllowed(_ kind: String, queue: String, field: String) throws(APIProblem) {
+        guard kind != "exec" || configuration.allowExec || engine.queues[queue]?.dispatch == .workers else {
             throw APIProblem(.unprocessableContent,
-                              detail: "exec tasks are disabled; the server must be started with --allow-exec.",
+                              detail: "exec tasks are disabled here; the server must be started with --allow-exec, "
+                                  + "or the task sent to a queue that workers lease.",
                               type: ProblemType.validation, code: "exec_not_allowed",
                               fieldErrors: [.init(field: field, message: "exec is not allowed here.")])
         }
     }
 
-    private func existingTask(_ request: HTTPRequest) throws(APIProblem) -> TaskRecord {
+    func existingTask(_ request: HTTPRequest) throws(APIProblem) -> TaskRecord {
         let text = request.parameters["id"] ?? ""
         guard let id = TaskID(text), let task = engine.task(id) else {
             throw APIProblem(.notFound, detail: "No task \(text).")

@@ -37,6 +37,7 @@ public final class TaskloopApplication {
     private var execExecutor: ExecExecutor?
     private var orphanReaper: OrphanReaper?
     private(set) var waiters: TaskWaiters!
+    private(set) var leaseCalls: LeaseCalls!
     private var router = Router<Route>()
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
@@ -76,10 +77,13 @@ public final class TaskloopApplication {
             let exec = ExecExecutor(loop: loop, scheduler: scheduler)
             execExecutor = exec
             extra["exec"] = exec
+        } else {
+            extra["exec"] = ExecRefusingExecutor()
         }
         let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
+        leaseCalls = LeaseCalls(engine: engine, scheduler: scheduler) { [unowned self] in metrics }
         var restoredKeys: [IdempotencyRecord] = []
         if configuration.durability != .memory {
             do {
@@ -147,6 +151,7 @@ public final class TaskloopApplication {
                 for name in engine.queues.keys.sorted() { engine.cancelAll(inQueue: name) }
             }
             waiters.answerAll()
+            leaseCalls.answerAll()
             _ = scheduler.schedule(after: grace) { [weak self] in
                 if self?.durable != nil { self?.engine.suspendForShutdown() }
                 self?.execExecutor?.killAll()
@@ -190,7 +195,7 @@ public final class TaskloopApplication {
     }
 
     private func finishStopping() {
-        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, durable == nil || engine.runningCount == 0,
+        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, durable == nil || engine.runningHereCount == 0,
               let completion = stopCompletion else { return }
         stopCompletion = nil
         server = nil

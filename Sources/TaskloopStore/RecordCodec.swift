@@ -42,7 +42,8 @@ enum RecordCodec {
         static let progressDetails = TaskFields(rawValue: 1 << 12)
         static let progressUpdatedAt = TaskFields(rawValue: 1 << 13)
         static let notBefore = TaskFields(rawValue: 1 << 14)
-        static let known = TaskFields(rawValue: (1 << 15) - 1)
+        static let lease = TaskFields(rawValue: 1 << 15)
+        static let known = TaskFields(rawValue: (1 << 16) - 1)
     }
 
     /// The task without its sequence number, which is the row's key.
@@ -63,6 +64,7 @@ enum RecordCodec {
         if task.progress.details != nil { fields.insert(.progressDetails) }
         if task.progress.updatedAt != nil { fields.insert(.progressUpdatedAt) }
         if task.notBefore != nil { fields.insert(.notBefore) }
+        if task.lease != nil { fields.insert(.lease) }
 
         output.byte(taskFormat)
         output.unsigned(fields.rawValue)
@@ -97,6 +99,13 @@ enum RecordCodec {
         if let details = task.progress.details { output.json(details) }
         if let updatedAt = task.progress.updatedAt { output.signed(updatedAt) }
         if let notBefore = task.notBefore { output.signed(notBefore) }
+        if let lease = task.lease {
+            output.string(lease.token)
+            output.string(lease.worker)
+            output.signed(lease.grantedAt)
+            output.unsigned(lease.milliseconds)
+            output.signed(lease.expiresAt)
+        }
     }
 
     static func decodeTask(_ bytes: UnsafeRawBufferPointer, sequence: UInt64) throws(RecordDecodingError) -> TaskSnapshot {
@@ -139,13 +148,18 @@ enum RecordCodec {
             details: try input.json(if: fields.contains(.progressDetails)),
             updatedAt: fields.contains(.progressUpdatedAt) ? try input.signed() : nil)
         let notBefore = fields.contains(.notBefore) ? try input.signed() : nil
+        var lease: LeaseSnapshot?
+        if fields.contains(.lease) {
+            lease = LeaseSnapshot(token: try input.string(), worker: try input.string(), grantedAt: try input.signed(),
+                                  milliseconds: try input.unsigned(), expiresAt: try input.signed())
+        }
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
         return TaskSnapshot(
             id: id, sequence: sequence, kind: kind, params: params, name: name, queue: queue, priority: priority,
             dependencies: dependencies, onDependencyFailure: onDependencyFailure, timeoutMilliseconds: timeout,
             retry: retry, metadata: metadata, workflow: workflow, createdAt: createdAt, state: state,
             cancelRequested: fields.contains(.cancelRequested), attempt: attempt, startedAt: startedAt,
-            finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore)
+            finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease)
     }
 
     /// Which optional fields a workflow record holds.

@@ -40,7 +40,8 @@ public struct StoreBatchBuilder {
     public mutating func add(_ events: [EngineEvent]) {
         for event in events {
             switch event {
-            case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record):
+            case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record),
+                 .leaseRenewed(let record):
                 if tasks.last !== record { tasks.append(record) }
             case .workflowSubmitted(let workflow):
                 workflows.append(workflow)

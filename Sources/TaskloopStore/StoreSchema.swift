@@ -57,6 +57,11 @@ public enum StoreSchema {
                 try update.bind(1, bytes: output.record(of: workflow)).bind(2, workflow.id.description).run()
             }
         },
+        // 3: who dispatches a queue's tasks (`server`, or `workers` that lease them); task
+        // records may carry a lease (a field older servers refuse: this version keeps them off).
+        { database in
+            try database.execute("ALTER TABLE queues ADD COLUMN dispatch TEXT NOT NULL DEFAULT 'server'")
+        },
     ]
 
     /// The version this server writes.

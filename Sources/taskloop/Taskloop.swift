@@ -97,6 +97,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Seconds an Idempotency-Key names what its first request created. [env: TASKLOOP_IDEMPOTENCY_TTL_SECONDS]")
     var idempotencyTTLSeconds: Int = Environment.int("IDEMPOTENCY_TTL_SECONDS") ?? 86_400
 
+    @Option(help: "Longest a worker's lease call waits for a task, 0...60; a longer wait_s is cut to it. [env: TASKLOOP_MAX_LEASE_WAIT_SECONDS]")
+    var maxLeaseWaitSeconds: Double = Environment.double("MAX_LEASE_WAIT_SECONDS") ?? 60
+
     @Option(help: "trace, debug, info, notice, warning, error or critical. [env: TASKLOOP_LOG_LEVEL]")
     var logLevel: String = Environment.string("LOG_LEVEL") ?? "info"
 
@@ -141,6 +144,7 @@ struct Taskloop: ParsableCommand {
         guard (1...31_536_000).contains(idempotencyTTLSeconds) else {
             throw ValidationError("--idempotency-ttl-seconds must be 1...31536000")
         }
+        guard (0...60).contains(maxLeaseWaitSeconds) else { throw ValidationError("--max-lease-wait-seconds must be 0...60") }
         guard (4_096...1 << 30).contains(logBufferBytes) else { throw ValidationError("--log-buffer-bytes must be 4096...1073741824") }
         if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
@@ -181,6 +185,7 @@ struct Taskloop: ParsableCommand {
         configuration.durability = Durability(rawValue: durability)!
         configuration.dataDirectory = dataDir
         configuration.idempotencyTTLMilliseconds = Int64(idempotencyTTLSeconds) * 1_000
+        configuration.maxLeaseWaitMilliseconds = UInt64(maxLeaseWaitSeconds * 1_000)
 
         let level = Logger.Level(rawValue: logLevel)!
         let format = LogFormat(rawValue: logFormat)!

@@ -319,3 +319,17 @@ private struct OutputTail {
     /// As text; a cut through a multi-byte character becomes U+FFFD.
     var text: String { String(decoding: bytes, as: UTF8.self) }
 }
+
+/// `exec` on a server started without `--allow-exec`. Such tasks are accepted only into queues
+/// that workers lease (there the worker's own flag decides); one that comes to run here anyway
+/// (its queue was switched back to server dispatch) fails instead of running.
+final class ExecRefusingExecutor: TaskExecutor {
+    func validate(_ params: JSONValue) throws(EngineError) {
+        _ = try ExecExecutor.parse(params)
+    }
+
+    func start(_ run: TaskRun) {
+        run.fail(TaskError(code: "exec_not_allowed",
+                           message: "exec tasks are disabled on this server (--allow-exec); its queue is no longer leased by workers."))
+    }
+}
