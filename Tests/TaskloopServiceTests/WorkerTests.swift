@@ -292,14 +292,14 @@ import TaskloopTestSupport
     @Test func backsOffUntilTheServerStartsThenRunsTasks() throws {
         let port = try OriginServer.freePort()
         let worker = try Self.worker(port: port, ["--max-backoff-seconds", "0.3"])
-        _ = try worker.waitForLine(containing: "does not answer")
+        _ = try worker.waitForLine(containing: "is unavailable")
         let service = try ServiceHarness { $0.http.port = port }
         let client = try service.client()
         try LeaseAPITests.workersQueue(client, "work", concurrency: 10)
         let task = try Self.submit(client, ["kind": "noop"])
         _ = try client.waitForState(task, "succeeded")
-        _ = try worker.waitForLine(containing: "answers again")
-        #expect(worker.printed.components(separatedBy: "does not answer").count == 2, "one line for the whole outage")
+        _ = try worker.waitForLine(containing: "is available again")
+        #expect(worker.printed.components(separatedBy: "is unavailable").count == 2, "one line for the whole outage")
         #expect(try worker.stop() == 0)
         try service.stop()
     }

@@ -199,6 +199,7 @@ final class LeasedTask {
     /// Delivers the last word about the task, retrying while the server is away, until it is
     /// taken or the server says the lease is gone.
     func finish(_ outcome: Outcome) {
+        guard self.outcome == nil else { return }
         phase = .reporting
         self.outcome = outcome
         progressTimer?.cancel()

@@ -177,7 +177,7 @@ final class ServerAPI {
         case .unavailable(let reason):
             if !unreachable {
                 unreachable = true
-                logger.warning("the server at \(base) does not answer (\(reason)); retrying with backoff")
+                logger.warning("the server at \(base) is unavailable (\(reason)); retrying with backoff")
             }
         case .unauthorized:
             cameBack()
@@ -197,6 +197,6 @@ final class ServerAPI {
     private func cameBack() {
         guard unreachable else { return }
         unreachable = false
-        logger.info("the server at \(base) answers again")
+        logger.info("the server at \(base) is available again")
     }
 }
