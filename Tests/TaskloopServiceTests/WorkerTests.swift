@@ -304,6 +304,26 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// A server that does not hold lease calls (`--max-lease-wait-seconds 0`) answers each at
+    /// once with no task: the worker then asks once a second, not in a busy loop, and still
+    /// gets the task that comes.
+    @Test func emptyLeaseAnswersThatComeAtOnceAreSpacedASecondApart() throws {
+        let (service, client) = try Self.server { $0.maxLeaseWaitMilliseconds = 0 }
+        func leaseCalls() throws -> Double {
+            try client.call("GET", "/metrics").text.split(separator: "\n").filter {
+                $0.hasPrefix("taskloop_http_requests_total") && $0.contains(#"route="/queues/{name}/lease""#)
+            }.compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
+        }
+        let worker = try Self.worker(port: service.port)
+        let first = try leaseCalls()
+        let started = Date()
+        try pollUntil("two more lease calls") { try leaseCalls() >= first + 2 }
+        #expect(Date().timeIntervalSince(started) >= 0.9, "two empty answers in \(Date().timeIntervalSince(started)) s")
+        #expect(try client.waitForState(try Self.submit(client, ["kind": "noop"]), "succeeded")["attempt"] as? Int == 1)
+        #expect(try worker.stop() == 0)
+        try service.stop()
+    }
+
     /// A wrong token is an error line, once, and the worker keeps trying (the server's token
     /// may be put right) until it is stopped.
     @Test func aRefusedTokenIsLoggedOnceAndRetried() throws {

@@ -64,6 +64,8 @@ public final class TaskloopWorker {
     /// What is left of the grace when the work is given up: the rest of the second the process
     /// may outlive the grace by goes to the loop's own close and the logs' flush.
     static let giveUpAfterGraceMilliseconds: UInt64 = 750
+    /// The shortest time between two lease calls that came back empty at once.
+    static let emptyLeaseSpacingMilliseconds: UInt64 = 1_000
 
     public init(loop: EventLoop, configuration: WorkerConfiguration, logger: Logger = Logger(label: "worker")) {
         self.loop = loop
@@ -154,13 +156,13 @@ public final class TaskloopWorker {
                 leaseProblem = nil
                 logger.info("leasing from queue \(configuration.queue) again")
             }
-            for task in tasks { take(task) }
-            // A server that answers an empty lease at once instead of holding it would make
-            // this a busy loop; such answers wait out a backoff like failures, quietly.
-            if tasks.isEmpty && elapsed < UInt64(configuration.leaseWaitSeconds) * 500 {
-                return retryLeasing()
-            }
             leaseBackoff.reset()
+            for task in tasks { take(task) }
+            // A server that does not hold lease calls (its --max-lease-wait-seconds is 0) would
+            // make this a busy loop: an empty answer comes at most once a second.
+            if tasks.isEmpty && elapsed < Self.emptyLeaseSpacingMilliseconds {
+                return leaseAgain(after: Self.emptyLeaseSpacingMilliseconds - elapsed)
+            }
             requestTasks()
         case .conflict(404, let code, let detail):
             leaseFailed("the server has no queue \(configuration.queue) (\(code ?? "not_found"): \(detail))")
@@ -184,7 +186,11 @@ public final class TaskloopWorker {
     }
 
     private func retryLeasing() {
-        leaseRetry = scheduler.schedule(after: leaseBackoff.nextDelay()) { [unowned self] in
+        leaseAgain(after: leaseBackoff.nextDelay())
+    }
+
+    private func leaseAgain(after delay: UInt64) {
+        leaseRetry = scheduler.schedule(after: delay) { [unowned self] in
             leaseRetry = nil
             requestTasks()
         }
