@@ -149,6 +149,25 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// With `--kinds`, a worker leaves other kinds to other workers: an exec task submitted while
+    /// a non-exec worker waits for work goes to the exec worker that comes later.
+    @Test func kindsLeaveOtherTasksToOtherWorkers() throws {
+        let (service, client) = try Self.server()
+        let plain = try Self.worker(port: service.port, ["--kinds", "noop,sleep", "--name", "plain"])
+        try pollUntil("the plain worker's lease call to wait") {
+            (try client.call("GET", "/queues/work").json["waiting_workers"] as? Int) == 1
+        }
+        let exec = try Self.submit(client, ["kind": "exec", "params": ["argv": ["true"]]])
+        let noop = try Self.submit(client, ["kind": "noop"])
+        _ = try client.waitForState(noop, "succeeded")
+        let runner = try Self.worker(port: service.port, ["--allow-exec", "--kinds", "exec", "--name", "runner"])
+        _ = try client.waitForState(exec, "succeeded")
+        _ = try runner.waitForLine(containing: "task \(exec) succeeded")
+        #expect(!plain.printed.contains(exec))
+        #expect(try plain.stop() == 0 && runner.stop() == 0)
+        try service.stop()
+    }
+
     // MARK: cancellation and lost leases
 
     /// DELETE on a leased task reaches the worker in its next heartbeat answer; the worker
@@ -161,6 +180,11 @@ import TaskloopTestSupport
         let task = try Self.submit(client, ["kind": "exec", "params": ["argv": [
             "sh", "-c", Self.gatedScript(pidFile: "\(directory)/pid", gate: "\(directory)/never")]]])
         let pid = try BinaryTests.pid(in: "\(directory)/pid")
+        // Heartbeats renew the lease: its end moves on while the program runs.
+        let granted = try #require((try client.task(task)["lease"] as? [String: Any])?["expires_at"] as? String)
+        try pollUntil("a heartbeat to renew the lease") {
+            ((try client.task(task))["lease"] as? [String: Any])?["expires_at"] as? String ?? granted > granted
+        }
         let cancel = try client.call("DELETE", "/tasks/\(task)")
         #expect(cancel.status == 202 && cancel.json["cancel_requested"] as? Bool == true)
         let cancelled = try client.waitForState(task, "cancelled", timeout: 5)
@@ -283,6 +307,29 @@ import TaskloopTestSupport
         #expect(try client.task(later)["state"] as? String == "queued")
         _ = try worker.waitForLine(containing: "task \(stubborn) released")
         try service.stop()
+    }
+
+    /// A server that stops answering during the drain (stopped here with SIGSTOP) cannot keep
+    /// the worker past its grace: the release it cannot deliver is given up, said in the log,
+    /// and the worker exits 0 within the grace and a second; the lease expires on the server.
+    @Test func stopsWithinTheGraceWhenTheServerDoesNotAnswer() throws {
+        let server = try BinaryTests.RunningBinary(arguments: ["--port", "0", "--durability", "memory", "--log-level", "warning"])
+        let port = try #require(BinaryTests.port(from: try server.waitForLine(containing: "listening on")))
+        let client = try APIClient(port: port)
+        try LeaseAPITests.workersQueue(client, "work", concurrency: 10)
+        let worker = try Self.worker(port: port, ["--shutdown-grace-seconds", "1", "--request-timeout-seconds", "30"])
+        let task = try Self.submit(client, ["kind": "sleep", "params": ["duration_ms": 60_000]])
+        _ = try client.waitForState(task, "running")
+        kill(server.process.processIdentifier, SIGSTOP)
+        defer { kill(server.process.processIdentifier, SIGCONT) }
+        let started = Date()
+        kill(worker.process.processIdentifier, SIGTERM)
+        #expect(try worker.waitForExit(timeout: 5) == 0)
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(elapsed >= 0.9 && elapsed < 2.0, "stopped after \(elapsed) s")
+        _ = try worker.waitForLine(containing: "task \(task): the server was not told its release within the grace")
+        kill(server.process.processIdentifier, SIGCONT)
+        #expect(try server.stop() == 0)
     }
 
     // MARK: an absent or unwelcoming server
