@@ -102,7 +102,10 @@ import TaskloopTestSupport
         #expect((slept["progress"] as? [String: Any])?["fraction"] as? Double == 1)
         #expect((try client.waitForState(failing, "failed")["error"] as? [String: Any])?["code"] as? String == "sleep_failed")
         #expect((try client.waitForState(late, "failed")["error"] as? [String: Any])?["code"] as? String == "timeout")
+        _ = try worker.waitForLine(containing: "task \(late) failed: timeout")
         #expect(try worker.stop() == 0)
+        // Both ends time the attempt; whichever ends it first, that is not worth a warning.
+        #expect(!worker.printed.contains("warning worker: the server did not take the fail of task \(late)"), "\(worker.printed)")
         try service.stop()
     }
 

@@ -225,8 +225,14 @@ final class LeasedTask {
                 if case .release = outcome { logger.info("task \(id) released", metadata: ["task": "\(id)"]) }
                 worker.forget(self)
             case .conflict(let status, let code, let detail):
-                logger.warning("the server did not take the \(outcome.path) of task \(id) (\(status) \(code ?? "")): \(detail)",
-                               metadata: ["task": "\(id)"])
+                // The server times an attempt too, from the grant, a moment before the copy
+                // started here: its timer usually ends a task that times out first, which is
+                // no news.
+                var timedOut = false
+                if case .fail(let error) = outcome { timedOut = error.code == "timeout" }
+                logger.log(level: timedOut ? .info : .warning,
+                           "the server did not take the \(outcome.path) of task \(id) (\(status) \(code ?? "")): \(detail)",
+                           metadata: ["task": "\(id)"])
                 worker.forget(self)
             case .refused(let status, let code, let detail):
                 refused(outcome, status, code, detail)
