@@ -14,7 +14,7 @@ struct Taskloop: ParsableCommand {
         abstract: "A task-orchestration service: submit tasks over HTTP, watch them run, cancel them.",
         discussion: "Every option can also be set with an environment variable TASKLOOP_<OPTION>, "
             + "e.g. TASKLOOP_PORT=9000; a flag on the command line wins.",
-        subcommands: [Backup.self])
+        subcommands: [Backup.self, Worker.self])
 
     @Option(help: "Address to listen on (IPv4, IPv6 or a host name). [env: TASKLOOP_HOST]")
     var host: String = Environment.string("HOST") ?? "127.0.0.1"
@@ -47,7 +47,7 @@ struct Taskloop: ParsableCommand {
     var authToken: String?
 
     /// The flag, else the environment; empty means none.
-    private var effectiveAuthToken: String? {
+    var effectiveAuthToken: String? {
         (authToken ?? Environment.string("AUTH_TOKEN")).flatMap { $0.isEmpty ? nil : $0 }
     }
 
@@ -68,7 +68,7 @@ struct Taskloop: ParsableCommand {
     var httpMaxHostConnections: Int = Environment.int("HTTP_MAX_HOST_CONNECTIONS") ?? 64
 
     /// `--http-allow-hosts` parsed; nil entries are invalid patterns.
-    private var allowedHostPatterns: [(String, HostPattern?)] {
+    var allowedHostPatterns: [(String, HostPattern?)] {
         httpAllowHosts.split(separator: ",").map { String($0.filter { $0 != " " }) }.filter { !$0.isEmpty }
             .map { ($0, HostPattern($0)) }
     }

@@ -2,24 +2,35 @@ import Foundation
 import Testing
 import TaskloopTestSupport
 
-/// Runs the README's curl walkthrough (the `sh` block after `<!-- walkthrough -->`) with bash,
-/// curl and jq against a real service, so the documentation cannot go stale.
+/// Runs the README's command blocks with bash, curl and jq against a real service, so the
+/// documentation cannot go stale: the curl walkthrough (the `sh` block after
+/// `<!-- walkthrough -->`) and the workers section (after `<!-- workers -->`), which starts
+/// `taskloop worker` processes of the built binary.
 @Suite struct ReadmeWalkthroughTests {
     static let readme = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("README.md")
 
-    static func walkthrough() throws -> String {
+    /// The `sh` block right after `marker`.
+    static func block(after marker: String) throws -> String {
         let text = try String(contentsOf: readme, encoding: .utf8)
-        guard let marker = text.range(of: "<!-- walkthrough -->\n```sh\n"),
-              let end = text.range(of: "\n```", range: marker.upperBound..<text.endIndex) else {
-            throw ClientError.malformed("README has no walkthrough block")
+        guard let start = text.range(of: "\(marker)\n```sh\n"),
+              let end = text.range(of: "\n```", range: start.upperBound..<text.endIndex) else {
+            throw ClientError.malformed("README has no block after \(marker)")
         }
-        return String(text[marker.upperBound..<end.lowerBound])
+        return String(text[start.upperBound..<end.lowerBound])
     }
 
-    @Test func readmeWalkthroughRunsAsDocumented() throws {
-        let script = try Self.walkthrough()
-        let service = try ServiceHarness()
+    static func walkthrough() throws -> String { try block(after: "<!-- walkthrough -->") }
+
+    struct Run {
+        var status: Int32
+        var lines: [String]
+        var stderr: String
+    }
+
+    /// Runs `script` with `bash -euo pipefail` in a fresh directory and `environment`, bounded
+    /// to 60 s.
+    static func run(_ script: String, environment: [String: String]) throws -> Run {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("walkthrough-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -34,19 +45,28 @@ import TaskloopTestSupport
         process.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
         process.arguments = ["--kill-after=5", "60", "/bin/bash", "-euo", "pipefail", "-c", script]
         process.currentDirectoryURL = directory
-        process.environment = ProcessInfo.processInfo.environment.merging(["TASKLOOP": "http://127.0.0.1:\(service.port)"]) { $1 }
+        process.environment = environment
         process.standardOutput = try FileHandle(forWritingTo: stdoutFile)
         process.standardError = try FileHandle(forWritingTo: stderrFile)
         let finished = DispatchSemaphore(value: 0)
         process.terminationHandler = { _ in finished.signal() }
         try process.run()
         let ended = finished.wait(timeout: .now() + 70) == .success
-        if !ended { kill(-process.processIdentifier, SIGKILL) }
+        // Whatever the script started in the background and left behind goes with its group.
+        kill(-process.processIdentifier, ended ? SIGTERM : SIGKILL)
         try #require(ended, "the walkthrough outlived its 60 s bound")
         let lines = try String(contentsOf: stdoutFile, encoding: .utf8).split(separator: "\n").map(String.init)
         let stderr = try String(contentsOf: stderrFile, encoding: .utf8)
         #expect(process.terminationStatus != 124, "the walkthrough took longer than 60 s")
-        #expect(process.terminationStatus == 0, "walkthrough failed: \(stderr)")
+        return Run(status: process.terminationStatus, lines: lines, stderr: stderr)
+    }
+
+    @Test func readmeWalkthroughRunsAsDocumented() throws {
+        let service = try ServiceHarness()
+        let run = try Self.run(try Self.walkthrough(), environment: ProcessInfo.processInfo.environment.merging(
+            ["TASKLOOP": "http://127.0.0.1:\(service.port)"]) { $1 })
+        #expect(run.status == 0, "walkthrough failed: \(run.stderr)")
+        let lines = run.lines
         try #require(lines.count == 8, "printed: \(lines)")
         #expect(lines[0].contains(#""state":"running""#) && lines[0].contains(#""publish":"#))
         #expect(lines[1].hasPrefix(#"{"state":"running""#))
@@ -56,6 +76,34 @@ import TaskloopTestSupport
         #expect(lines[5].hasPrefix(#"{"state":"cancelled","error":"dependency_failed","cause":""#))
         #expect(lines[6] == #"{"state":"cancelled","progress":1}"#)
         #expect(lines[7] == #"{"state":"succeeded","status":200,"body":"{\"status\":\"ok\"}","bytes":15}"#)
+        try service.stop()
+    }
+
+    /// The workers section, against a server with a token of its own, the built `taskloop` first
+    /// on the PATH; it prints what the README says it prints.
+    @Test func readmeWorkersSectionRunsAsDocumented() throws {
+        let token = "t\(UUID().uuidString.prefix(8))"
+        let service = try ServiceHarness { $0.authToken = token }
+        let binaries = BinaryTests.executable.deletingLastPathComponent().path
+        // The test runner's own TASKLOOP_* settings are not the workers' flags.
+        let environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("TASKLOOP_") }.merging([
+            "TASKLOOP": "http://127.0.0.1:\(service.port)", "TASKLOOP_AUTH_TOKEN": token,
+            "PATH": binaries + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"),
+        ]) { $1 }
+        let run = try Self.run(try Self.block(after: "<!-- workers -->"), environment: environment)
+        #expect(run.status == 0, "the workers section failed: \(run.stderr)")
+        #expect(run.lines == [
+            #"{"name":"render","dispatch":"workers","max_concurrency":4}"#,
+            #"{"name":"frame 1","state":"succeeded","message":"rendering","output":"frame 1 done"}"#,
+            #"{"name":"frame 2","state":"succeeded","message":"rendering","output":"frame 2 done"}"#,
+            #"{"name":"frame 3","state":"succeeded","message":"rendering","output":"frame 3 done"}"#,
+            #"{"name":"health","state":"succeeded","status":200}"#,
+            "4",
+            "workers stopped",
+        ])
+        let readme = try String(contentsOf: Self.readme, encoding: .utf8)
+        #expect(readme.contains("It prints:\n\n```\n" + run.lines.joined(separator: "\n") + "\n```"),
+                "the README shows what the block prints")
         try service.stop()
     }
 }

@@ -61,6 +61,11 @@ final class ExecExecutor: TaskExecutor {
     /// one when it stops).
     var onIdle: (() -> Void)?
 
+    /// The task and attempt a run's cookie names: on a server, the run's own. A worker runs a
+    /// local copy of each task it leases and names the server's task and attempt instead: they
+    /// are what the program should see, and what finds a dead worker's leftovers later.
+    var cookieIdentity: (TaskRun) -> (task: String, attempt: Int) = { ($0.taskID.description, $0.attempt) }
+
     struct Params {
         var arguments: [String]
         var environment: [(String, String)]
@@ -184,13 +189,14 @@ private final class ExecAttempt {
     }
 
     func begin() {
+        let identity = executor.cookieIdentity(run)
         let child: ChildProcess
         do {
             // The attempt keeps itself alive through the child's callbacks until it exits.
             child = try ChildProcess(
                 loop: executor.loop, arguments: params.arguments,
                 environment: ExecExecutor.environment(adding: params.environment),
-                cookie: ["TASKLOOP_TASK_ID=\(run.taskID)", "TASKLOOP_TASK_ATTEMPT=\(run.attempt)"],
+                cookie: ["TASKLOOP_TASK_ID=\(identity.task)", "TASKLOOP_TASK_ATTEMPT=\(identity.attempt)"],
                 directory: params.directory,
                 onOutput: { [self] stream, bytes in received(stream, bytes) },
                 onExit: { [self] status, signal in exited(status: status, signal: signal) })

@@ -1,0 +1,162 @@
+import ArgumentParser
+import Dispatch
+import Glibc
+import Logging
+import TaskloopEngine
+import TaskloopHTTPClient
+import TaskloopLoop
+import TaskloopService
+
+/// `taskloop worker`: the reference worker. Leases tasks of a `dispatch: workers` queue from a
+/// server and runs them here as the server would.
+struct Worker: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Lease tasks of a queue from a server and run them here (noop, sleep, http, exec).",
+        discussion: """
+            The queue must be dispatched to workers: PATCH /queues/NAME {"dispatch":"workers"}.
+            The server's options --auth-token, --allow-exec, --shutdown-grace-seconds, --log-level, \
+            --log-format, --log-buffer-bytes, --http-allow-hosts, --http-deny-private and \
+            --http-max-host-connections apply to the worker too (see taskloop --help), with the same \
+            environment variables. A 401 from the server is logged and retried with backoff, like an \
+            unreachable server. On SIGTERM or SIGINT the worker stops leasing, gives running tasks \
+            --shutdown-grace-seconds to finish, then stops and releases the rest and exits 0.
+            """)
+
+    /// The options the worker shares with the server (`--auth-token`, `--allow-exec`, ...):
+    /// the server's parser reads them wherever they stand on the command line.
+    @ParentCommand var common: Taskloop
+
+    @Option(help: "The server's URL. [env: TASKLOOP_SERVER]")
+    var server: String = Environment.string("SERVER") ?? "http://127.0.0.1:8080"
+
+    @Option(help: "The queue to lease tasks from (required). [env: TASKLOOP_QUEUE]")
+    var queue: String = Environment.string("QUEUE") ?? ""
+
+    @Option(help: "Most tasks run at once; default: the number of cores. [env: TASKLOOP_CONCURRENCY]")
+    var concurrency: Int = Environment.int("CONCURRENCY") ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+
+    @Option(help: ArgumentHelp("Comma-separated kinds to lease, of exec, http, noop, sleep; default: all four. [env: TASKLOOP_KINDS]",
+                               valueName: "kinds"))
+    var kinds: String = Environment.string("KINDS") ?? ""
+
+    @Option(help: "Lease length asked for; heartbeats renew it every third of it. [env: TASKLOOP_LEASE_SECONDS]")
+    var leaseSeconds: Double = Environment.double("LEASE_SECONDS") ?? 30
+
+    @Option(help: "How long one lease call may wait on the server for a task (1-60). [env: TASKLOOP_LEASE_WAIT_SECONDS]")
+    var leaseWaitSeconds: Int = Environment.int("LEASE_WAIT_SECONDS") ?? 30
+
+    @Option(help: "The name the server shows as the lease holder; default: host name and process id. [env: TASKLOOP_NAME]")
+    var name: String?
+
+    /// The flag, else the environment, else this host and process.
+    private var effectiveName: String { name ?? Environment.string("NAME") ?? Self.defaultName() }
+
+    @Option(help: "Longest wait between retries while the server is away or refuses. [env: TASKLOOP_MAX_BACKOFF_SECONDS]")
+    var maxBackoffSeconds: Double = Environment.double("MAX_BACKOFF_SECONDS") ?? 30
+
+    @Option(help: "Longest a call to the server may take (a lease call also gets its wait). [env: TASKLOOP_REQUEST_TIMEOUT_SECONDS]")
+    var requestTimeoutSeconds: Double = Environment.double("REQUEST_TIMEOUT_SECONDS") ?? 10
+
+    @Option(help: "Shortest time between two progress reports of one task; newer progress replaces unsent. [env: TASKLOOP_PROGRESS_INTERVAL_MS]")
+    var progressIntervalMs: Int = Environment.int("PROGRESS_INTERVAL_MS") ?? 200
+
+    @Option(help: "Largest answer read from the server (a lease answer carries whole tasks). [env: TASKLOOP_MAX_ANSWER_BYTES]")
+    var maxAnswerBytes: Int = Environment.int("MAX_ANSWER_BYTES") ?? 64 << 20
+
+    static func defaultName() -> String {
+        var host = [CChar](repeating: 0, count: 256)
+        let hostName = gethostname(&host, host.count - 1) == 0
+            ? String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "worker"
+        return "\(hostName)-\(getpid())"
+    }
+
+    /// `--kinds` as a list; nil for all.
+    private var kindList: [String]? {
+        let list = kinds.split(separator: ",").map { String($0.filter { $0 != " " }) }.filter { !$0.isEmpty }
+        return list.isEmpty ? nil : Array(Set(list)).sorted()
+    }
+
+    func validate() throws {
+        guard (try? HTTPURL(server)) != nil else { throw ValidationError("--server must be an http or https URL, not \(server)") }
+        guard !queue.isEmpty else { throw ValidationError("--queue is required (or TASKLOOP_QUEUE)") }
+        guard SubmissionValidator.isValidQueueName(queue) else {
+            throw ValidationError("--queue: \(SubmissionValidator.queueNameRule)")
+        }
+        guard (1...10_000).contains(concurrency) else { throw ValidationError("--concurrency must be 1...10000") }
+        for kind in kindList ?? [] where !WorkerConfiguration.runnableKinds.contains(kind) {
+            throw ValidationError("--kinds: \(kind) is not one of \(WorkerConfiguration.runnableKinds.joined(separator: ", "))")
+        }
+        guard leaseSeconds >= 1 && leaseSeconds <= 3_600 else { throw ValidationError("--lease-seconds must be 1...3600") }
+        guard (1...60).contains(leaseWaitSeconds) else { throw ValidationError("--lease-wait-seconds must be 1...60") }
+        let name = effectiveName
+        guard !name.isEmpty, name.unicodeScalars.count <= 200,
+              !name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) else {
+            throw ValidationError("--name must be 1 to 200 characters without control characters")
+        }
+        guard maxBackoffSeconds >= 0.1 && maxBackoffSeconds <= 3_600 else {
+            throw ValidationError("--max-backoff-seconds must be 0.1...3600")
+        }
+        guard requestTimeoutSeconds >= 0.1 && requestTimeoutSeconds <= 3_600 else {
+            throw ValidationError("--request-timeout-seconds must be 0.1...3600")
+        }
+        guard (0...60_000).contains(progressIntervalMs) else { throw ValidationError("--progress-interval-ms must be 0...60000") }
+        guard (1_024...1 << 30).contains(maxAnswerBytes) else { throw ValidationError("--max-answer-bytes must be 1024...1073741824") }
+    }
+
+    func run() throws {
+        var configuration = WorkerConfiguration(server: try! HTTPURL(server), queue: queue, concurrency: concurrency,
+                                                name: effectiveName)
+        configuration.kinds = kindList
+        configuration.allowExec = common.allowExec
+        configuration.authToken = common.effectiveAuthToken
+        configuration.leaseMilliseconds = UInt64(leaseSeconds * 1_000)
+        configuration.leaseWaitSeconds = leaseWaitSeconds
+        configuration.shutdownGraceMilliseconds = UInt64(common.shutdownGraceSeconds * 1_000)
+        configuration.maxBackoffMilliseconds = UInt64(maxBackoffSeconds * 1_000)
+        configuration.requestTimeoutMilliseconds = UInt64(requestTimeoutSeconds * 1_000)
+        configuration.progressIntervalMilliseconds = UInt64(progressIntervalMs)
+        configuration.maxAnswerBytes = maxAnswerBytes
+        configuration.httpPolicy = HostPolicy(allowedHosts: common.allowedHostPatterns.compactMap(\.1),
+                                              denyPrivateAddresses: common.httpDenyPrivate)
+        configuration.httpMaxHostConnections = common.httpMaxHostConnections
+
+        let level = Logger.Level(rawValue: common.logLevel)!
+        let format = LogFormat(rawValue: common.logFormat)!
+        let logSink = LogSink(capacity: common.logBufferBytes)
+        LoggingSystem.bootstrap { label in format.makeHandler(label: label, level: level, sink: logSink) }
+
+        // SIGPIPE on a write to a reset connection must be that call's error, not the end of
+        // the process (the server does the same).
+        signal(SIGPIPE, SIG_IGN)
+        let loop = try EventLoop()
+        let worker = TaskloopWorker(loop: loop, configuration: configuration, logger: Logger(label: "worker"))
+        do {
+            try worker.start()
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        var watchers: [SignalWatcher] = []
+        let grace = common.shutdownGraceSeconds
+        let stop = {
+            guard !watchers.isEmpty else { return }
+            print("stopping: finishing running tasks (grace \(grace)s)")
+            fflush(nil)
+            for watcher in watchers { watcher.close() }
+            watchers = []
+            // The story ends within the grace and 0.75 s; should anything wedge it, the
+            // process still never outlives the grace by more than a second.
+            DispatchQueue.global().asyncAfter(deadline: .now() + grace + 0.95) {
+                print("taskloop worker: shutdown did not finish within the grace period; exiting anyway")
+                fflush(nil)
+                _exit(1)
+            }
+            worker.stop { loop.finish() }
+        }
+        watchers = try [SIGTERM, SIGINT].map { try SignalWatcher(loop: loop, signal: $0, stop) }
+        print("taskloop worker \(configuration.name) leasing from \(server), queue \(queue)")
+        fflush(nil)
+        try loop.run()
+        logSink.flush()
+        print("taskloop worker stopped")
+    }
+}
