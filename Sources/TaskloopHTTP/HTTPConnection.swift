@@ -64,6 +64,8 @@ final class HTTPConnection {
     private var peerEnded = false
     private var reading = true
     private var closeObserver: (() -> Void)?
+    /// Told when the client ends its side while its request waits for an answer.
+    private var peerEndObserver: (() -> Void)?
 
     init(context: HTTPConnectionContext, transport: HTTPTransport) {
         self.context = context
@@ -101,6 +103,10 @@ final class HTTPConnection {
 
     func peerClosed() {
         peerEnded = true
+        if let observer = peerEndObserver, machine.state == .responding {
+            peerEndObserver = nil
+            observer()
+        }
         closeIfPeerIsDone()
     }
 
@@ -116,6 +122,7 @@ final class HTTPConnection {
         pendingInput = []
         let observer = closeObserver
         closeObserver = nil
+        peerEndObserver = nil
         observer?()
     }
 
@@ -256,8 +263,17 @@ final class HTTPConnection {
         closeObserver = observer
     }
 
+    /// A client may half-close and still read its answer, so the request stays open; a long
+    /// poll uses this to answer at once instead of holding work for a client that is likely gone.
+    func onPeerEnded(_ sequence: UInt64, _ observer: @escaping () -> Void) {
+        guard isOpen(sequence) else { return }
+        if peerEnded { return observer() }
+        peerEndObserver = observer
+    }
+
     private func finishResponse(keepAlive: Bool) {
         closeObserver = nil
+        peerEndObserver = nil
         switch machine.responseFinished(now: context.clock(), keepAlive: keepAlive) {
         case .readNextRequest:
             if isParsing { return }
@@ -298,5 +314,11 @@ public struct HTTPResponder {
     /// gave up on a long poll), or at once if it already has.
     public func onClose(_ observer: @escaping () -> Void) {
         connection.onClose(sequence, observer)
+    }
+
+    /// Calls `observer` if the client ends its side of the connection (EOF) while the request
+    /// waits for its answer, or at once if it already has; the answer can still be sent.
+    public func onPeerEnded(_ observer: @escaping () -> Void) {
+        connection.onPeerEnded(sequence, observer)
     }
 }

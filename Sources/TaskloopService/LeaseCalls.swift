@@ -5,9 +5,10 @@ import TaskloopJSON
 /// Lease calls (`POST /queues/{name}/lease`), held with `wait_s` until the engine grants them
 /// tasks. Like `TaskWaiters`, a waiting call is a reply, a timer entry and its place in the
 /// queue's line (`LeaseRequest`): no thread, no handle, memory only. It is answered once: with
-/// tasks as soon as the engine leases it some, with none when its time is up or at shutdown;
-/// a client that hangs up leaves the line, and tasks leased to a call whose client has just
-/// gone are released at once instead of waiting for their leases to expire.
+/// tasks as soon as the engine leases it some, with none when its time is up, when its client
+/// ends its side of the connection, or at shutdown; a client that hangs up leaves the line, and
+/// tasks leased to a call whose client has just gone are released at once instead of waiting
+/// for their leases to expire.
 ///
 /// Threading: loop thread only.
 final class LeaseCalls {
@@ -58,6 +59,9 @@ final class LeaseCalls {
         waiting[key] = call
         call.timer = scheduler.schedule(after: terms.waitMilliseconds) { [weak self] in self?.giveUp(key, answering: true) }
         reply.onClose { [weak self] in self?.giveUp(key, answering: false) }
+        // A worker that stops or dies while its call waits ends its side of the connection:
+        // the call is answered (with nothing) at once, so no task is leased to nobody.
+        reply.onPeerEnded { [weak self] in self?.giveUp(key, answering: true) }
     }
 
     /// Answers every waiting call with no tasks (shutdown).

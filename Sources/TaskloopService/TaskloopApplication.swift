@@ -368,4 +368,8 @@ struct Reply {
     func onClose(_ observer: @escaping () -> Void) {
         responder.onClose(observer)
     }
+
+    func onPeerEnded(_ observer: @escaping () -> Void) {
+        responder.onPeerEnded(observer)
+    }
 }

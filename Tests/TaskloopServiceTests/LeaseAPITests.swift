@@ -104,6 +104,25 @@ import TaskloopTestSupport
         #expect(metrics.contains("taskloop_lease_latency_seconds_count 1"))
     }
 
+    /// A client that ends its side while its lease call waits gets its answer (no tasks) at
+    /// once, and the call leaves the line: a task submitted then is not leased to nobody.
+    @Test func aWaitingCallWhoseClientEndsItsSideIsAnsweredEmpty() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        try Self.workersQueue(client, "gpu")
+        let raw = try RawClient(port: service.port)
+        let body = #"{"worker":"w","wait_s":30}"#
+        try raw.send("POST /queues/gpu/lease HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+        try pollUntil("the call to wait") { (try client.call("GET", "/queues/gpu").json["waiting_workers"] as? Int) == 1 }
+        raw.shutdownWrite()
+        let answer = try raw.readResponse(timeout: 2)
+        #expect(answer.status == 200 && (answer.json["tasks"] as? [Any])?.isEmpty == true)
+        #expect(try client.call("GET", "/queues/gpu").json["waiting_workers"] as? Int == 0)
+        let task = try Self.id(try client.submit(#"{"kind":"noop","queue":"gpu"}"#))
+        #expect(try client.task(task)["state"] as? String == "queued")
+    }
+
     @Test func heartbeatsReleaseCancelAndStaleTokens() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }

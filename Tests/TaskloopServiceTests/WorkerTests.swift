@@ -258,8 +258,8 @@ import TaskloopTestSupport
 
     /// A worker that goes away while its lease call waits on the server (stopped, here; killed
     /// alike) must not be handed tasks: each would sit leased to nobody until its lease
-    /// expired, an attempt lost. The server takes the worker's FIN for a half-close and keeps
-    /// the call (a server-side bug, reported): the known issue below records it until fixed.
+    /// expired, an attempt lost. The server answers a waiting call whose client ended its side
+    /// of the connection at once, with nothing, and takes it out of the line.
     @Test func aGoneWorkersWaitingLeaseCallGetsNoTask() throws {
         let (service, client) = try Self.server()
         let gone = try Self.worker(port: service.port, ["--lease-seconds", "1", "--name", "gone"])
@@ -267,12 +267,13 @@ import TaskloopTestSupport
             (try client.call("GET", "/queues/work").json["waiting_workers"] as? Int) == 1
         }
         #expect(try gone.stop() == 0)
+        try pollUntil("the gone worker's lease call to leave the line") {
+            (try client.call("GET", "/queues/work").json["waiting_workers"] as? Int) == 0
+        }
         let task = try Self.submit(client, ["kind": "noop"])
         let second = try Self.worker(port: service.port, ["--name", "second"])
-        withKnownIssue("the server grants tasks to a lease call whose worker has closed its connection") {
-            let done = try client.waitForState(task, "succeeded", timeout: 5)
-            #expect(done["attempt"] as? Int == 1)
-        }
+        let done = try client.waitForState(task, "succeeded", timeout: 5)
+        #expect(done["attempt"] as? Int == 1)
         #expect(try second.stop() == 0)
         try service.stop()
     }
