@@ -165,7 +165,9 @@ import TaskloopJSON
         let h = try Harness()
         let task = try h.submit("t")
         let token = try #require(try h.lease().first?.lease?.token)
-        for wrong in [nil, "0" + token.dropFirst(), token + "0"] as [String?] {
+        // One digit changed (to one it is not), one added, none.
+        let changed = (token.first == "0" ? "1" : "0") + token.dropFirst()
+        for wrong in [nil, changed, token + "0"] as [String?] {
             do { try h.engine.report(.complete(result: "x"), for: task.id, leaseToken: wrong); Issue.record("accepted \(wrong ?? "nil")") }
             catch { #expect(error.code == .leaseLost) }
         }
