@@ -146,7 +146,7 @@ import TaskloopTestSupport
     /// A program that leaves two descendants behind outside its process group, each writing its
     /// pid to a file and holding the program's stdout: one through `setsid`, one through a
     /// double fork into a new session. Returns the task, the two pids and the directory of their
-    /// files, which the program waits for (the caller removes it).
+    /// files, which the program waits for (the caller removes it). `{dir}` in `rest` names it.
     func startEscapees(_ client: APIClient, then rest: String, extra: [String: Any] = [:]) throws
         -> (task: String, escapees: [Int32], directory: String) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("escapees-\(UUID())").path
@@ -155,7 +155,7 @@ import TaskloopTestSupport
             setsid sh -c 'echo $$ > \(directory)/a.tmp; mv \(directory)/a.tmp \(directory)/a; exec sleep 300' &
             (setsid sh -c 'echo $$ > \(directory)/b.tmp; mv \(directory)/b.tmp \(directory)/b; exec sleep 300' &)
             while [ ! -e \(directory)/a ] || [ ! -e \(directory)/b ]; do sleep 0.01; done
-            \(rest)
+            \(rest.replacingOccurrences(of: "{dir}", with: directory))
             """
         let task = try submit(client, ["sh", "-c", script], extra: extra)
         try pollUntil("the escapees to start") {
@@ -189,8 +189,10 @@ import TaskloopTestSupport
     @Test func whatAProgramLeavesBehindDiesWithIt() throws {
         let service = try ServiceHarness { $0.allowExec = true }
         let client = try service.client()
-        let family = try startEscapees(client, then: "echo daemons started")
+        // The program ends once the test has seen its descendants alive (the file `go`).
+        let family = try startEscapees(client, then: "while [ ! -e {dir}/go ]; do sleep 0.01; done; echo daemons started")
         defer { try? FileManager.default.removeItem(atPath: family.directory) }
+        #expect(FileManager.default.createFile(atPath: "\(family.directory)/go", contents: nil))
         let done = try client.waitForState(family.task, "succeeded", timeout: 5)
         #expect((done["result"] as? [String: Any])?["exit_code"] as? Int == 0)
         for pid in family.escapees { try Self.waitUntilGone(pid, timeout: 5) }
