@@ -25,7 +25,11 @@ extension Engine {
         for record in records where tasks[record.id] === record {
             let name = "\(record.id) (\(record.state.rawValue))"
             if !record.state.isTerminal {
-                let waitingOn = record.dependencies.filter { tasks[$0].map { !$0.state.isTerminal } ?? false }.count
+                // A dependency releases its dependents once, when it ends; one that an explicit
+                // retry brought back is no longer waited on by those it released.
+                let waitingOn = record.dependencies.filter { id in
+                    tasks[id].map { !$0.state.isTerminal && $0.dependents.contains { $0 === record } } ?? false
+                }.count
                 if record.blockingDependencies != waitingOn {
                     violations.append("\(name) is blocked by \(record.blockingDependencies), waits on \(waitingOn)")
                 }

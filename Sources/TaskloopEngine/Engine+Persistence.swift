@@ -129,8 +129,8 @@ extension Engine {
                 }
             }
             retainedByFinish.sort { ($0.finishedAt ?? 0, $0.sequence) < ($1.finishedAt ?? 0, $1.sequence) }
-            for record in retainedByFinish { retained.append(record) }
-            while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() { evict(oldest) }
+            for record in retainedByFinish { retained.append(RetainedEntry(record: record, epoch: record.retentionEpoch)) }
+            while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() { evict(oldest.record) }
             sweepRetained()
             dispatching = wasDispatching
             dispatch()

@@ -1,15 +1,51 @@
 /// Retention: terminal tasks are kept for a while, then forgotten oldest first.
+///
+/// `retained` lists terminal tasks in the order they finished. A task that an explicit retry
+/// brings back leaves a stale entry behind (its `retentionEpoch` moved on), skipped when it
+/// surfaces and not counted against `maxRetainedTasks`.
+struct RetainedEntry {
+    let record: TaskRecord
+    let epoch: UInt32
+
+    var isLive: Bool { record.retentionEpoch == epoch }
+}
+
 extension Engine {
     func retain(_ record: TaskRecord) {
-        retained.append(record)
-        while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() {
+        retained.append(RetainedEntry(record: record, epoch: record.retentionEpoch))
+        while retained.count - staleRetained > configuration.maxRetainedTasks, let oldest = popRetained() {
             evict(oldest)
         }
         scheduleRetentionSweep()
     }
 
+    /// The oldest live entry's task, removed (stale entries before it go too).
+    private func popRetained() -> TaskRecord? {
+        while let entry = retained.popFirst() {
+            if entry.isLive { return entry.record }
+            staleRetained -= 1
+        }
+        return nil
+    }
+
+    /// The oldest live entry's task, stale entries before it dropped.
+    private func oldestRetained() -> TaskRecord? {
+        while let entry = retained.first {
+            if entry.isLive { return entry.record }
+            retained.removeFirst()
+            staleRetained -= 1
+        }
+        return nil
+    }
+
+    /// A terminal task is brought back by a retry: its entry goes stale.
+    func unretain(_ record: TaskRecord) {
+        record.retentionEpoch &+= 1
+        staleRetained += 1
+    }
+
     func scheduleRetentionSweep() {
-        guard retentionTimer == nil, let oldest = retained.first else { return }
+        guard retentionTimer == nil, let oldest = oldestRetained() else { return }
         let due = oldest.finishedAtMonotonic + Int64(configuration.retentionMilliseconds)
         let now = Int64(scheduler.now)
         retentionTimer = scheduler.schedule(after: due > now ? UInt64(due - now) : 0) { [link] in
@@ -21,7 +57,7 @@ extension Engine {
     func sweepRetained() {
         retentionTimer = nil
         let now = Int64(scheduler.now)
-        while let oldest = retained.first, oldest.finishedAtMonotonic + Int64(configuration.retentionMilliseconds) <= now {
+        while let oldest = oldestRetained(), oldest.finishedAtMonotonic + Int64(configuration.retentionMilliseconds) <= now {
             retained.removeFirst()
             evict(oldest)
         }

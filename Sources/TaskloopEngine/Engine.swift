@@ -83,7 +83,9 @@ public final class Engine {
     var sequence: UInt64 = 0
     public internal(set) var unfinishedCount = 0
     /// Terminal tasks in the order they finished, for retention.
-    var retained = Deque<TaskRecord>()
+    var retained = Deque<RetainedEntry>()
+    /// Entries of `retained` whose task a retry brought back.
+    var staleRetained = 0
     var retentionTimer: ScheduledAction?
     var queuesToDispatch: [TaskQueue] = []
     var dispatching = false

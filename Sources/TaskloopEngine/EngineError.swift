@@ -21,6 +21,8 @@ public struct EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case notRunning = "not_running"
         /// A lease token that is not the task's current lease (or none for a leased task).
         case leaseLost = "lease_lost"
+        /// A retry of a task that is not failed or cancelled.
+        case notRetryable = "not_retryable"
         /// Leasing from a queue whose tasks the server runs itself.
         case notLeasable = "queue_not_leasable"
     }

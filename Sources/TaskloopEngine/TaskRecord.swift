@@ -18,7 +18,8 @@ public final class TaskRecord {
     public let dependencies: [TaskID]
     public let onDependencyFailure: DependencyFailurePolicy
     public let timeoutMilliseconds: UInt64?
-    public let retry: RetryPolicy
+    /// An explicit retry raises `maxAttempts` to allow its new attempt.
+    public internal(set) var retry: RetryPolicy
     public let metadata: JSONValue?
     public internal(set) var workflow: WorkflowRecord?
     /// Wall-clock milliseconds.
@@ -54,6 +55,8 @@ public final class TaskRecord {
     /// Monotonic milliseconds at the terminal transition, for retention; before the clock's
     /// zero (negative) for a task restored from before a restart.
     var finishedAtMonotonic: Int64 = 0
+    /// Moves on when an explicit retry brings the task back, so its old retention entry is known stale.
+    var retentionEpoch: UInt32 = 0
 
     init(id: TaskID, sequence: UInt64, spec: TaskSpec, executor: TaskExecutor, queue: TaskQueue, dependencies: [TaskID],
          createdAt: Int64) {

@@ -15,7 +15,7 @@ extension EngineError: HTTPResponseError {
             return APIProblem(.tooManyRequests, detail: message, code: code.rawValue, headers: ["Retry-After": "1"], keys: keys)
         case .notFound:
             return APIProblem(.notFound, detail: message, code: code.rawValue, keys: keys)
-        case .alreadyTerminal, .notRunning, .leaseLost, .notLeasable:
+        case .alreadyTerminal, .notRunning, .leaseLost, .notLeasable, .notRetryable:
             return APIProblem(.conflict, detail: message, code: code.rawValue, keys: keys)
         }
     }

@@ -66,6 +66,12 @@ extension TaskloopApplication {
             Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
                 try reportFailure(request, reply)
             },
+            Route(.POST, "/tasks/{id}/retry", [200, 404, 409, 429]) { [unowned self] request, reply in
+                try refuseWhileDraining()
+                let task = try existingTask(request)
+                try engine.retryTask(task.id)
+                reply.send(.json(.ok, Representation.task(task)))
+            },
             Route(.POST, "/tasks/{id}/heartbeat", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
                 try heartbeat(request, reply)
             },
@@ -80,6 +86,12 @@ extension TaskloopApplication {
                 let workflow = try existingWorkflow(request)
                 try engine.cancelWorkflow(workflow.id)
                 reply.send(.json(.ok, Representation.workflow(workflow)))
+            },
+            Route(.POST, "/workflows/{id}/retry", [200, 404, 429]) { [unowned self] request, reply in
+                try refuseWhileDraining()
+                let workflow = try existingWorkflow(request)
+                let count = try engine.retryWorkflow(workflow.id)
+                reply.send(.json(.ok, Array(#"{"retried":\#(count)}"#.utf8)))
             },
             Route(.GET, "/queues", [200]) { [unowned self] _, reply in
                 var json = JSONWriter(capacity: 1_024)

@@ -39,6 +39,7 @@ import TaskloopTestSupport
         var known: [TaskID: TaskRecord] = [:]
         var queuedByQueue: [String: [TaskID: TaskRecord]] = [:]
         var violation: String?
+        var reopened = Set<TaskID>()
 
         func fail(_ text: String) { if violation == nil { violation = text } }
 
@@ -62,12 +63,19 @@ import TaskloopTestSupport
             if from == .queued { queuedByQueue[record.queue.name]?.removeValue(forKey: record.id) }
             if to == .queued { queuedByQueue[record.queue.name, default: [:]][record.id] = record }
             if let final = finishedStates[record.id] {
-                fail("\(record.id) changed after reaching \(final.rawValue)")
+                // Only an explicit retry reopens a finished task: failed or cancelled, to pending.
+                if to == .pending && (final == .failed || final == .cancelled) {
+                    finishedStates.removeValue(forKey: record.id)
+                    reopened.insert(record.id)
+                } else {
+                    fail("\(record.id) changed after reaching \(final.rawValue)")
+                }
             }
             if to.isTerminal { finishedStates[record.id] = to }
             guard to == .running, from == .queued else { return }
             // Dependencies allow the start.
-            for id in record.dependencies {
+            // A dependency that a retry brought back had already released its `run` dependents.
+            for id in record.dependencies where !reopened.contains(id) {
                 guard let dependency = known[id] else { continue }
                 if !dependency.state.isTerminal {
                     fail("\(record.id) started before dependency \(id) finished")
@@ -132,7 +140,7 @@ import TaskloopTestSupport
         let steps = 300 + random.below(300)
         for _ in 0..<steps {
             guard violation == nil else { break }
-            switch random.below(12) {
+            switch random.below(13) {
             case 0...4:
                 if let record = try? engine.submit(randomSpec()) { submitted.append(record) }
             case 5:
@@ -163,6 +171,15 @@ import TaskloopTestSupport
                     let report: ExternalReport = random.below(3) == 0
                         ? .fail(TaskError(code: "worker", message: "failed")) : .complete(result: nil)
                     _ = try? engine.report(report, for: record.id)
+                }
+            case 11:
+                let ended = submitted.filter { $0.state == .failed || $0.state == .cancelled }
+                if let record = ended.isEmpty ? nil : ended[random.below(ended.count)] {
+                    if let workflow = record.workflow, random.below(2) == 0 {
+                        _ = try? engine.retryWorkflow(workflow.id)
+                    } else {
+                        _ = try? engine.retryTask(record.id)
+                    }
                 }
             default:
                 clock.advance(by: UInt64(random.below(120)))

@@ -1,0 +1,104 @@
+/// Explicit retry: the one way a terminal state changes. A failed or cancelled task gets a new
+/// attempt, and the dependents that were cancelled because of it (`dependency_failed`, naming
+/// it, and so on down the chain) wait for it again.
+extension Engine {
+    /// Retries a failed or cancelled task: attempt + 1 (`max_attempts` raised to allow it),
+    /// `queued`, or `pending` while dependencies are unfinished. Throws `notRetryable` in any
+    /// other state, and changes nothing when the unfinished-task limit would be passed.
+    @discardableResult
+    public func retryTask(_ id: TaskID) throws(EngineError) -> TaskRecord {
+        let record = try existing(id)
+        guard record.state == .failed || record.state == .cancelled else {
+            throw EngineError(.notRetryable, "Task \(id) is \(record.state.rawValue); only failed or cancelled tasks can be retried.")
+        }
+        try reopen([record])
+        return record
+    }
+
+    /// Retries every failed or cancelled task of a workflow, as `retryTask` does; returns how
+    /// many tasks left a terminal state (dependents brought back included).
+    public func retryWorkflow(_ id: TaskID) throws(EngineError) -> Int {
+        guard let workflow = workflows[id] else { throw EngineError(.notFound, "No workflow \(id).") }
+        return try reopen(workflow.tasks.filter { $0.state == .failed || $0.state == .cancelled })
+    }
+
+    /// Brings `retried` back with new attempts, and their `dependency_failed` dependents with
+    /// them, in one settled call: all are reopened before any is linked to its dependencies
+    /// (inside a workflow a task may depend on a later sibling), so links among them wait.
+    @discardableResult
+    private func reopen(_ retried: [TaskRecord]) throws(EngineError) -> Int {
+        guard !retried.isEmpty else { return 0 }
+        let dependents = cancelledDependents(of: retried)
+        try admit(retried.count + dependents.count)
+        let explicit = Set(retried.map { ObjectIdentifier($0) })
+        let all = (retried + dependents).sorted { $0.sequence < $1.sequence }
+        settling {
+            let wasDispatching = dispatching
+            dispatching = true
+            for record in all { reopenOne(record, newAttempt: explicit.contains(ObjectIdentifier(record))) }
+            for record in all where !record.state.isTerminal { relink(record) }
+            for record in all where record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
+            dispatching = wasDispatching
+            dispatch()
+        }
+        return all.count
+    }
+
+    private func reopenOne(_ record: TaskRecord, newAttempt: Bool) {
+        let from = record.state
+        unretain(record)
+        record.queue.count(from, -1)
+        record.queue.count(.pending, 1)
+        record.state = .pending
+        unfinishedCount += 1
+        if newAttempt {
+            record.attempt += 1
+            record.retry.maxAttempts = max(record.retry.maxAttempts, record.attempt)
+        } else {
+            // It never ran for this failure: its cancellation by the dependency is undone.
+            record.error = nil
+        }
+        record.cancelRequested = false
+        record.finishedAt = nil
+        record.result = nil
+        record.notBefore = nil
+        record.progress = TaskProgress()
+        emit(.stateChanged(record, from: from, to: .pending))
+        record.blockingDependencies = 0
+    }
+
+    /// Waits on the dependencies again. A task cancelled while a dependency was unfinished is
+    /// still on that dependency's list of dependents: it is counted, not added twice.
+    private func relink(_ record: TaskRecord) {
+        for id in record.dependencies {
+            guard let dependency = tasks[id], !record.state.isTerminal else { continue }
+            if !dependency.state.isTerminal && dependency.dependents.contains(where: { $0 === record }) {
+                record.blockingDependencies += 1
+            } else {
+                link(record, to: dependency)
+            }
+        }
+    }
+
+    /// Tasks cancelled with `dependency_failed` naming one of `roots`, or, transitively, one of
+    /// those: found by one walk over the tasks (terminal tasks keep no list of dependents).
+    private func cancelledDependents(of roots: [TaskRecord]) -> [TaskRecord] {
+        var byDependency: [TaskID: [TaskRecord]] = [:]
+        for case let record? in tasks.entries where record.state == .cancelled && record.error?.code == "dependency_failed" {
+            if case .string(let text)? = record.error?.details["dependency"], let dependency = TaskID(text) {
+                byDependency[dependency, default: []].append(record)
+            }
+        }
+        guard !byDependency.isEmpty else { return [] }
+        var found: [TaskRecord] = []
+        var seen = Set(roots.map { ObjectIdentifier($0) })
+        var work = roots
+        while let record = work.popLast() {
+            for dependent in byDependency[record.id] ?? [] where seen.insert(ObjectIdentifier(dependent)).inserted {
+                found.append(dependent)
+                work.append(dependent)
+            }
+        }
+        return found
+    }
+}
