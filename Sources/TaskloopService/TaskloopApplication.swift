@@ -118,7 +118,13 @@ public final class TaskloopApplication {
             return address
         } catch {
             orphanReaper?.close()
+            orphanReaper = nil
             httpClient.close()
+            // The store's threads end before anything they point at goes away (a port in use
+            // crashed the exit now and then when they outlived the application).
+            idempotency.close()
+            durable?.close()
+            durable = nil
             scheduler.close()
             self.scheduler = nil
             throw error
