@@ -139,8 +139,15 @@ import TaskloopTestSupport
         let harness = try Harness(syncLevel: syncLevel)
         defer { harness.close() }
         let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
         let outcomes = Locked<[Bool]>([])
-        harness.writer.submit({ _ in gate.wait() }, completion: { _ in })
+        harness.writer.submit({ _ in
+            entered.signal()
+            gate.wait()
+        }, completion: { _ in })
+        // Both inserts are queued while the writer is inside the first transaction, so they
+        // share the next one (else the first insert could join the gate's and commit alone).
+        #expect(entered.wait(timeout: .now() + 10) == .success)
         harness.writer.submit(Harness.insert("a")) { result in outcomes.withLock { $0.append((try? result.get()) != nil) } }
         harness.writer.submit(Harness.insert("a")) { result in outcomes.withLock { $0.append((try? result.get()) != nil) } }
         gate.signal()
