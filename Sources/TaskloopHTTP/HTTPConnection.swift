@@ -66,6 +66,10 @@ final class HTTPConnection {
     private var closeObserver: (() -> Void)?
     /// Told when the client ends its side while its request waits for an answer.
     private var peerEndObserver: (() -> Void)?
+    /// Set while the answer is a stream (`HTTPResponder.startStream`).
+    private var streaming = false
+    /// The stream's body is chunked (an HTTP/1.1 client), else it ends with the connection.
+    private var streamChunked = false
 
     init(context: HTTPConnectionContext, transport: HTTPTransport) {
         self.context = context
@@ -117,6 +121,7 @@ final class HTTPConnection {
     }
 
     func transportClosed() {
+        streaming = false
         machine.transportClosed()
         transport = nil
         pendingInput = []
@@ -246,7 +251,7 @@ final class HTTPConnection {
     }
 
     func respond(_ sequence: UInt64, _ response: HTTPResponse) {
-        guard isOpen(sequence) else { return }
+        guard isOpen(sequence), !streaming else { return }
         let keepAlive = machine.responseKeepsAlive && !response.headers.containsToken("close", in: "Connection")
         HTTPResponseEncoder.appendHead(
             status: response.status, headers: response.headers, contentLength: response.body.count,
@@ -256,6 +261,37 @@ final class HTTPConnection {
             output.append(contentsOf: response.body)
         }
         finishResponse(keepAlive: keepAlive)
+    }
+
+    // MARK: streaming answers
+
+    func startStream(_ sequence: UInt64, status: HTTPStatus, headers: HTTPHeaders) -> Bool {
+        guard isOpen(sequence), !streaming else { return false }
+        if answeringHead {
+            respond(sequence, HTTPResponse(status: status, headers: headers))
+            return false
+        }
+        streaming = true
+        streamChunked = !answeringHTTP10
+        HTTPResponseEncoder.appendHead(
+            status: status, headers: headers, contentLength: nil, keepAlive: streamChunked && machine.responseKeepsAlive,
+            http10Client: answeringHTTP10, dateLine: context.dateCache.currentHeaderLine(), to: &output)
+        flush()
+        return true
+    }
+
+    func streamWrite(_ sequence: UInt64, _ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard isOpen(sequence), streaming else { return false }
+        if streamChunked { HTTPResponseEncoder.appendChunk(bytes, to: &output) } else { output.append(contentsOf: bytes) }
+        flush()
+        return true
+    }
+
+    func finishStream(_ sequence: UInt64) {
+        guard isOpen(sequence), streaming else { return }
+        streaming = false
+        if streamChunked { output.append(contentsOf: HTTPResponseEncoder.lastChunk) }
+        finishResponse(keepAlive: streamChunked && machine.responseKeepsAlive)
     }
 
     func onClose(_ sequence: UInt64, _ observer: @escaping () -> Void) {
@@ -269,6 +305,14 @@ final class HTTPConnection {
         guard isOpen(sequence) else { return }
         if peerEnded { return observer() }
         peerEndObserver = observer
+    }
+
+    func abort(_ sequence: UInt64) {
+        guard isOpen(sequence) else { return }
+        streaming = false
+        machine.beginClosing()
+        output = []
+        transport?.close(linger: false)
     }
 
     private func finishResponse(keepAlive: Bool) {
@@ -314,6 +358,33 @@ public struct HTTPResponder {
     /// gave up on a long poll), or at once if it already has.
     public func onClose(_ observer: @escaping () -> Void) {
         connection.onClose(sequence, observer)
+    }
+
+    /// Starts an answer whose body follows in pieces (`write`), until `finish`: chunked for an
+    /// HTTP/1.1 client, ended by closing the connection for HTTP/1.0. Returns false when the
+    /// request is already answered or gone, and for `HEAD` (answered with the head alone).
+    public func startStream(status: HTTPStatus = .ok, headers: HTTPHeaders) -> Bool {
+        connection.startStream(sequence, status: status, headers: headers)
+    }
+
+    /// Appends to a started stream; false once it has ended or the client has gone.
+    @discardableResult
+    public func write(_ bytes: [UInt8]) -> Bool {
+        bytes.withUnsafeBytes { connection.streamWrite(sequence, $0) }
+    }
+
+    /// Bytes written to the stream that the client has not taken yet: a stream whose reader
+    /// falls behind grows this, and its writer decides when that is too much.
+    public var unsentBytes: Int { connection.queuedOutputBytes }
+
+    /// Ends a started stream; the connection then serves the next request (chunked) or closes.
+    public func finish() {
+        connection.finishStream(sequence)
+    }
+
+    /// Closes the connection at once (a stream whose reader cannot keep up).
+    public func abort() {
+        connection.abort(sequence)
     }
 
     /// Calls `observer` if the client ends its side of the connection (EOF) while the request

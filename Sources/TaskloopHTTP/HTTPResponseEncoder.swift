@@ -17,8 +17,9 @@ enum HTTPResponseEncoder {
 
     /// Appends status line and headers. The handler's framing and connection headers are
     /// replaced by the server's own.
+    /// `contentLength` nil: a stream, chunked for an HTTP/1.1 client, else ended by closing.
     static func appendHead(
-        status: HTTPStatus, headers: HTTPHeaders, contentLength: Int, keepAlive: Bool,
+        status: HTTPStatus, headers: HTTPHeaders, contentLength: Int?, keepAlive: Bool,
         http10Client: Bool, dateLine: [UInt8], to output: inout [UInt8]
     ) {
         appendStatusLine(status, to: &output)
@@ -33,10 +34,14 @@ enum HTTPResponseEncoder {
             return true
         }
         if status.code >= 200 && status.code != 204 && status.code != 304 {
-            output.append(contentsOf: contentLengthPrefix)
-            output.appendDecimal(Int64(contentLength))
-            output.append(UInt8(ascii: "\r"))
-            output.append(UInt8(ascii: "\n"))
+            if let contentLength {
+                output.append(contentsOf: contentLengthPrefix)
+                output.appendDecimal(Int64(contentLength))
+                output.append(UInt8(ascii: "\r"))
+                output.append(UInt8(ascii: "\n"))
+            } else if !http10Client {
+                output.append(contentsOf: chunkedLine)
+            }
         }
         output.append(contentsOf: dateLine)
         if !keepAlive {
@@ -49,6 +54,20 @@ enum HTTPResponseEncoder {
     }
 
     static let continueResponse: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
+    private static let chunkedLine: [UInt8] = Array("Transfer-Encoding: chunked\r\n".utf8)
+    static let lastChunk: [UInt8] = Array("0\r\n\r\n".utf8)
+
+    /// One chunk of a chunked body: its size in hex, the bytes, CRLF.
+    static func appendChunk(_ bytes: UnsafeRawBufferPointer, to output: inout [UInt8]) {
+        guard !bytes.isEmpty else { return }
+        let digits = Array(String(bytes.count, radix: 16).utf8)
+        output.append(contentsOf: digits)
+        output.append(UInt8(ascii: "\r"))
+        output.append(UInt8(ascii: "\n"))
+        output.append(contentsOf: bytes)
+        output.append(UInt8(ascii: "\r"))
+        output.append(UInt8(ascii: "\n"))
+    }
     private static let contentLengthPrefix: [UInt8] = Array("Content-Length: ".utf8)
     private static let closeLine: [UInt8] = Array("Connection: close\r\n".utf8)
     private static let keepAliveLine: [UInt8] = Array("Connection: keep-alive\r\n".utf8)

@@ -1,0 +1,76 @@
+import Testing
+@testable import TaskloopHTTP
+
+/// Streamed answers (`HTTPResponder.startStream`) without sockets: framing for HTTP/1.1 and
+/// HTTP/1.0, keep-alive after the end, HEAD, backpressure, and what a gone client leaves.
+@Suite struct StreamTests {
+    @Test func anHTTP11StreamIsChunkedAndTheConnectionServesTheNextRequest() {
+        let harness = ConnectionHarness()
+        var stream: HTTPResponder?
+        harness.handler = { request, responder in
+            if request.path == "/events" {
+                #expect(responder.startStream(headers: ["Content-Type": "text/event-stream"]))
+                stream = responder
+            } else {
+                responder.respond(HTTPResponse(body: Array("after".utf8)))
+            }
+        }
+        harness.receive("GET /events HTTP/1.1\r\nHost: t\r\n\r\nGET /next HTTP/1.1\r\nHost: t\r\n\r\n")
+        let head = harness.transport.sentText
+        #expect(head.hasPrefix("HTTP/1.1 200 OK\r\n") && head.contains("Transfer-Encoding: chunked\r\n"))
+        #expect(!head.contains("Content-Length") && head.hasSuffix("\r\n\r\n"))
+        #expect(stream!.write(Array("data: one\n\n".utf8)))
+        #expect(stream!.write(Array(repeating: UInt8(ascii: "x"), count: 300)))
+        #expect(!harness.transport.sentText.contains("after"), "the next request waits for the stream's end")
+        stream!.finish()
+        let body = String(harness.transport.sentText.dropFirst(head.count))
+        #expect(body.hasPrefix("b\r\ndata: one\n\n\r\n12c\r\n" + String(repeating: "x", count: 300) + "\r\n0\r\n\r\n"))
+        #expect(body.hasSuffix("after"))
+        #expect(!stream!.write(Array("late".utf8)))
+        #expect(harness.transport.closeRequest == nil)
+    }
+
+    @Test func anHTTP10StreamEndsByClosing() {
+        let harness = ConnectionHarness()
+        harness.handler = { _, responder in
+            #expect(responder.startStream(headers: [:]))
+            responder.write(Array("raw".utf8))
+            responder.finish()
+        }
+        harness.receive("GET /events HTTP/1.0\r\n\r\n")
+        let text = harness.transport.sentText
+        #expect(!text.contains("chunked") && text.contains("Connection: close") && text.hasSuffix("\r\n\r\nraw"))
+        #expect(harness.transport.closeRequest != nil)
+    }
+
+    @Test func headGetsTheHeadAlone() {
+        let harness = ConnectionHarness()
+        harness.handler = { _, responder in
+            #expect(!responder.startStream(headers: ["Content-Type": "text/event-stream"]))
+            #expect(!responder.write(Array("x".utf8)))
+        }
+        harness.receive("HEAD /events HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(harness.transport.statusLines == ["HTTP/1.1 200 OK"])
+        #expect(harness.transport.sentText.hasSuffix("\r\n\r\n"))
+    }
+
+    @Test func unsentBytesGrowWhileTheReaderLagsAndAbortCloses() {
+        let harness = ConnectionHarness()
+        harness.transport.acceptsImmediately = 100
+        var stream: HTTPResponder?
+        harness.handler = { _, responder in
+            _ = responder.startStream(headers: [:])
+            stream = responder
+        }
+        harness.receive("GET /events HTTP/1.1\r\nHost: t\r\n\r\n")
+        for _ in 0..<10 { stream!.write(Array(repeating: 0x61, count: 1_000)) }
+        #expect(stream!.unsentBytes > 9_000)
+        var closed = false
+        stream!.onClose { closed = true }
+        stream!.abort()
+        #expect(harness.transport.closeRequest == false)
+        #expect(!stream!.write(Array("more".utf8)))
+        harness.connection.transportClosed()
+        #expect(closed)
+    }
+}
