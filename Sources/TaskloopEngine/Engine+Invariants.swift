@@ -22,8 +22,14 @@ extension Engine {
         if unfinished != unfinishedCount {
             violations.append("unfinished count \(unfinishedCount), but the queues count \(unfinished)")
         }
+        var checkedWorkflows = Set<ObjectIdentifier>()
         for record in records where tasks[record.id] === record {
             let name = "\(record.id) (\(record.state.rawValue))"
+            if let workflow = record.workflow, checkedWorkflows.insert(ObjectIdentifier(workflow)).inserted {
+                var counted = StateCounts()
+                for task in workflow.tasks { counted[task.state] += 1 }
+                if counted != workflow.counts { violations.append("workflow \(workflow.id) counts \(workflow.counts), holds \(counted)") }
+            }
             if !record.state.isTerminal {
                 // A dependency releases its dependents once, when it ends; one that an explicit
                 // retry brought back is no longer waited on by those it released.

@@ -49,6 +49,10 @@ extension Engine {
         unretain(record)
         record.queue.count(from, -1)
         record.queue.count(.pending, 1)
+        if let workflow = record.workflow {
+            workflow.counts[from] -= 1
+            workflow.counts[.pending] += 1
+        }
         record.state = .pending
         unfinishedCount += 1
         if newAttempt {

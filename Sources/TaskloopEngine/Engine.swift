@@ -252,6 +252,10 @@ public final class Engine {
         precondition(!from.isTerminal, "terminal state \(from) of \(record.id) cannot change")
         record.queue.count(from, -1)
         record.queue.count(state, 1)
+        if let workflow = record.workflow {
+            workflow.counts[from] -= 1
+            workflow.counts[state] += 1
+        }
         record.state = state
         emit(.stateChanged(record, from: from, to: state))
     }

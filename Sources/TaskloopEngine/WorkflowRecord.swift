@@ -9,6 +9,8 @@ public final class WorkflowRecord {
     public private(set) var tasks: [TaskRecord] = []
     /// Each task's key, in submission order.
     public private(set) var keys: [(key: String, id: TaskID)] = []
+    /// Its tasks by state, kept by the engine's transitions: the state is O(1).
+    var counts = StateCounts()
 
     init(id: TaskID, name: String?, createdAt: Int64) {
         self.id = id
@@ -19,25 +21,20 @@ public final class WorkflowRecord {
     func attach(_ members: [(String, TaskRecord)]) {
         tasks = members.map(\.1)
         keys = members.map { ($0.0, $0.1.id) }
+        counts = StateCounts()
+        for task in tasks { counts[task.state] += 1 }
     }
 
     func evicted(_ record: TaskRecord) {
         tasks.removeAll { $0 === record }
+        counts[record.state] -= 1
     }
 
     /// `succeeded` when all succeeded; `failed` when all are terminal and one failed;
     /// `cancelled` when all are terminal, none failed and one was cancelled; else `running`.
     public var state: TaskState {
-        var anyFailed = false, anyCancelled = false
-        for task in tasks {
-            switch task.state {
-            case .pending, .queued, .running: return .running
-            case .failed: anyFailed = true
-            case .cancelled: anyCancelled = true
-            case .succeeded: break
-            }
-        }
-        return anyFailed ? .failed : anyCancelled ? .cancelled : .succeeded
+        if counts.pending + counts.queued + counts.running > 0 { return .running }
+        return counts.failed > 0 ? .failed : counts.cancelled > 0 ? .cancelled : .succeeded
     }
 
     /// The mean over its tasks; terminal tasks count 1.
