@@ -9,6 +9,8 @@ protocol HTTPTransport: AnyObject {
     /// the peer's input, so a client still sending (say, a refused body) reads the final answer
     /// instead of a reset.
     func close(linger: Bool)
+    /// Closes now, dropping what is still queued (a reader that stopped reading).
+    func closeNow()
 }
 
 /// Settings shared by every connection of one server. Loop thread only.
@@ -312,7 +314,7 @@ final class HTTPConnection {
         streaming = false
         machine.beginClosing()
         output = []
-        transport?.close(linger: false)
+        transport?.closeNow()
     }
 
     private func finishResponse(keepAlive: Bool) {

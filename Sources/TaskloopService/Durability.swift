@@ -42,6 +42,18 @@ final class DurableState {
     private var unwrittenKeys = Set<String>()
     /// The live record of an idempotency key, to write it again after a failed batch.
     var currentKey: ((String) -> IdempotencyRecord?)?
+    /// The event stream's last number, kept with each batch so numbers never repeat.
+    var eventSequence: (() -> UInt64)?
+    /// Told the number of each batch that commits (all before it have too).
+    var onCommitted: ((Int) -> Void)?
+
+    /// The batch a change made now will be committed in, or nil when everything so far is
+    /// (while writes fail, the retry that will carry it).
+    var pendingBatch: Int? {
+        if isFailing { return sent + 1 }
+        let target = builder.isEmpty ? sent : sent + 1
+        return answered < target ? target : nil
+    }
     private var retry: ScheduledAction?
     private(set) var isFailing = false
 
@@ -96,6 +108,7 @@ final class DurableState {
         var batch = builder.take(from: engine)
         if hasUnwritten { batch = rewrite().merged(with: batch) }
         guard !batch.isEmpty else { return }
+        batch.eventSequence = eventSequence?()
         sent += 1
         let number = sent
         store.write(batch) { [weak self] result in
@@ -116,6 +129,7 @@ final class DurableState {
                 logger.info("storage writes again; changes are accepted")
             }
             answer(through: number, committed: (try? result.get()) != nil)
+            if case .success = result { onCommitted?(number) }
         }
     }
 

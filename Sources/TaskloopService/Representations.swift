@@ -14,7 +14,8 @@ enum Representation {
     }
 
     /// `showingToken`: the lease's token, for the worker it was granted to (a lease answer).
-    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false) {
+    /// `state`: the state to show instead of the current one (an event announcing it).
+    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false, as state: TaskState? = nil) {
         json.beginObject()
         json.key(static: "id")
         write(task.id, into: &json)
@@ -24,7 +25,7 @@ enum Representation {
         json.field("queue", task.queue.name)
         json.field("priority", task.priority)
         json.key(static: "state")
-        json.string(static: name(of: task.state))
+        json.string(static: name(of: state ?? task.state))
         json.field("cancel_requested", task.cancelRequested)
         json.key(static: "dependencies")
         json.beginArray()
@@ -162,7 +163,21 @@ enum Representation {
         return json.bytes
     }
 
-    private static func timestamp(_ name: StaticString, _ milliseconds: Int64?, into json: inout JSONWriter) {
+    /// A workflow without its tasks, as events show it: `{id, name, state, progress}`.
+    static func writeSummary(_ workflow: WorkflowRecord, into json: inout JSONWriter, as state: TaskState? = nil) {
+        json.beginObject()
+        json.field("id", workflow.id.description)
+        json.field("name", workflow.name)
+        json.field("state", (state ?? workflow.state).rawValue)
+        json.key(static: "progress")
+        json.beginObject()
+        json.key(static: "fraction")
+        json.double(workflow.fraction)
+        json.endObject()
+        json.endObject()
+    }
+
+    static func timestamp(_ name: StaticString, _ milliseconds: Int64?, into json: inout JSONWriter) {
         json.key(static: name)
         if let milliseconds {
             json.asciiString(maxLength: 24) { writeRFC3339(milliseconds, to: $0, reusingDay: true) }

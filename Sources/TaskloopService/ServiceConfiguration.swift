@@ -28,6 +28,11 @@ public struct ServiceConfiguration: Sendable {
     /// The longest a lease call waits for a task (`--max-lease-wait-seconds`); a longer `wait_s`
     /// is cut to it (the call is answered with no tasks then, as when its own time is up).
     public var maxLeaseWaitMilliseconds: UInt64 = 60_000
+    /// Events kept for streams that resume (`--event-buffer`).
+    public var eventBufferSize = 100_000
+    /// Unsent bytes past which an event stream's reader is disconnected
+    /// (`--event-client-buffer-bytes`); it resumes with `Last-Event-ID`.
+    public var eventClientBufferBytes = 4 * 1024 * 1024
 
     /// Where the logger's lines go, for the count of dropped lines in the metrics.
     public var logSink: LogSink?

@@ -28,6 +28,7 @@ final class ServiceMetrics {
     private let openConnections: Gauge
     private let waiting: Gauge
     private let transfers: Gauge
+    private let eventStreams: Gauge
     private let droppedLogLines: Counter
     private var droppedLogLinesCounted = 0
     private var leaseCollectors: [String: LeaseCollectors] = [:]
@@ -90,6 +91,7 @@ final class ServiceMetrics {
         openConnections = registry.makeGauge(descriptor: Self.name("http_open_connections", "", "Client connections open now."))
         waiting = registry.makeGauge(descriptor: Self.name("http_long_polls", "", "GET /tasks/{id}?wait= requests waiting now."))
         transfers = registry.makeGauge(descriptor: Self.name("http_task_transfers", "", "Requests of http tasks in flight now."))
+        eventStreams = registry.makeGauge(descriptor: Self.name("event_streams", "", "Event streams (GET /events, GET /tasks/{id}/events) open now."))
         droppedLogLines = registry.makeCounter(descriptor: Self.name(
             "log_lines_dropped", "total", "Log lines dropped because standard error's reader was too slow."))
         leaseLatency = registry.makeValueHistogram(
@@ -248,7 +250,8 @@ final class ServiceMetrics {
     }
 
     /// The text exposition, with the state gauges brought up to date first.
-    func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int, droppedLogLines dropped: Int) -> [UInt8] {
+    func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
+                droppedLogLines dropped: Int) -> [UInt8] {
         for (name, queue) in engine.queues {
             let gauges = taskGauges[name] ?? TaskState.allCases.map { state in
                 registry.makeGauge(
@@ -266,6 +269,7 @@ final class ServiceMetrics {
         openConnections.set(Double(connections))
         waiting.set(Double(longPolls))
         transfers.set(Double(activeTransfers))
+        eventStreams.set(Double(streams))
         if dropped > droppedLogLinesCounted {
             droppedLogLines.increment(by: Int64(dropped - droppedLogLinesCounted))
             droppedLogLinesCounted = dropped

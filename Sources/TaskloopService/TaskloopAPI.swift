@@ -51,6 +51,10 @@ extension TaskloopApplication {
             },
             Route(.POST, "/tasks", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitTask(request, reply) },
             Route(.GET, "/tasks", [200]) { [unowned self] request, reply in try listTasks(request, reply) },
+            Route(.GET, "/events", [200, 400]) { [unowned self] request, reply in try streamEvents(request, reply) },
+            Route(.GET, "/tasks/{id}/events", [200, 404]) { [unowned self] request, reply in
+                try streamTaskEvents(request, reply)
+            },
             Route(.GET, "/tasks/{id}", [200, 404]) { [unowned self] request, reply in try getTask(request, reply) },
             Route(.DELETE, "/tasks/{id}", [200, 202, 404, 409]) { [unowned self] request, reply in
                 let task = try existingTask(request)
@@ -80,7 +84,8 @@ extension TaskloopApplication {
             },
             Route(.POST, "/workflows", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitWorkflow(request, reply) },
             Route(.GET, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
-                reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request))))
+                reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request)),
+                                 headers: ["Event-Seq": String(eventLog.lastAssigned)]))
             },
             Route(.DELETE, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
                 let workflow = try existingWorkflow(request)
@@ -211,7 +216,7 @@ extension TaskloopApplication {
         json.endArray()
         json.field("next", page.next?.description)
         json.endObject()
-        reply.send(.json(.ok, json.bytes))
+        reply.send(.json(.ok, json.bytes, headers: ["Event-Seq": String(eventLog.lastAssigned)]))
     }
 
     private func reportProgress(_ request: HTTPRequest, _ reply: Reply) throws {

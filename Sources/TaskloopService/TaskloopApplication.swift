@@ -38,6 +38,7 @@ public final class TaskloopApplication {
     private var orphanReaper: OrphanReaper?
     private(set) var waiters: TaskWaiters!
     private(set) var leaseCalls: LeaseCalls!
+    private(set) var eventLog: EventLog!
     private var router = Router<Route>()
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
@@ -85,9 +86,10 @@ public final class TaskloopApplication {
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
         leaseCalls = LeaseCalls(engine: engine, scheduler: scheduler) { [unowned self] in metrics }
         var restoredKeys: [IdempotencyRecord] = []
+        var restoredEventSequence: UInt64 = 0
         if configuration.durability != .memory {
             do {
-                restoredKeys = try openStore(engine: engine, scheduler: scheduler)
+                (restoredKeys, restoredEventSequence) = try openStore(engine: engine, scheduler: scheduler)
             } catch {
                 httpClient.close()
                 scheduler.close()
@@ -102,6 +104,17 @@ public final class TaskloopApplication {
         idempotency.start()
         self.idempotency = idempotency
         engine.addObserver { [unowned self] events in settled(events) }
+        // Numbered after the store has the batch (the observer above it), so each event knows
+        // the commit it waits for.
+        let eventLog = EventLog(after: restoredEventSequence, capacity: configuration.eventBufferSize,
+                                clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
+        self.eventLog = eventLog
+        if let durable {
+            eventLog.batchOfNextChange = { [unowned durable] in durable.pendingBatch }
+            durable.onCommitted = { [unowned eventLog] number in eventLog.committed(through: number) }
+            durable.eventSequence = { [unowned eventLog] in eventLog.lastAssigned }
+        }
+        engine.addObserver { [unowned eventLog] events in eventLog.record(events) }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
         router = makeRouter(routes)
@@ -158,6 +171,7 @@ public final class TaskloopApplication {
             }
             waiters.answerAll()
             leaseCalls.answerAll()
+            eventLog.finishAll()
             _ = scheduler.schedule(after: grace) { [weak self] in
                 if self?.durable != nil { self?.engine.suspendForShutdown() }
                 self?.execExecutor?.killAll()
@@ -173,7 +187,7 @@ public final class TaskloopApplication {
 
     /// Opens the data dir (its lock, schema, rows), rebuilds the engine from it, and starts
     /// group commit; what the rebuild changed (interrupted attempts) is its first batch.
-    private func openStore(engine: Engine, scheduler: LoopScheduler) throws -> [IdempotencyRecord] {
+    private func openStore(engine: Engine, scheduler: LoopScheduler) throws -> (keys: [IdempotencyRecord], eventSequence: UInt64) {
         let loop = self.loop
         let store = try SQLiteTaskStore(
             dataDirectory: configuration.dataDirectory, syncLevel: configuration.durability == .full ? .full : .normal
@@ -197,7 +211,7 @@ public final class TaskloopApplication {
         logger.info("restored from \(configuration.dataDirectory)", metadata: [
             "tasks": "\(loaded.tasks.count)", "unfinished": "\(engine.unfinishedCount)", "durability": "\(configuration.durability)",
         ])
-        return loaded.idempotencyKeys
+        return (loaded.idempotencyKeys, loaded.eventSequence)
     }
 
     private func finishStopping() {
@@ -298,7 +312,8 @@ public final class TaskloopApplication {
 
     func renderMetrics() -> [UInt8] {
         metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count,
-                       transfers: activeTransfers, droppedLogLines: configuration.logSink?.dropped ?? 0)
+                       transfers: activeTransfers, eventStreams: eventLog.subscriberCount,
+                       droppedLogLines: configuration.logSink?.dropped ?? 0)
     }
 
     /// The task as JSON, or 404 if it is gone.

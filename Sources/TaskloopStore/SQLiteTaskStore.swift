@@ -138,6 +138,11 @@ public final class SQLiteTaskStore: TaskStore {
             let delete = try database.statement("DELETE FROM idempotency_keys WHERE key = ?")
             for key in batch.expiredIdempotencyKeys { try delete.bind(1, key).run() }
         }
+        if let sequence = batch.eventSequence {
+            try database.statement("""
+                INSERT INTO meta (name, value) VALUES ('event_seq', ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value
+                """).bind(1, Int64(bitPattern: sequence)).run()
+        }
     }
 
     /// `numbers` as the fewest closed ranges that cover exactly them.
@@ -181,6 +186,7 @@ public final class SQLiteTaskStore: TaskStore {
                 resource: keys.string(3) ?? "", expiresAt: keys.int64(4)))
         }
         keys.reset()
+        state.eventSequence = UInt64(bitPattern: try database.integer("SELECT value FROM meta WHERE name = 'event_seq'") ?? 0)
         // In key order, which is submission order, as `Engine.restore` wants them.
         let tasks = try database.statement("SELECT sequence, record FROM tasks")
         while try tasks.step() {

@@ -46,6 +46,8 @@ public struct StoreBatch: Sendable {
     public var forgottenQueues: [String] = []
     public var idempotencyKeys: [IdempotencyRecord] = []
     public var expiredIdempotencyKeys: [String] = []
+    /// The event stream's last number when the batch was made: numbers go on after a restart.
+    public var eventSequence: UInt64?
 
     public init() {}
 
@@ -65,6 +67,7 @@ public struct StoreBatch: Sendable {
             (queues, forgottenQueues), (later.queues, later.forgottenQueues), key: \.name)
         (result.idempotencyKeys, result.expiredIdempotencyKeys) = Self.merge(
             (idempotencyKeys, expiredIdempotencyKeys), (later.idempotencyKeys, later.expiredIdempotencyKeys), key: \.key)
+        result.eventSequence = [eventSequence, later.eventSequence].compactMap { $0 }.max()
         return result
     }
 
@@ -86,6 +89,8 @@ public struct StoredState: Sendable {
     public var workflows: [WorkflowSnapshot] = []
     public var tasks: [TaskSnapshot] = []
     public var idempotencyKeys: [IdempotencyRecord] = []
+    /// The event stream's last number before the restart (0 for a new database).
+    public var eventSequence: UInt64 = 0
 
     public init() {}
 }

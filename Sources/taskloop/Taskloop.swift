@@ -100,6 +100,12 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Longest a worker's lease call waits for a task, 0...60; a longer wait_s is cut to it. [env: TASKLOOP_MAX_LEASE_WAIT_SECONDS]")
     var maxLeaseWaitSeconds: Double = Environment.double("MAX_LEASE_WAIT_SECONDS") ?? 60
 
+    @Option(help: "Events kept for event streams that resume (GET /events with Last-Event-ID), 1...10000000. [env: TASKLOOP_EVENT_BUFFER]")
+    var eventBuffer: Int = Environment.int("EVENT_BUFFER") ?? 100_000
+
+    @Option(help: "Unsent bytes past which an event stream's reader is disconnected (it resumes), 65536...1073741824. [env: TASKLOOP_EVENT_CLIENT_BUFFER_BYTES]")
+    var eventClientBufferBytes: Int = Environment.int("EVENT_CLIENT_BUFFER_BYTES") ?? 4 * 1024 * 1024
+
     @Option(help: "trace, debug, info, notice, warning, error or critical. [env: TASKLOOP_LOG_LEVEL]")
     var logLevel: String = Environment.string("LOG_LEVEL") ?? "info"
 
@@ -145,6 +151,10 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("--idempotency-ttl-seconds must be 1...31536000")
         }
         guard (0...60).contains(maxLeaseWaitSeconds) else { throw ValidationError("--max-lease-wait-seconds must be 0...60") }
+        guard (1...10_000_000).contains(eventBuffer) else { throw ValidationError("--event-buffer must be 1...10000000") }
+        guard (65_536...1 << 30).contains(eventClientBufferBytes) else {
+            throw ValidationError("--event-client-buffer-bytes must be 65536...1073741824")
+        }
         guard (4_096...1 << 30).contains(logBufferBytes) else { throw ValidationError("--log-buffer-bytes must be 4096...1073741824") }
         if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
@@ -186,6 +196,8 @@ struct Taskloop: ParsableCommand {
         configuration.dataDirectory = dataDir
         configuration.idempotencyTTLMilliseconds = Int64(idempotencyTTLSeconds) * 1_000
         configuration.maxLeaseWaitMilliseconds = UInt64(maxLeaseWaitSeconds * 1_000)
+        configuration.eventBufferSize = eventBuffer
+        configuration.eventClientBufferBytes = eventClientBufferBytes
 
         let level = Logger.Level(rawValue: logLevel)!
         let format = LogFormat(rawValue: logFormat)!

@@ -32,6 +32,13 @@ final class MockTransport: HTTPTransport {
         if closeRequest == nil { closeRequest = linger }
     }
 
+    var closedNow = false
+
+    func closeNow() {
+        closedNow = true
+        if closeRequest == nil { closeRequest = false }
+    }
+
     /// The peer read everything queued.
     func drain() {
         sent.append(contentsOf: queued)

@@ -68,7 +68,7 @@ import Testing
         var closed = false
         stream!.onClose { closed = true }
         stream!.abort()
-        #expect(harness.transport.closeRequest == false)
+        #expect(harness.transport.closedNow)
         #expect(!stream!.write(Array("more".utf8)))
         harness.connection.transportClosed()
         #expect(closed)

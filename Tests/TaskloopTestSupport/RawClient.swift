@@ -160,6 +160,17 @@ public final class RawClient {
         _ = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
     }
 
+    /// Reads until `done` holds for everything received so far (kept for the next call), or
+    /// throws at the deadline; returns all of it. For streams, which never end by themselves.
+    @discardableResult
+    public func readUntil(timeout: Double = 5, _ done: ([UInt8]) -> Bool) throws -> [UInt8] {
+        let deadline = Date().addingTimeInterval(timeout)
+        while !done(buffer) {
+            guard try fill(deadline: deadline) else { throw ClientError.closed(partial: buffer) }
+        }
+        return buffer
+    }
+
     /// Waits for the server to close the connection, discarding anything it still sends.
     /// Returns the bytes that arrived meanwhile.
     @discardableResult

@@ -1,0 +1,353 @@
+import DequeModule
+import TaskloopEngine
+import TaskloopHTTP
+import TaskloopJSON
+
+/// The kinds of the event stream, by their wire names.
+enum EventKind: String, CaseIterable {
+    case taskCreated = "task.created"
+    case taskState = "task.state"
+    case taskProgress = "task.progress"
+    case workflowState = "workflow.state"
+    case queueUpdated = "queue.updated"
+}
+
+/// One numbered change. Its `data` is rendered the first time a subscriber needs it, from the
+/// record as it is then (a state event shows the state it announces), and kept for the others:
+/// a server nobody listens to renders nothing.
+///
+/// Threading: loop thread only.
+final class StreamEvent {
+    let seq: UInt64
+    let kind: EventKind
+    /// Wall-clock milliseconds of the change.
+    let time: Int64
+    let task: TaskRecord?
+    /// The state the event announces (a task's or a workflow's), shown instead of the current
+    /// one; nil for progress, which shows the task as it is.
+    let state: TaskState?
+    let workflow: WorkflowRecord?
+    let queue: TaskQueue?
+    /// The batch whose commit makes it visible (durable state), or 0.
+    let batch: Int
+    private var rendered: [UInt8]?
+
+    init(seq: UInt64, kind: EventKind, time: Int64, task: TaskRecord? = nil, state: TaskState? = nil,
+         workflow: WorkflowRecord? = nil, queue: TaskQueue? = nil, batch: Int) {
+        self.seq = seq
+        self.kind = kind
+        self.time = time
+        self.task = task
+        self.state = state
+        self.workflow = workflow
+        self.queue = queue
+        self.batch = batch
+    }
+
+    var workflowID: TaskID? { workflow?.id ?? task?.workflow?.id }
+    var queueName: String? { queue?.name ?? task?.queue.name }
+
+    /// `id:`, `event:` and `data:` lines and the blank line that ends them.
+    var frame: [UInt8] {
+        if let rendered { return rendered }
+        var json = JSONWriter(capacity: 1_024)
+        json.beginObject()
+        json.field("seq", Int(seq))
+        json.field("type", kind.rawValue)
+        Representation.timestamp("time", time, into: &json)
+        if let task {
+            json.key(static: "task")
+            Representation.write(task, into: &json, as: state)
+        } else if let workflow {
+            json.key(static: "workflow")
+            Representation.writeSummary(workflow, into: &json, as: state)
+        } else if let queue {
+            json.key(static: "queue")
+            Representation.write(queue, into: &json)
+        }
+        json.endObject()
+        var frame = Array("id: \(seq)\nevent: \(kind.rawValue)\ndata: ".utf8)
+        frame += json.bytes
+        frame += [0x0A, 0x0A]
+        rendered = frame
+        return frame
+    }
+}
+
+/// What a subscriber wants: every filter given must match.
+struct EventFilter {
+    var task: TaskID?
+    var workflow: TaskID?
+    var queue: String?
+    var kinds: Set<EventKind>?
+
+    func matches(_ event: StreamEvent) -> Bool {
+        if let kinds, !kinds.contains(event.kind) { return false }
+        if let task, event.task?.id != task { return false }
+        if let workflow, event.workflowID != workflow { return false }
+        if let queue, event.queueName != queue { return false }
+        return true
+    }
+}
+
+/// The one ordered sequence of changes (contract: "Events"), and the streams that follow it.
+///
+/// Every settled engine batch is numbered here as it is published by the engine; with a
+/// store, the numbered events wait until the batch that holds their change has committed
+/// (`committed(through:)`), so no subscriber sees a state a crash could take back. Published
+/// events are kept in a ring of `capacity` for resumes; a subscriber that asks for older ones
+/// first gets `reset`. Progress events of one task are coalesced to one per
+/// `progressIntervalMilliseconds` (the latest wins) before they are numbered; state events are
+/// never dropped or reordered. A subscriber whose unsent bytes pass `clientBufferBytes` is
+/// disconnected (it resumes with `Last-Event-ID`), so a slow reader never holds memory without
+/// bound or slows anyone else.
+///
+/// Threading: loop thread only.
+final class EventLog {
+    final class Subscriber {
+        let reply: Reply
+        let filter: EventFilter
+        /// `GET /tasks/{id}/events`: the stream ends after this task's terminal event.
+        let endsWith: TaskID?
+        var pending: [UInt8] = []
+
+        init(reply: Reply, filter: EventFilter, endsWith: TaskID?) {
+            self.reply = reply
+            self.filter = filter
+            self.endsWith = endsWith
+        }
+    }
+
+    static let progressIntervalMilliseconds: UInt64 = 200
+    static let keepAliveMilliseconds: UInt64 = 15_000
+    static let retryMilliseconds = 2_000
+
+    private let capacity: Int
+    private let clientBufferBytes: Int
+    private let scheduler: EngineScheduler
+    /// The last number given out (published or not) and the last one subscribers may see.
+    private(set) var lastAssigned: UInt64
+    private(set) var lastPublished: UInt64
+    private var ring = Deque<StreamEvent>()
+    private var unpublished = Deque<StreamEvent>()
+    private var subscribers: [ObjectIdentifier: Subscriber] = [:]
+    private var keepAlive: ScheduledAction?
+    /// Per running task: when its last progress event was numbered, and whether a later one waits.
+    private var lastProgress: [ObjectIdentifier: UInt64] = [:]
+    private var heldProgress: [ObjectIdentifier: ScheduledAction] = [:]
+    /// The state each workflow's last `workflow.state` event announced.
+    private var announced: [ObjectIdentifier: TaskState] = [:]
+    /// With a store: the batch whose commit makes a change made now durable, or nil when it
+    /// already is. Without a store (nil) events are published at once.
+    var batchOfNextChange: (() -> Int?)?
+
+    init(after lastSeq: UInt64, capacity: Int, clientBufferBytes: Int, scheduler: EngineScheduler) {
+        lastAssigned = lastSeq
+        lastPublished = lastSeq
+        self.capacity = max(1, capacity)
+        self.clientBufferBytes = clientBufferBytes
+        self.scheduler = scheduler
+    }
+
+    var subscriberCount: Int { subscribers.count }
+
+    // MARK: numbering
+
+    /// Numbers what one settled engine call changed.
+    func record(_ events: [EngineEvent]) {
+        let waitsFor = batchOfNextChange?() ?? nil
+        let batch = waitsFor ?? 0
+        let before = lastAssigned
+        let now = scheduler.wallClock
+        var workflowsTouched: [WorkflowRecord] = []
+        for event in events {
+            switch event {
+            case .submitted(let task):
+                append(StreamEvent(seq: next(), kind: .taskCreated, time: now, task: task, state: .pending, batch: batch))
+            case .stateChanged(let task, _, let to):
+                if to != .running {
+                    heldProgress.removeValue(forKey: ObjectIdentifier(task))?.cancel()
+                    lastProgress.removeValue(forKey: ObjectIdentifier(task))
+                }
+                append(StreamEvent(seq: next(), kind: .taskState, time: now, task: task, state: to, batch: batch))
+                if let workflow = task.workflow, !workflowsTouched.contains(where: { $0 === workflow }) {
+                    workflowsTouched.append(workflow)
+                }
+            case .progressed(let task):
+                progressed(task, now: now, batch: batch)
+            case .workflowSubmitted(let workflow):
+                // Created running; where its tasks took it in the same call follows below.
+                announced[ObjectIdentifier(workflow)] = .running
+                append(StreamEvent(seq: next(), kind: .workflowState, time: now, state: .running, workflow: workflow, batch: batch))
+                workflowsTouched.append(workflow)
+            case .queueChanged(let queue):
+                append(StreamEvent(seq: next(), kind: .queueUpdated, time: now, queue: queue, batch: batch))
+            case .cancelRequested(let task):
+                append(StreamEvent(seq: next(), kind: .taskState, time: now, task: task, state: task.state, batch: batch))
+            case .evicted(let task, let workflowEmptied):
+                if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+            case .queueForgotten, .leaseRenewed:
+                break
+            }
+        }
+        for workflow in workflowsTouched where announced[ObjectIdentifier(workflow)] != workflow.state {
+            announced[ObjectIdentifier(workflow)] = workflow.state
+            append(StreamEvent(seq: next(), kind: .workflowState, time: now, state: workflow.state, workflow: workflow,
+                               batch: batch))
+        }
+        if waitsFor == nil && lastAssigned != before { publish(through: lastAssigned) }
+    }
+
+    /// With a store: batch `number` (and every one before it) has committed.
+    func committed(through number: Int) {
+        var last: UInt64?
+        for event in unpublished {
+            guard event.batch <= number else { break }
+            last = event.seq
+        }
+        if let last { publish(through: last) }
+    }
+
+    private func next() -> UInt64 {
+        lastAssigned += 1
+        return lastAssigned
+    }
+
+    private func append(_ event: StreamEvent) {
+        unpublished.append(event)
+    }
+
+    private func progressed(_ task: TaskRecord, now: Int64, batch: Int) {
+        let key = ObjectIdentifier(task)
+        guard heldProgress[key] == nil else { return }
+        let monotonic = scheduler.now
+        if let last = lastProgress[key], monotonic &- last < Self.progressIntervalMilliseconds {
+            heldProgress[key] = scheduler.schedule(after: last + Self.progressIntervalMilliseconds - monotonic) { [weak self] in
+                guard let self, heldProgress.removeValue(forKey: key) != nil, task.state == .running else { return }
+                lastProgress[key] = scheduler.now
+                // The change went to the store in its own batch: published once that committed.
+                let waitsFor = batchOfNextChange?() ?? nil
+                append(StreamEvent(seq: next(), kind: .taskProgress, time: scheduler.wallClock, task: task, batch: waitsFor ?? 0))
+                if waitsFor == nil { publish(through: lastAssigned) }
+            }
+            return
+        }
+        lastProgress[key] = monotonic
+        append(StreamEvent(seq: next(), kind: .taskProgress, time: now, task: task, batch: batch))
+    }
+
+    // MARK: publishing
+
+    private func publish(through seq: UInt64) {
+        var fresh: [StreamEvent] = []
+        while let event = unpublished.first, event.seq <= seq {
+            unpublished.removeFirst()
+            ring.append(event)
+            fresh.append(event)
+        }
+        guard let last = fresh.last else { return }
+        lastPublished = last.seq
+        while ring.count > capacity { ring.removeFirst() }
+        guard !subscribers.isEmpty else { return }
+        for subscriber in Array(subscribers.values) { deliver(fresh, to: subscriber) }
+    }
+
+    private func deliver(_ events: some Sequence<StreamEvent>, to subscriber: Subscriber) {
+        var ends = false
+        for event in events where subscriber.filter.matches(event) {
+            subscriber.pending += event.frame
+            if let id = subscriber.endsWith, event.kind == .taskState, event.task?.id == id, event.state?.isTerminal == true {
+                ends = true
+                break
+            }
+        }
+        flush(subscriber, ending: ends)
+    }
+
+    private func flush(_ subscriber: Subscriber, ending: Bool = false) {
+        let key = ObjectIdentifier(subscriber)
+        if !subscriber.pending.isEmpty {
+            let bytes = subscriber.pending
+            subscriber.pending.removeAll(keepingCapacity: true)
+            guard subscriber.reply.responder.write(bytes) else {
+                subscribers.removeValue(forKey: key)
+                return
+            }
+            if subscriber.reply.responder.unsentBytes > clientBufferBytes {
+                // It cannot keep up: it reconnects with Last-Event-ID and catches up from the ring.
+                subscribers.removeValue(forKey: key)
+                subscriber.reply.responder.abort()
+                return
+            }
+        }
+        if ending {
+            subscribers.removeValue(forKey: key)
+            subscriber.reply.responder.finish()
+        }
+    }
+
+    // MARK: subscribing
+
+    /// Starts a stream: `retry:`, then (with `since`) what was published after it, or `reset`
+    /// and everything kept when that is gone, then every new matching event. `snapshot` is
+    /// written first (`GET /tasks/{id}/events`).
+    func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
+        guard reply.responder.startStream(headers: [
+            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+        ]) else { return }
+        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith)
+        let key = ObjectIdentifier(subscriber)
+        subscribers[key] = subscriber
+        reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
+        subscriber.pending += Array("retry: \(Self.retryMilliseconds)\n\n".utf8)
+        if let snapshot { subscriber.pending += snapshot }
+        if let since, since < lastPublished {
+            let oldest = ring.first?.seq ?? lastPublished + 1
+            if since + 1 < oldest {
+                subscriber.pending += Array("event: reset\ndata: {\"oldest\":\(oldest)}\n\n".utf8)
+                deliver(ring, to: subscriber)
+            } else {
+                let start = ring.count - Int(lastPublished - since)
+                deliver(ring[start...], to: subscriber)
+            }
+        } else {
+            flush(subscriber)
+        }
+        scheduleKeepAlive()
+    }
+
+    /// Ends a task stream at once (its task is already terminal).
+    func finish(_ reply: Reply, snapshot: [UInt8]) {
+        guard reply.responder.startStream(headers: ["Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"])
+        else { return }
+        reply.responder.write(Array("retry: \(Self.retryMilliseconds)\n\n".utf8) + snapshot)
+        reply.responder.finish()
+    }
+
+    /// Ends every stream (shutdown): clients reconnect to the next server with Last-Event-ID.
+    func finishAll() {
+        keepAlive?.cancel()
+        keepAlive = nil
+        let all = Array(subscribers.values)
+        subscribers.removeAll()
+        for subscriber in all {
+            flush(subscriber)
+            subscriber.reply.responder.finish()
+        }
+    }
+
+    private func scheduleKeepAlive() {
+        guard keepAlive == nil, !subscribers.isEmpty else { return }
+        keepAlive = scheduler.schedule(after: Self.keepAliveMilliseconds) { [weak self] in
+            guard let self else { return }
+            keepAlive = nil
+            for subscriber in Array(subscribers.values) {
+                subscriber.pending += Self.keepAliveComment
+                flush(subscriber)
+            }
+            scheduleKeepAlive()
+        }
+    }
+
+    private static let keepAliveComment: [UInt8] = Array(": keep-alive\n\n".utf8)
+}

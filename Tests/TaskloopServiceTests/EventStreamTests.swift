@@ -1,0 +1,204 @@
+import Foundation
+import Testing
+@testable import TaskloopService
+import TaskloopTestSupport
+
+/// `GET /events` and `GET /tasks/{id}/events` over real sockets: order, filters, resume with
+/// `Last-Event-ID` and `reset`, coalesced progress, a reader that falls behind, and numbers that
+/// go on after a restart.
+@Suite struct EventStreamTests {
+    /// An event stream read over HTTP/1.0, whose body is the stream itself (no chunk framing).
+    final class Stream {
+        let connection: RawClient
+
+        init(port: Int, _ target: String, headers: [String: String] = [:]) throws {
+            connection = try RawClient(port: port)
+            var request = "GET \(target) HTTP/1.0\r\n"
+            for (name, value) in headers { request += "\(name): \(value)\r\n" }
+            try connection.send(request + "\r\n")
+        }
+
+        struct Event: Equatable {
+            var id: UInt64?
+            var type: String
+            var data: [String: Any]
+            static func == (lhs: Event, rhs: Event) -> Bool { lhs.id == rhs.id && lhs.type == rhs.type }
+        }
+
+        /// The head and every complete event received so far.
+        static func parse(_ bytes: [UInt8]) -> (head: String, events: [Event], comments: Int) {
+            let text = String(decoding: bytes, as: UTF8.self)
+            guard let split = text.range(of: "\r\n\r\n") else { return ("", [], 0) }
+            var events: [Event] = []
+            var comments = 0
+            let blocks = text[split.upperBound...].components(separatedBy: "\n\n")
+            for block in blocks.dropLast() {
+                var event = Event(id: nil, type: "message", data: [:])
+                var hasData = false
+                for line in block.split(separator: "\n") {
+                    if line.hasPrefix(":") { comments += 1 }
+                    if line.hasPrefix("id: ") { event.id = UInt64(line.dropFirst(4)) }
+                    if line.hasPrefix("event: ") { event.type = String(line.dropFirst(7)) }
+                    if line.hasPrefix("data: ") {
+                        hasData = true
+                        event.data = (try? JSONSerialization.jsonObject(with: Data(line.dropFirst(6).utf8))) as? [String: Any] ?? [:]
+                    }
+                }
+                if hasData { events.append(event) }
+            }
+            return (String(text[..<split.lowerBound]), events, comments)
+        }
+
+        func waitFor(_ count: Int, timeout: Double = 5) throws -> [Event] {
+            // Counting complete `data:` lines is enough to know when to stop; parsing is for the end.
+            Self.parse(try connection.readUntil(timeout: timeout) { Self.completeDataLines($0) >= count }).events
+        }
+
+        static func completeDataLines(_ bytes: [UInt8]) -> Int {
+            var count = 0
+            var index = 0
+            let pattern = Array("\ndata: ".utf8)
+            while index + pattern.count <= bytes.count {
+                guard bytes[index] == 0x0A, bytes[index + 1] == pattern[1], bytes[index..<index + pattern.count].elementsEqual(pattern)
+                else {
+                    index += 1
+                    continue
+                }
+                // Complete once its line ends; the scan goes on from there.
+                guard let end = bytes[(index + pattern.count)...].firstIndex(of: 0x0A) else { break }
+                count += 1
+                index = end
+            }
+            return count
+        }
+
+        var head: String { Self.parse((try? connection.readUntil(timeout: 5) { Self.parse($0).head != "" }) ?? []).head }
+    }
+
+    static func states(_ events: [Stream.Event]) -> [String] {
+        events.map { event in
+            let state = ((event.data["task"] as? [String: Any])?["state"] ?? (event.data["workflow"] as? [String: Any])?["state"]) as? String
+            return "\(event.type)\(state.map { ":" + $0 } ?? "")"
+        }
+    }
+
+    @Test func everyChangeIsNumberedInOrderAndFiltersApply() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let all = try Stream(port: service.port, "/events")
+        #expect(all.head.contains("200 OK") && all.head.contains("Content-Type: text/event-stream"))
+        let onlyWorkflows = try Stream(port: service.port, "/events?types=workflow.state")
+        let list = try client.call("GET", "/tasks?limit=1")
+        let before = try #require(list.header("Event-Seq").flatMap { UInt64($0) })
+        let task = try #require(try client.submit(#"{"kind":"noop","queue":"q"}"#)["id"] as? String)
+        let workflow = try client.call("POST", "/workflows", json: #"{"tasks":[{"key":"a","kind":"noop"}]}"#)
+        #expect(workflow.status == 201)
+        let events = try all.waitFor(10)
+        #expect(Self.states(events) == [
+            "task.created:pending", "task.state:queued", "task.state:running", "task.state:succeeded",
+            "workflow.state:running", "task.created:pending", "task.state:queued", "task.state:running", "task.state:succeeded",
+            "workflow.state:succeeded",
+        ])
+        #expect(events.map(\.id) == (1...10).map { Optional(before + UInt64($0)) })
+        #expect(events[0].data["seq"] as? Int == Int(before) + 1 && events[0].data["time"] is String)
+        #expect((events[0].data["task"] as? [String: Any])?["id"] as? String == task)
+        let workflowEvents = try onlyWorkflows.waitFor(2)
+        #expect(Self.states(workflowEvents) == ["workflow.state:running", "workflow.state:succeeded"])
+        #expect(try client.call("GET", "/events?types=nope").status == 400)
+        #expect(try client.call("GET", "/events?since=x").status == 400)
+    }
+
+    @Test func aResumeReplaysWhatWasMissedAndResetsWhenItIsGone() throws {
+        let service = try ServiceHarness { $0.eventBufferSize = 8 }
+        defer { try? service.stop() }
+        let client = try service.client()
+        for _ in 0..<3 { _ = try client.submit(#"{"kind":"noop"}"#) } // events 1...12; 5...12 kept
+        let resumed = try Stream(port: service.port, "/events", headers: ["Last-Event-ID": "9"])
+        #expect(try resumed.waitFor(3).map(\.id) == [10, 11, 12])
+        let tooOld = try Stream(port: service.port, "/events?since=2")
+        let events = try tooOld.waitFor(9)
+        #expect(events[0].type == "reset" && events[0].data["oldest"] as? Int == 5)
+        #expect(events.dropFirst().map(\.id) == (5...12).map { Optional(UInt64($0)) })
+        // Live events follow the replay without a gap.
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        #expect(try resumed.waitFor(7).map(\.id) == (10...16).map { Optional(UInt64($0)) })
+    }
+
+    @Test func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let id = try #require(try client.submit(#"{"kind":"sleep","params":{"duration_ms":1000,"steps":20}}"#)["id"] as? String)
+        _ = try client.submit(#"{"kind":"noop"}"#) // not this task's
+        let stream = try Stream(port: service.port, "/tasks/\(id)/events")
+        let bytes = try stream.connection.readUntilClosed(timeout: 5)
+        let events = Stream.parse(bytes).events
+        #expect(events.first?.type == "task.snapshot")
+        #expect(events.allSatisfy { ($0.data["task"] as? [String: Any])?["id"] as? String == id })
+        #expect(Self.states(events).last == "task.state:succeeded")
+        // Twenty progress reports in a second, coalesced to at most five a second.
+        let progress = events.filter { $0.type == "task.progress" }.count
+        #expect(progress >= 2 && progress <= 7, "\(progress) progress events")
+        // A finished task: the snapshot, and the end.
+        let done = Stream.parse(try Stream(port: service.port, "/tasks/\(id)/events").connection.readUntilClosed(timeout: 2)).events
+        #expect(done.map(\.type) == ["task.snapshot"])
+        #expect(try client.call("GET", "/tasks/01M00000000000000000000000/events").status == 404)
+    }
+
+    /// A reader that stops reading is disconnected once its unsent bytes pass the limit; the
+    /// server and the other readers go on.
+    @Test func aReaderThatFallsBehindIsDisconnected() throws {
+        let service = try ServiceHarness { $0.eventClientBufferBytes = 1 << 20 }
+        defer { try? service.stop() }
+        let client = try service.client()
+        let stalled = try RawClient(port: service.port)
+        stalled.setReceiveBuffer(4_096)
+        try stalled.send("GET /events HTTP/1.1\r\nHost: t\r\n\r\n")
+        let reading = try Stream(port: service.port, "/events")
+        _ = reading.head
+        try pollUntil("both streams to be open") { try client.call("GET", "/metrics").text.contains("taskloop_event_streams 2") }
+        // Workflows of 202 events of about 1.5 KB each (the metadata), until the kernel's buffers
+        // are full and the stalled stream's queue passes 1 MiB; the reader that reads keeps up.
+        let tasks = (0..<50).map { #"{"key":"k\#($0)","kind":"noop","metadata":{"pad":"\#(String(repeating: "x", count: 1_000))"}}"# }
+        let body = #"{"tasks":["# + tasks.joined(separator: ",") + "]}"
+        var sent = 0
+        try pollUntil("the stalled reader to be dropped", timeout: 60) {
+            let created = try client.call("POST", "/workflows", json: body)
+            #expect(created.status == 201)
+            sent += 1
+            _ = try reading.waitFor(sent * 202, timeout: 10) // 4 per task, 2 for the workflow
+            return try client.call("GET", "/metrics").text.contains("taskloop_event_streams 1")
+        }
+        // The reader that reads goes on.
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        #expect(try reading.waitFor(sent * 202 + 4).count == sent * 202 + 4)
+    }
+}
+
+/// Event numbers survive restarts: a stream resumed from before one gets `reset`, never an old
+/// number again.
+@Suite(.serialized) struct EventRestartTests {
+    @Test func numbersGoOnAfterARestart() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func start() throws -> (BinaryTests.RunningBinary, APIClient, Int) {
+            let binary = try BinaryTests.RunningBinary(arguments: ["--port", "0", "--durability", "full", "--data-dir", directory])
+            let port = try #require(BinaryTests.port(from: try binary.waitForLine(containing: "listening on")))
+            return (binary, try APIClient(port: port), port)
+        }
+        var (binary, client, port) = try start()
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        let before = try #require(try client.call("GET", "/tasks").header("Event-Seq").flatMap { UInt64($0) })
+        #expect(before == 4)
+        kill(binary.process.processIdentifier, SIGKILL)
+        _ = try binary.waitForExit()
+        (binary, client, port) = try start()
+        let stream = try EventStreamTests.Stream(port: port, "/events", headers: ["Last-Event-ID": "2"])
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        let events = try stream.waitFor(5)
+        #expect(events[0].type == "reset")
+        #expect(events[1].id == 5)
+        #expect(try binary.stop() == 0)
+    }
+}
