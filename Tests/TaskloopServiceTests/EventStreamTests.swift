@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import TaskloopService
+import TaskloopStore
 import TaskloopTestSupport
 
 /// `GET /events` and `GET /tasks/{id}/events` over real sockets: order, filters, resume with
@@ -173,6 +174,27 @@ import TaskloopTestSupport
         // The reader that reads goes on.
         _ = try client.submit(#"{"kind":"noop"}"#)
         #expect(try reading.waitFor(sent * 202 + 4).count == sent * 202 + 4)
+    }
+}
+
+/// Events wait for their change to be durable: while the disk refuses a batch, its events are
+/// not sent; once the rewrite commits, they are, in order.
+@Suite struct EventDurabilityTests {
+    @Test func eventsOfAChangeTheDiskRefusedWaitForItsCommit() throws {
+        let service = try ServiceHarness { $0.durability = .normal }
+        defer { try? service.stop() }
+        let client = try service.client()
+        let stream = try EventStreamTests.Stream(port: service.port, "/events?types=task.created")
+        _ = try client.submit(#"{"kind":"noop","name":"before"}"#)
+        #expect(try stream.waitFor(1).count == 1)
+        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: 0) }
+        let big = String(repeating: "x", count: 200_000)
+        #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"big","metadata":{"blob":"\#(big)"}}"#).status == 503)
+        #expect(try stream.connection.staysSilent(for: 0.5), "no event for a change that is not on disk")
+        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: nil) }
+        let events = try stream.waitFor(2, timeout: 10)
+        #expect((events[1].data["task"] as? [String: Any])?["name"] as? String == "big")
+        #expect(events.map(\.id) == [events[0].id, events[0].id.map { $0 + 4 }], "numbered when it happened, in order")
     }
 }
 
