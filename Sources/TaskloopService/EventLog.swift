@@ -109,12 +109,15 @@ final class EventLog {
         let filter: EventFilter
         /// `GET /tasks/{id}/events`: the stream ends after this task's terminal event.
         let endsWith: TaskID?
+        /// Events up to this one it has (`since` may name one not yet published).
+        let after: UInt64
         var pending: [UInt8] = []
 
-        init(reply: Reply, filter: EventFilter, endsWith: TaskID?) {
+        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64) {
             self.reply = reply
             self.filter = filter
             self.endsWith = endsWith
+            self.after = after
         }
     }
 
@@ -254,7 +257,7 @@ final class EventLog {
 
     private func deliver(_ events: some Sequence<StreamEvent>, to subscriber: Subscriber) {
         var ends = false
-        for event in events where subscriber.filter.matches(event) {
+        for event in events where event.seq > subscriber.after && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
             if let id = subscriber.endsWith, event.kind == .taskState, event.task?.id == id, event.state?.isTerminal == true {
                 ends = true
@@ -295,7 +298,7 @@ final class EventLog {
         guard reply.responder.startStream(headers: [
             "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
         ]) else { return }
-        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith)
+        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0)
         let key = ObjectIdentifier(subscriber)
         subscribers[key] = subscriber
         reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
