@@ -214,27 +214,9 @@ struct Taskloop: ParsableCommand {
         } catch {
             throw ValidationError("\(error)")
         }
-        var watchers: [SignalWatcher] = []
-        let grace = shutdownGraceSeconds
-        let stop = {
-            guard !watchers.isEmpty else { return }
-            print("stopping: finishing in-flight requests (grace \(grace)s)")
-            fflush(nil)
-            for watcher in watchers { watcher.close() }
-            watchers = []
-            // The story ends within the grace and half a second; should anything wedge it, the
-            // process still never outlives the grace by more than a second.
-            DispatchQueue.global().asyncAfter(deadline: .now() + grace + 0.95) {
-                print("taskloop: shutdown did not finish within the grace period; exiting anyway")
-                fflush(nil)
-                _exit(1)
-            }
-            application.stop { loop.finish() }
-        }
-        watchers = try [SIGTERM, SIGINT].map { try SignalWatcher(loop: loop, signal: $0, stop) }
-        print("taskloop listening on http://\(address)")
-        fflush(nil)
-        try loop.run()
+        // The story ends within the grace and half a second (`TaskloopApplication`).
+        try runUntilSignalled(loop, program: "taskloop", grace: shutdownGraceSeconds, stopping: "finishing in-flight requests",
+                              started: "taskloop listening on http://\(address)") { finished in application.stop(completion: finished) }
         logSink.flush()
         print("taskloop stopped")
     }

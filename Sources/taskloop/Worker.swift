@@ -135,27 +135,12 @@ struct Worker: ParsableCommand {
         } catch {
             throw ValidationError("\(error)")
         }
-        var watchers: [SignalWatcher] = []
-        let grace = common.shutdownGraceSeconds
-        let stop = {
-            guard !watchers.isEmpty else { return }
-            print("stopping: finishing running tasks (grace \(grace)s)")
-            fflush(nil)
-            for watcher in watchers { watcher.close() }
-            watchers = []
-            // The story ends within the grace and 0.75 s; should anything wedge it, the
-            // process still never outlives the grace by more than a second.
-            DispatchQueue.global().asyncAfter(deadline: .now() + grace + 0.95) {
-                print("taskloop worker: shutdown did not finish within the grace period; exiting anyway")
-                fflush(nil)
-                _exit(1)
-            }
-            worker.stop { loop.finish() }
+        // The story ends within the grace and 0.75 s (`TaskloopWorker`).
+        try runUntilSignalled(loop, program: "taskloop worker", grace: common.shutdownGraceSeconds,
+                              stopping: "finishing running tasks",
+                              started: "taskloop worker \(configuration.name) leasing from \(server), queue \(queue)") { finished in
+            worker.stop { finished() }
         }
-        watchers = try [SIGTERM, SIGINT].map { try SignalWatcher(loop: loop, signal: $0, stop) }
-        print("taskloop worker \(configuration.name) leasing from \(server), queue \(queue)")
-        fflush(nil)
-        try loop.run()
         logSink.flush()
         print("taskloop worker stopped")
     }
