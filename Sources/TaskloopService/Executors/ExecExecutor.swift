@@ -333,3 +333,14 @@ final class ExecRefusingExecutor: TaskExecutor {
                            message: "exec tasks are disabled on this server (--allow-exec); its queue is no longer leased by workers."))
     }
 }
+
+/// The last step of stopping a process that may have run programs (the server, a worker): the
+/// tree kills sent so far are carried out, then the children adopted from stopped tasks are
+/// killed and reaped, so none outlives the process or is left a zombie.
+func finishProcessTrees(execRan: Bool, orphanReaper: OrphanReaper?) {
+    if execRan { ProcessTreeKiller.shared.waitUntilIdle() }
+    if let orphanReaper {
+        orphanReaper.close()
+        OrphanReaper.killAndReapAdopted(timeout: 300)
+    }
+}

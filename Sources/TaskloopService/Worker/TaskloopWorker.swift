@@ -438,15 +438,8 @@ public final class TaskloopWorker {
         serverClient = nil
         taskClient?.close()
         taskClient = nil
-        if execExecutor != nil {
-            // The tree kills sent so far are carried out before the process may end.
-            ProcessTreeKiller.shared.waitUntilIdle()
-        }
-        if let orphanReaper {
-            orphanReaper.close()
-            OrphanReaper.killAndReapAdopted(timeout: 300)
-            self.orphanReaper = nil
-        }
+        finishProcessTrees(execRan: execExecutor != nil, orphanReaper: orphanReaper)
+        orphanReaper = nil
         scheduler.close()
         logger.info("stopped")
         completion()
