@@ -100,7 +100,8 @@ struct EventFilter {
 /// `progressIntervalMilliseconds` (the latest wins) before they are numbered; state events are
 /// never dropped or reordered. A subscriber whose unsent bytes pass `clientBufferBytes` is
 /// disconnected (it resumes with `Last-Event-ID`), so a slow reader never holds memory without
-/// bound or slows anyone else.
+/// bound or slows anyone else. What a loop turn publishes is written to each stream at once, at
+/// the turn's end (`flushPending`, from a `LoopCheck`).
 ///
 /// Threading: loop thread only.
 final class EventLog {
@@ -112,6 +113,10 @@ final class EventLog {
         /// Events up to this one it has (`since` may name one not yet published).
         let after: UInt64
         var pending: [UInt8] = []
+        /// Waiting in `dirty` for the end of the loop turn.
+        var isDirty = false
+        /// Its task ended: the stream ends once what is pending is written.
+        var ending = false
 
         init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64) {
             self.reply = reply
@@ -134,6 +139,9 @@ final class EventLog {
     private var ring = Deque<StreamEvent>()
     private var unpublished = Deque<StreamEvent>()
     private var subscribers: [ObjectIdentifier: Subscriber] = [:]
+    /// Subscribers with bytes to write: written once per loop turn (`flushPending`), so a turn
+    /// that publishes many batches costs each stream one write, not one per batch.
+    private var dirty: [Subscriber] = []
     private var keepAlive: ScheduledAction?
     /// Per running task: when its last progress event was numbered, and whether a later one waits.
     private var lastProgress: [ObjectIdentifier: UInt64] = [:]
@@ -256,15 +264,30 @@ final class EventLog {
     }
 
     private func deliver(_ events: some Sequence<StreamEvent>, to subscriber: Subscriber) {
-        var ends = false
+        guard !subscriber.ending else { return }
+        let before = subscriber.pending.count
         for event in events where event.seq > subscriber.after && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
             if let id = subscriber.endsWith, event.kind == .taskState, event.task?.id == id, event.state?.isTerminal == true {
-                ends = true
+                subscriber.ending = true
                 break
             }
         }
-        flush(subscriber, ending: ends)
+        if (subscriber.pending.count > before || subscriber.ending) && !subscriber.isDirty {
+            subscriber.isDirty = true
+            dirty.append(subscriber)
+        }
+    }
+
+    /// Writes what the turn published; called once per loop turn.
+    func flushPending() {
+        guard !dirty.isEmpty else { return }
+        let writing = dirty
+        dirty.removeAll(keepingCapacity: true)
+        for subscriber in writing {
+            subscriber.isDirty = false
+            if subscribers[ObjectIdentifier(subscriber)] != nil { flush(subscriber, ending: subscriber.ending) }
+        }
     }
 
     private func flush(_ subscriber: Subscriber, ending: Bool = false) {
@@ -313,8 +336,10 @@ final class EventLog {
                 let start = ring.count - Int(lastPublished - since)
                 deliver(ring[start...], to: subscriber)
             }
-        } else {
-            flush(subscriber)
+        }
+        if !subscriber.isDirty {
+            subscriber.isDirty = true
+            dirty.append(subscriber)
         }
         scheduleKeepAlive()
     }
@@ -332,11 +357,10 @@ final class EventLog {
         keepAlive?.cancel()
         keepAlive = nil
         let all = Array(subscribers.values)
+        for subscriber in all { flush(subscriber) }
         subscribers.removeAll()
-        for subscriber in all {
-            flush(subscriber)
-            subscriber.reply.responder.finish()
-        }
+        dirty.removeAll()
+        for subscriber in all { subscriber.reply.responder.finish() }
     }
 
     private func scheduleKeepAlive() {

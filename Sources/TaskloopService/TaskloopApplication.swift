@@ -39,6 +39,8 @@ public final class TaskloopApplication {
     private(set) var waiters: TaskWaiters!
     private(set) var leaseCalls: LeaseCalls!
     private(set) var eventLog: EventLog!
+    /// Writes what each loop turn published to the event streams.
+    private var eventWrites: LoopCheck?
     private var router = Router<Route>()
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
@@ -115,6 +117,7 @@ public final class TaskloopApplication {
             durable.eventSequence = { [unowned eventLog] in eventLog.lastAssigned }
         }
         engine.addObserver { [unowned eventLog] events in eventLog.record(events) }
+        eventWrites = try LoopCheck(loop: loop) { [unowned eventLog] in eventLog.flushPending() }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
         router = makeRouter(routes)
@@ -138,6 +141,8 @@ public final class TaskloopApplication {
             idempotency.close()
             durable?.close()
             durable = nil
+            eventWrites?.close()
+            eventWrites = nil
             scheduler.close()
             self.scheduler = nil
             throw error
@@ -228,6 +233,8 @@ public final class TaskloopApplication {
         durable = nil
         finishProcessTrees(execRan: execExecutor != nil, orphanReaper: orphanReaper)
         orphanReaper = nil
+        eventWrites?.close()
+        eventWrites = nil
         scheduler?.close()
         scheduler = nil
         completion()
