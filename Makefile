@@ -53,6 +53,8 @@ bench: bench-deps
 	bash Benchmarks/http/run.sh
 	bash Benchmarks/service/run.sh
 	bash Benchmarks/store/run.sh
+	bash Benchmarks/leases/run.sh
+	bash Benchmarks/events/run.sh
 
 clean:
 	rm -rf .build
