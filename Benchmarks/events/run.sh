@@ -9,11 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 duration=${BENCH_DURATION:-5}
 rounds=${BENCH_ROUNDS:-3}
-swift build -c release --product taskloop >/dev/null
-binary="$(swift build -c release --show-bin-path)/taskloop"
-source scripts/serve-in-background.sh
-trap 'kill -TERM "${serve_in_background_pids[@]}" 2>/dev/null || true' EXIT
-stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
+source Benchmarks/release-server.sh
 
 # Prints: requests/s, server CPU microseconds per request, events delivered (all, slowest, fastest).
 measure() { # subscribers
@@ -26,9 +22,9 @@ measure() { # subscribers
         for _ in $(seq 1 200); do grep -q ready "$events_out" && break; sleep 0.05; done
     fi
     local before after output
-    before=$(awk '{print $14 + $15}' "/proc/$server/stat")
+    before=$(server_cpu_seconds)
     output=$(wrk -t1 -c8 -d"${duration}s" -s Benchmarks/service/noop.lua "$url/tasks")
-    after=$(awk '{print $14 + $15}' "/proc/$server/stat")
+    after=$(server_cpu_seconds)
     local delivered="0 0 0"
     if [ -n "$events_pid" ]; then
         sleep 1 # what is in flight arrives
@@ -40,7 +36,7 @@ measure() { # subscribers
     stop "$server"
     local requests
     requests=$(awk '/requests in/ {print $1}' <<<"$output")
-    echo "$(awk '/Requests\/sec/ {print $2}' <<<"$output") $(python3 -c "print(($after - $before) / $(getconf CLK_TCK) * 1e6 / $requests)") $delivered"
+    echo "$(awk '/Requests\/sec/ {print $2}' <<<"$output") $(python3 -c "print(($after - $before) * 1e6 / $requests)") $delivered"
 }
 
 echo "fan-out: noop submissions (wrk -t1 -c8, ${duration}s) with streams of task.state attached"

@@ -10,13 +10,7 @@ cd "$(dirname "$0")/../.."
 
 duration=${BENCH_DURATION:-5}
 rounds=${BENCH_ROUNDS:-3}
-swift build -c release --product taskloop >/dev/null
-binary="$(swift build -c release --show-bin-path)/taskloop"
-source scripts/serve-in-background.sh
-work=$(mktemp -d)
-trap 'kill -TERM "${serve_in_background_pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
-
-stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
+source Benchmarks/release-server.sh
 
 start() { # mode round
     serve_in_background "$binary" --port 0 --durability "$1" --data-dir "$work/$1-$2" \
@@ -46,14 +40,13 @@ PY
 # shares the machine, so the rate alone also counts what the client's Lua costs).
 rate() { # script
     local output before after
-    before=$(awk '{print $14 + $15}' "/proc/$server/stat")
+    before=$(server_cpu_seconds)
     output=$(wrk -t8 -c8 -d"${duration}s" -s "Benchmarks/leases/$1" "$url")
-    after=$(awk '{print $14 + $15}' "/proc/$server/stat")
+    after=$(server_cpu_seconds)
     if grep -q -e "Non-2xx" -e "unexpected answer" <<<"$output"; then echo "$1: refused requests" >&2; echo "$output" >&2; exit 1; fi
-    local requests ticks
+    local requests
     requests=$(awk '/requests in/ {print $1}' <<<"$output")
-    ticks=$(getconf CLK_TCK)
-    echo "$(awk '/Requests\/sec/ {print $2}' <<<"$output") $(python3 -c "print(($after - $before) / $ticks * 1e6 / $requests)")"
+    echo "$(awk '/Requests\/sec/ {print $2}' <<<"$output") $(python3 -c "print(($after - $before) * 1e6 / $requests)")"
 }
 
 echo "lease + complete cycles vs POST /tasks: wrk -t8 -c8 -d${duration}s, $rounds rounds"

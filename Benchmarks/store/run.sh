@@ -15,13 +15,7 @@ cd "$(dirname "$0")/../.."
 duration=${BENCH_DURATION:-5}
 rounds=${BENCH_ROUNDS:-3}
 restart_tasks=${BENCH_RESTART_TASKS:-200000}
-swift build -c release --product taskloop >/dev/null
-binary="$(swift build -c release --show-bin-path)/taskloop"
-source scripts/serve-in-background.sh
-work=$(mktemp -d)
-trap 'kill -TERM "${serve_in_background_pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
-
-stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
+source Benchmarks/release-server.sh
 
 # Rounds alternate the modes so that drift of the machine hits all three alike; ratios are
 # taken within a round and the median is reported. Two layouts: `pinned` gives the server (loop,
