@@ -318,9 +318,7 @@ final class EventLog {
     /// and everything kept when that is gone, then every new matching event. `snapshot` is
     /// written first (`GET /tasks/{id}/events`).
     func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
-        guard reply.responder.startStream(headers: [
-            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-        ]) else { return }
+        guard reply.responder.startStream(headers: Self.streamHeaders) else { return }
         let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0)
         let key = ObjectIdentifier(subscriber)
         subscribers[key] = subscriber
@@ -346,8 +344,7 @@ final class EventLog {
 
     /// Ends a task stream at once (its task is already terminal).
     func finish(_ reply: Reply, snapshot: [UInt8]) {
-        guard reply.responder.startStream(headers: ["Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"])
-        else { return }
+        guard reply.responder.startStream(headers: Self.streamHeaders) else { return }
         reply.responder.write(Array("retry: \(Self.retryMilliseconds)\n\n".utf8) + snapshot)
         reply.responder.finish()
     }
@@ -377,4 +374,8 @@ final class EventLog {
     }
 
     private static let keepAliveComment: [UInt8] = Array(": keep-alive\n\n".utf8)
+    /// Every stream's head: not cached, and not buffered by a proxy in front (nginx).
+    private static let streamHeaders: HTTPHeaders = [
+        "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+    ]
 }
