@@ -79,6 +79,10 @@ public final class HTTPTransfer {
         let me = Unmanaged.passUnretained(self).toOpaque()
         try Curl.set(easy, CURLOPT_PRIVATE, pointer: me)
         try Curl.set(easy, CURLOPT_NOSIGNAL, 1)
+        // A transfer cancelled while its name is being resolved leaves the resolver thread to
+        // finish by itself; without this curl joins it, blocking the loop for as long as the
+        // DNS lookup takes (10 s against an unanswering resolver).
+        try Curl.set(easy, CURLOPT_QUICK_EXIT, 1)
         try Curl.set(easy, CURLOPT_PROTOCOLS_STR, "http,https")
         try Curl.set(easy, CURLOPT_FOLLOWLOCATION, 0)
         try Curl.set(easy, CURLOPT_CONNECTTIMEOUT_MS, Int(request.connectTimeoutMilliseconds))
