@@ -76,7 +76,8 @@ let package = Package(
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON", "TaskloopStore",
+                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -124,11 +125,13 @@ let package = Package(
         .testTarget(
             name: "TaskloopServiceTests",
             dependencies: [
-                "TaskloopService", "TaskloopLoop", "TaskloopHTTP", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopService", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
                 "TaskloopTestSupport", "TaskloopLoopTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
-            ]
+            ],
+            // Run by the tests as programs of their own (python3).
+            exclude: ["Fixtures"]
         ),
         .testTarget(
             name: "TaskloopEngineTests",

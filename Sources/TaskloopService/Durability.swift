@@ -40,6 +40,8 @@ final class DurableState {
     private var unwrittenWorkflows = Set<TaskID>()
     private var unwrittenQueues = Set<String>()
     private var unwrittenKeys = Set<String>()
+    /// Webhook changes of a failed batch, as they were: merged before the next batch's own.
+    private var unwrittenWebhookChanges = StoreBatch()
     /// The live record of an idempotency key, to write it again after a failed batch.
     var currentKey: ((String) -> IdempotencyRecord?)?
     /// The event stream's last number, kept with each batch so numbers never repeat.
@@ -79,8 +81,25 @@ final class DurableState {
         builder.expire(keys)
     }
 
+    func record(_ webhook: WebhookRecord) {
+        builder.write(webhook)
+    }
+
+    func delete(webhook id: String) {
+        builder.delete(webhook: id)
+    }
+
+    func record(_ delivery: DeliveryRecord) {
+        builder.write(delivery)
+    }
+
+    func delete(deliveries ids: [String]) {
+        builder.delete(deliveries: ids)
+    }
+
     private var hasUnwritten: Bool {
         !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty || !unwrittenKeys.isEmpty
+            || unwrittenWebhookChanges.hasWebhookChanges
     }
 
     /// Runs `action(true)` once every change made so far is committed: at once when nothing is
@@ -123,6 +142,12 @@ final class DurableState {
                 unwrittenQueues.formUnion(batch.forgottenQueues)
                 unwrittenKeys.formUnion(batch.idempotencyKeys.lazy.map(\.key))
                 unwrittenKeys.formUnion(batch.expiredIdempotencyKeys)
+                var webhookChanges = StoreBatch()
+                webhookChanges.webhooks = batch.webhooks
+                webhookChanges.deletedWebhooks = batch.deletedWebhooks
+                webhookChanges.deliveries = batch.deliveries
+                webhookChanges.deletedDeliveries = batch.deletedDeliveries
+                unwrittenWebhookChanges = unwrittenWebhookChanges.merged(with: webhookChanges)
                 failed(error)
             } else if isFailing && !hasUnwritten {
                 isFailing = false
@@ -158,6 +183,8 @@ final class DurableState {
         unwrittenWorkflows.removeAll()
         unwrittenQueues.removeAll()
         unwrittenKeys.removeAll()
+        batch = unwrittenWebhookChanges.merged(with: batch)
+        unwrittenWebhookChanges = StoreBatch()
         return batch
     }
 

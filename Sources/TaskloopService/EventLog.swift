@@ -30,6 +30,7 @@ final class StreamEvent {
     let queue: TaskQueue?
     /// The batch whose commit makes it visible (durable state), or 0.
     let batch: Int
+    private var renderedData: [UInt8]?
     private var rendered: [UInt8]?
 
     init(seq: UInt64, kind: EventKind, time: Int64, task: TaskRecord? = nil, state: TaskState? = nil,
@@ -47,9 +48,10 @@ final class StreamEvent {
     var workflowID: TaskID? { workflow?.id ?? task?.workflow?.id }
     var queueName: String? { queue?.name ?? task?.queue.name }
 
-    /// `id:`, `event:` and `data:` lines and the blank line that ends them.
-    var frame: [UInt8] {
-        if let rendered { return rendered }
+    /// The event's JSON, `{seq, type, time, task | workflow | queue}`: the stream's `data:` line
+    /// and a webhook's `data`.
+    var data: [UInt8] {
+        if let renderedData { return renderedData }
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()
         json.field("seq", Int(seq))
@@ -66,8 +68,15 @@ final class StreamEvent {
             Representation.write(queue, into: &json)
         }
         json.endObject()
+        renderedData = json.bytes
+        return json.bytes
+    }
+
+    /// `id:`, `event:` and `data:` lines and the blank line that ends them.
+    var frame: [UInt8] {
+        if let rendered { return rendered }
         var frame = Array("id: \(seq)\nevent: \(kind.rawValue)\ndata: ".utf8)
-        frame += json.bytes
+        frame += data
         frame += [0x0A, 0x0A]
         rendered = frame
         return frame
@@ -151,6 +160,9 @@ final class EventLog {
     /// With a store: the batch whose commit makes a change made now durable, or nil when it
     /// already is. Without a store (nil) events are published at once.
     var batchOfNextChange: (() -> Int?)?
+    /// Told each event as it is numbered, before it is published (webhooks keep their
+    /// deliveries in the same batch as the change).
+    var onNumbered: ((StreamEvent) -> Void)?
 
     init(after lastSeq: UInt64, capacity: Int, clientBufferBytes: Int, scheduler: EngineScheduler) {
         lastAssigned = lastSeq
@@ -226,6 +238,7 @@ final class EventLog {
 
     private func append(_ event: StreamEvent) {
         unpublished.append(event)
+        onNumbered?(event)
     }
 
     private func progressed(_ task: TaskRecord, now: Int64, batch: Int) {

@@ -34,8 +34,44 @@ public struct ServiceConfiguration: Sendable {
     /// (`--event-client-buffer-bytes`); it resumes with `Last-Event-ID`.
     public var eventClientBufferBytes = 4 * 1024 * 1024
 
+    public var webhooks = WebhookSettings()
+
     /// Where the logger's lines go, for the count of dropped lines in the metrics.
     public var logSink: LogSink?
 
     public init() {}
+}
+
+/// How webhooks deliver (`--webhook-*`, `--max-webhooks`).
+public struct WebhookSettings: Sendable, Equatable {
+    /// Waits before each retry after a failed attempt; when they run out the delivery fails.
+    public var retrySchedule: [UInt64] = [5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000]
+    /// One attempt's limit, connecting included.
+    public var attemptTimeoutMilliseconds: UInt64 = 15_000
+    /// Attempts in flight to one webhook at a time; the rest wait their turn.
+    public var maxInFlight = 4
+    /// Deliveries not yet finished per webhook; events past it are recorded as failed
+    /// (`backlog_full`) instead of piling up behind a receiver that is down.
+    public var maxPending = 10_000
+    /// Finished deliveries kept per webhook for `GET /webhooks/{id}/deliveries`.
+    public var deliveryLog = 1_000
+    public var maxWebhooks = 100
+
+    public init() {}
+
+    /// `5s,5m,30m,2h`: each a whole number with a unit of ms, s, m or h, at most a week; the
+    /// empty text is no retries. Nil if it is not such a list.
+    public static func parseSchedule(_ text: String) -> [UInt64]? {
+        guard !text.isEmpty else { return [] }
+        let units: [(suffix: String, scale: UInt64)] = [("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)]
+        var schedule: [UInt64] = []
+        for item in text.split(separator: ",", omittingEmptySubsequences: false) {
+            let digits = item.prefix { $0.isASCII && $0.isNumber }
+            guard !digits.isEmpty, digits.count <= 12, let count = UInt64(digits),
+                  let unit = units.first(where: { $0.suffix == item.dropFirst(digits.count) }),
+                  count * unit.scale <= 7 * 86_400_000 else { return nil }
+            schedule.append(count * unit.scale)
+        }
+        return schedule.count <= 100 ? schedule : nil
+    }
 }

@@ -29,6 +29,9 @@ final class ServiceMetrics {
     private let waiting: Gauge
     private let transfers: Gauge
     private let eventStreams: Gauge
+    private let webhookPending: Gauge
+    /// Attempts by outcome, and how many of them the counter has been told.
+    private var webhookAttempts: [String: (counter: Counter, counted: Int)] = [:]
     private let droppedLogLines: Counter
     private var droppedLogLinesCounted = 0
     private var leaseCollectors: [String: LeaseCollectors] = [:]
@@ -92,6 +95,14 @@ final class ServiceMetrics {
         waiting = registry.makeGauge(descriptor: Self.name("http_long_polls", "", "GET /tasks/{id}?wait= requests waiting now."))
         transfers = registry.makeGauge(descriptor: Self.name("http_task_transfers", "", "Requests of http tasks in flight now."))
         eventStreams = registry.makeGauge(descriptor: Self.name("event_streams", "", "Event streams (GET /events, GET /tasks/{id}/events) open now."))
+        webhookPending = registry.makeGauge(descriptor: Self.name(
+            "webhook_deliveries_pending", "", "Webhook deliveries not yet delivered or given up."))
+        for outcome in ["delivered", "failed", "retrying"] {
+            webhookAttempts[outcome] = (registry.makeCounter(
+                descriptor: Self.name("webhook_attempts", "total",
+                                      "Webhook delivery attempts (and deliveries given up unsent) by outcome."),
+                labels: [("outcome", outcome)]), 0)
+        }
         droppedLogLines = registry.makeCounter(descriptor: Self.name(
             "log_lines_dropped", "total", "Log lines dropped because standard error's reader was too slow."))
         leaseLatency = registry.makeValueHistogram(
@@ -251,7 +262,7 @@ final class ServiceMetrics {
 
     /// The text exposition, with the state gauges brought up to date first.
     func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
-                droppedLogLines dropped: Int) -> [UInt8] {
+                webhooks: Webhooks, droppedLogLines dropped: Int) -> [UInt8] {
         for (name, queue) in engine.queues {
             let gauges = taskGauges[name] ?? TaskState.allCases.map { state in
                 registry.makeGauge(
@@ -270,6 +281,12 @@ final class ServiceMetrics {
         waiting.set(Double(longPolls))
         transfers.set(Double(activeTransfers))
         eventStreams.set(Double(streams))
+        webhookPending.set(Double(webhooks.pendingCount))
+        for (outcome, count) in webhooks.attempts {
+            guard let collector = webhookAttempts[outcome], count > collector.counted else { continue }
+            collector.counter.increment(by: Int64(count - collector.counted))
+            webhookAttempts[outcome]?.counted = count
+        }
         if dropped > droppedLogLinesCounted {
             droppedLogLines.increment(by: Int64(dropped - droppedLogLinesCounted))
             droppedLogLinesCounted = dropped

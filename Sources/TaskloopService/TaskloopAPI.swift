@@ -112,6 +112,13 @@ extension TaskloopApplication {
                 reply.send(.json(.ok, Representation.queue(try existingQueue(request))))
             },
             Route(.PATCH, "/queues/{name}", [200, 415, 422]) { [unowned self] request, reply in try updateQueue(request, reply) },
+            Route(.POST, "/webhooks", [201, 409, 415, 422]) { [unowned self] request, reply in try createWebhook(request, reply) },
+            Route(.GET, "/webhooks", [200]) { [unowned self] request, reply in try listWebhooks(request, reply) },
+            Route(.GET, "/webhooks/{id}", [200, 404]) { [unowned self] request, reply in try getWebhook(request, reply) },
+            Route(.DELETE, "/webhooks/{id}", [200, 404]) { [unowned self] request, reply in try deleteWebhook(request, reply) },
+            Route(.GET, "/webhooks/{id}/deliveries", [200, 400, 404]) { [unowned self] request, reply in
+                try listDeliveries(request, reply)
+            },
             Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
                 try lease(request, reply)
             },

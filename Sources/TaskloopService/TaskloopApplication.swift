@@ -39,6 +39,7 @@ public final class TaskloopApplication {
     private(set) var waiters: TaskWaiters!
     private(set) var leaseCalls: LeaseCalls!
     private(set) var eventLog: EventLog!
+    private(set) var webhooks: Webhooks!
     /// Writes what each loop turn published to the event streams.
     private var eventWrites: LoopCheck?
     private var router = Router<Route>()
@@ -87,11 +88,10 @@ public final class TaskloopApplication {
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
         leaseCalls = LeaseCalls(engine: engine, scheduler: scheduler) { [unowned self] in metrics }
-        var restoredKeys: [IdempotencyRecord] = []
-        var restoredEventSequence: UInt64 = 0
+        var restored = StoredState()
         if configuration.durability != .memory {
             do {
-                (restoredKeys, restoredEventSequence) = try openStore(engine: engine, scheduler: scheduler)
+                restored = try openStore(engine: engine, scheduler: scheduler)
             } catch {
                 httpClient.close()
                 scheduler.close()
@@ -100,7 +100,7 @@ public final class TaskloopApplication {
             }
         }
         let idempotency = IdempotencyKeys(ttlMilliseconds: configuration.idempotencyTTLMilliseconds, scheduler: scheduler,
-                                          restored: restoredKeys)
+                                          restored: restored.idempotencyKeys)
         idempotency.onExpire = { [unowned self] keys in durable?.expire(keys) }
         durable?.currentKey = { [unowned idempotency] key in idempotency.record(for: key) }
         idempotency.start()
@@ -108,12 +108,20 @@ public final class TaskloopApplication {
         engine.addObserver { [unowned self] events in settled(events) }
         // Numbered after the store has the batch (the observer above it), so each event knows
         // the commit it waits for.
-        let eventLog = EventLog(after: restoredEventSequence, capacity: configuration.eventBufferSize,
+        let eventLog = EventLog(after: restored.eventSequence, capacity: configuration.eventBufferSize,
                                 clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
         self.eventLog = eventLog
+        let webhooks = Webhooks(client: httpClient, scheduler: scheduler, settings: configuration.webhooks, durable: durable,
+                                logger: logger)
+        self.webhooks = webhooks
+        webhooks.restore(restored.webhooks, restored.deliveries)
+        eventLog.onNumbered = { [unowned webhooks] event in webhooks.numbered(event) }
         if let durable {
             eventLog.batchOfNextChange = { [unowned durable] in durable.pendingBatch }
-            durable.onCommitted = { [unowned eventLog] number in eventLog.committed(through: number) }
+            durable.onCommitted = { [unowned eventLog, unowned webhooks] number in
+                eventLog.committed(through: number)
+                webhooks.committed(through: number)
+            }
             durable.eventSequence = { [unowned eventLog] in eventLog.lastAssigned }
         }
         engine.addObserver { [unowned eventLog] events in eventLog.record(events) }
@@ -135,6 +143,7 @@ public final class TaskloopApplication {
         } catch {
             orphanReaper?.close()
             orphanReaper = nil
+            webhooks.close()
             httpClient.close()
             // The store's threads end before anything they point at goes away (a port in use
             // crashed the exit now and then when they outlived the application).
@@ -192,7 +201,7 @@ public final class TaskloopApplication {
 
     /// Opens the data dir (its lock, schema, rows), rebuilds the engine from it, and starts
     /// group commit; what the rebuild changed (interrupted attempts) is its first batch.
-    private func openStore(engine: Engine, scheduler: LoopScheduler) throws -> (keys: [IdempotencyRecord], eventSequence: UInt64) {
+    private func openStore(engine: Engine, scheduler: LoopScheduler) throws -> StoredState {
         let loop = self.loop
         let store = try SQLiteTaskStore(
             dataDirectory: configuration.dataDirectory, syncLevel: configuration.durability == .full ? .full : .normal
@@ -205,7 +214,7 @@ public final class TaskloopApplication {
             throw error
         }
         engine.addObserver { events in durable.record(events) }
-        let loaded = store.takeLoaded()
+        var loaded = store.takeLoaded()
         do {
             try engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks)
         } catch {
@@ -216,7 +225,9 @@ public final class TaskloopApplication {
         logger.info("restored from \(configuration.dataDirectory)", metadata: [
             "tasks": "\(loaded.tasks.count)", "unfinished": "\(engine.unfinishedCount)", "durability": "\(configuration.durability)",
         ])
-        return (loaded.idempotencyKeys, loaded.eventSequence)
+        // The rest is small; the tasks now live in the engine.
+        loaded.tasks = []
+        return loaded
     }
 
     private func finishStopping() {
@@ -224,7 +235,9 @@ public final class TaskloopApplication {
               let completion = stopCompletion else { return }
         stopCompletion = nil
         server = nil
-        // Cancelling removed every transfer; this frees curl's connection cache and handles.
+        // Webhook attempts end unrecorded (they are made again after a restart), then cancelling
+        // has removed every transfer; this frees curl's connection cache and handles.
+        webhooks?.close()
         httpClient?.close()
         httpClient = nil
         // What the last turns changed is written before the process may end.
@@ -312,7 +325,7 @@ public final class TaskloopApplication {
 
     func renderMetrics() -> [UInt8] {
         metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count,
-                       transfers: activeTransfers, eventStreams: eventLog.subscriberCount,
+                       transfers: activeTransfers, eventStreams: eventLog.subscriberCount, webhooks: webhooks,
                        droppedLogLines: configuration.logSink?.dropped ?? 0)
     }
 

@@ -138,11 +138,82 @@ public final class SQLiteTaskStore: TaskStore {
             let delete = try database.statement("DELETE FROM idempotency_keys WHERE key = ?")
             for key in batch.expiredIdempotencyKeys { try delete.bind(1, key).run() }
         }
+        if batch.hasWebhookChanges { try applyWebhookChanges(batch, to: database) }
         if let sequence = batch.eventSequence {
             try database.statement("""
                 INSERT INTO meta (name, value) VALUES ('event_seq', ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value
                 """).bind(1, Int64(bitPattern: sequence)).run()
         }
+    }
+
+    /// Deliveries are written before webhooks are deleted, so a webhook deleted in the same
+    /// batch takes its deliveries with it.
+    private static func applyWebhookChanges(_ batch: StoreBatch, to database: SQLiteDatabase) throws(SQLiteError) {
+        if !batch.webhooks.isEmpty {
+            let upsert = try database.statement("""
+                INSERT OR REPLACE INTO webhooks (id, url, events, queue, workflow, enabled, created_at, secret)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """)
+            for webhook in batch.webhooks {
+                try upsert.bind(1, webhook.id).bind(2, webhook.url).bind(3, webhook.events.joined(separator: ","))
+                    .bind(4, webhook.queue).bind(5, webhook.workflow).bind(6, Int64(webhook.enabled ? 1 : 0))
+                    .bind(7, webhook.createdAt).bind(8, webhook.secret).run()
+            }
+        }
+        if !batch.deliveries.isEmpty {
+            let upsert = try database.statement("""
+                INSERT OR REPLACE INTO webhook_deliveries (id, webhook, event_seq, type, body, attempt, state, status_code, error,
+                    duration_ms, attempted_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """)
+            for delivery in batch.deliveries {
+                try upsert.bind(1, delivery.id).bind(2, delivery.webhook).bind(3, Int64(bitPattern: delivery.eventSeq))
+                    .bind(4, delivery.type).bind(5, bytes: delivery.body).bind(6, Int64(delivery.attempt))
+                    .bind(7, delivery.state.rawValue).bind(8, delivery.statusCode.map(Int64.init)).bind(9, delivery.error)
+                    .bind(10, delivery.durationMilliseconds).bind(11, delivery.attemptedAt).bind(12, delivery.nextAttemptAt).run()
+            }
+        }
+        if !batch.deletedDeliveries.isEmpty {
+            let delete = try database.statement("DELETE FROM webhook_deliveries WHERE id = ?")
+            for id in batch.deletedDeliveries { try delete.bind(1, id).run() }
+        }
+        if !batch.deletedWebhooks.isEmpty {
+            let deleteDeliveries = try database.statement("DELETE FROM webhook_deliveries WHERE webhook = ?")
+            let delete = try database.statement("DELETE FROM webhooks WHERE id = ?")
+            for id in batch.deletedWebhooks {
+                try deleteDeliveries.bind(1, id).run()
+                try delete.bind(1, id).run()
+            }
+        }
+    }
+
+    private static func loadWebhooks(_ database: SQLiteDatabase, into state: inout StoredState) throws {
+        let webhooks = try database.statement(
+            "SELECT id, url, events, queue, workflow, enabled, created_at, secret FROM webhooks ORDER BY created_at, id")
+        while try webhooks.step() {
+            state.webhooks.append(WebhookRecord(
+                id: webhooks.string(0) ?? "", url: webhooks.string(1) ?? "",
+                events: (webhooks.string(2) ?? "").split(separator: ",").map(String.init),
+                queue: webhooks.string(3), workflow: webhooks.string(4), enabled: webhooks.int64(5) != 0,
+                createdAt: webhooks.int64(6), secret: webhooks.string(7) ?? ""))
+        }
+        webhooks.reset()
+        let deliveries = try database.statement("""
+            SELECT id, webhook, event_seq, type, body, attempt, state, status_code, error, duration_ms, attempted_at,
+                next_attempt_at FROM webhook_deliveries ORDER BY event_seq
+            """)
+        while try deliveries.step() {
+            guard let deliveryState = DeliveryState(rawValue: deliveries.string(6) ?? "") else {
+                throw RecordDecodingError(table: "webhook_deliveries", reason: "delivery \(deliveries.string(0) ?? "") has an unknown state")
+            }
+            func optional(_ column: Int32) -> Int64? { deliveries.isNull(column) ? nil : deliveries.int64(column) }
+            state.deliveries.append(DeliveryRecord(
+                id: deliveries.string(0) ?? "", webhook: deliveries.string(1) ?? "",
+                eventSeq: UInt64(bitPattern: deliveries.int64(2)), type: deliveries.string(3) ?? "", body: deliveries.bytes(4),
+                attempt: Int(deliveries.int64(5)), state: deliveryState, statusCode: optional(7).map { Int($0) },
+                error: deliveries.string(8), durationMilliseconds: optional(9), attemptedAt: optional(10),
+                nextAttemptAt: optional(11)))
+        }
+        deliveries.reset()
     }
 
     /// `numbers` as the fewest closed ranges that cover exactly them.
@@ -186,6 +257,7 @@ public final class SQLiteTaskStore: TaskStore {
                 resource: keys.string(3) ?? "", expiresAt: keys.int64(4)))
         }
         keys.reset()
+        try loadWebhooks(database, into: &state)
         state.eventSequence = UInt64(bitPattern: try database.integer("SELECT value FROM meta WHERE name = 'event_seq'") ?? 0)
         // In key order, which is submission order, as `Engine.restore` wants them.
         let tasks = try database.statement("SELECT sequence, record FROM tasks")

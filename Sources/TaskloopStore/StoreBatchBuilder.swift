@@ -18,12 +18,38 @@ public struct StoreBatchBuilder {
     private var forgottenQueues: [String] = []
     private var idempotencyKeys: [IdempotencyRecord] = []
     private var expiredIdempotencyKeys: [String] = []
+    /// Webhooks and deliveries as the turn left them (the latest write of each wins).
+    private var webhooks: [String: WebhookRecord] = [:]
+    private var deletedWebhooks: [String] = []
+    private var deliveries: [String: DeliveryRecord] = [:]
+    private var deletedDeliveries: [String] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty
-            && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty
+            && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty && webhooks.isEmpty && deletedWebhooks.isEmpty
+            && deliveries.isEmpty && deletedDeliveries.isEmpty
+    }
+
+    public mutating func write(_ webhook: WebhookRecord) {
+        webhooks[webhook.id] = webhook
+    }
+
+    /// The webhook and every delivery of it go.
+    public mutating func delete(webhook id: String) {
+        webhooks.removeValue(forKey: id)
+        deliveries = deliveries.filter { $0.value.webhook != id }
+        deletedWebhooks.append(id)
+    }
+
+    public mutating func write(_ delivery: DeliveryRecord) {
+        deliveries[delivery.id] = delivery
+    }
+
+    public mutating func delete(deliveries ids: [String]) {
+        for id in ids { deliveries.removeValue(forKey: id) }
+        deletedDeliveries += ids
     }
 
     /// A key used for the first time: written in the same transaction as what it created.
@@ -80,6 +106,10 @@ public struct StoreBatchBuilder {
         batch.forgottenQueues = forgottenQueues
         batch.idempotencyKeys = idempotencyKeys
         batch.expiredIdempotencyKeys = expiredIdempotencyKeys
+        batch.webhooks = Array(webhooks.values)
+        batch.deletedWebhooks = deletedWebhooks
+        batch.deliveries = Array(deliveries.values)
+        batch.deletedDeliveries = deletedDeliveries
         self = StoreBatchBuilder()
         return batch
     }

@@ -62,6 +62,35 @@ public enum StoreSchema {
         { database in
             try database.execute("ALTER TABLE queues ADD COLUMN dispatch TEXT NOT NULL DEFAULT 'server'")
         },
+        // 4: webhooks and their deliveries: pending ones (with the body every attempt sends) and
+        // each webhook's log of finished ones.
+        { database in try database.execute("""
+        CREATE TABLE webhooks (
+            id TEXT PRIMARY KEY,
+            url TEXT NOT NULL,
+            events TEXT NOT NULL,
+            queue TEXT,
+            workflow TEXT,
+            enabled INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            secret TEXT NOT NULL
+        ) WITHOUT ROWID;
+        CREATE TABLE webhook_deliveries (
+            id TEXT PRIMARY KEY,
+            webhook TEXT NOT NULL,
+            event_seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            body BLOB NOT NULL,
+            attempt INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            status_code INTEGER,
+            error TEXT,
+            duration_ms INTEGER,
+            attempted_at INTEGER,
+            next_attempt_at INTEGER
+        ) WITHOUT ROWID;
+        CREATE INDEX webhook_deliveries_by_webhook ON webhook_deliveries (webhook);
+        """) },
     ]
 
     /// The version this server writes.

@@ -46,6 +46,12 @@ public struct StoreBatch: Sendable {
     public var forgottenQueues: [String] = []
     public var idempotencyKeys: [IdempotencyRecord] = []
     public var expiredIdempotencyKeys: [String] = []
+    public var webhooks: [WebhookRecord] = []
+    /// Deleting a webhook deletes its deliveries too.
+    public var deletedWebhooks: [String] = []
+    public var deliveries: [DeliveryRecord] = []
+    /// Finished deliveries pushed out of their webhook's log.
+    public var deletedDeliveries: [String] = []
     /// The event stream's last number when the batch was made: numbers go on after a restart.
     public var eventSequence: UInt64?
 
@@ -53,7 +59,11 @@ public struct StoreBatch: Sendable {
 
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
-            && forgottenQueues.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty
+            && forgottenQueues.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty && !hasWebhookChanges
+    }
+
+    public var hasWebhookChanges: Bool {
+        !webhooks.isEmpty || !deletedWebhooks.isEmpty || !deliveries.isEmpty || !deletedDeliveries.isEmpty
     }
 
     /// This batch followed by `later` as one: what `later` writes or deletes wins. A batch that
@@ -67,6 +77,12 @@ public struct StoreBatch: Sendable {
             (queues, forgottenQueues), (later.queues, later.forgottenQueues), key: \.name)
         (result.idempotencyKeys, result.expiredIdempotencyKeys) = Self.merge(
             (idempotencyKeys, expiredIdempotencyKeys), (later.idempotencyKeys, later.expiredIdempotencyKeys), key: \.key)
+        (result.webhooks, result.deletedWebhooks) = Self.merge(
+            (webhooks, deletedWebhooks), (later.webhooks, later.deletedWebhooks), key: \.id)
+        let deletedLater = Set(later.deletedWebhooks)
+        (result.deliveries, result.deletedDeliveries) = Self.merge(
+            (deliveries.filter { !deletedLater.contains($0.webhook) }, deletedDeliveries),
+            (later.deliveries, later.deletedDeliveries), key: \.id)
         result.eventSequence = [eventSequence, later.eventSequence].compactMap { $0 }.max()
         return result
     }
@@ -89,6 +105,9 @@ public struct StoredState: Sendable {
     public var workflows: [WorkflowSnapshot] = []
     public var tasks: [TaskSnapshot] = []
     public var idempotencyKeys: [IdempotencyRecord] = []
+    public var webhooks: [WebhookRecord] = []
+    /// Every delivery kept, pending and finished, in event order.
+    public var deliveries: [DeliveryRecord] = []
     /// The event stream's last number before the restart (0 for a new database).
     public var eventSequence: UInt64 = 0
 

@@ -106,6 +106,24 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Unsent bytes past which an event stream's reader is disconnected (it resumes), 65536...1073741824. [env: TASKLOOP_EVENT_CLIENT_BUFFER_BYTES]")
     var eventClientBufferBytes: Int = Environment.int("EVENT_CLIENT_BUFFER_BYTES") ?? 4 * 1024 * 1024
 
+    @Option(help: "Waits before each retry of a failed webhook delivery, comma-separated, each a whole number with ms, s, m or h (at most 7 days, at most 100 of them; empty: no retries). [env: TASKLOOP_WEBHOOK_RETRY_SCHEDULE]")
+    var webhookRetrySchedule: String = Environment.string("WEBHOOK_RETRY_SCHEDULE") ?? "5s,5m,30m,2h,5h,10h,10h"
+
+    @Option(help: "Longest one webhook delivery attempt may take, connecting included, 1...300 seconds. [env: TASKLOOP_WEBHOOK_TIMEOUT_SECONDS]")
+    var webhookTimeoutSeconds: Double = Environment.double("WEBHOOK_TIMEOUT_SECONDS") ?? 15
+
+    @Option(help: "Delivery attempts in flight to one webhook at a time, 1...1000. [env: TASKLOOP_WEBHOOK_MAX_IN_FLIGHT]")
+    var webhookMaxInFlight: Int = Environment.int("WEBHOOK_MAX_IN_FLIGHT") ?? 4
+
+    @Option(help: "Unfinished deliveries per webhook; later events are logged as failed (backlog_full), 1...1000000. [env: TASKLOOP_WEBHOOK_MAX_PENDING]")
+    var webhookMaxPending: Int = Environment.int("WEBHOOK_MAX_PENDING") ?? 10_000
+
+    @Option(help: "Finished deliveries kept per webhook for its delivery log, 1...100000. [env: TASKLOOP_WEBHOOK_DELIVERY_LOG]")
+    var webhookDeliveryLog: Int = Environment.int("WEBHOOK_DELIVERY_LOG") ?? 1_000
+
+    @Option(help: "Most webhooks the server keeps, 0...10000. [env: TASKLOOP_MAX_WEBHOOKS]")
+    var maxWebhooks: Int = Environment.int("MAX_WEBHOOKS") ?? 100
+
     @Option(help: "trace, debug, info, notice, warning, error or critical. [env: TASKLOOP_LOG_LEVEL]")
     var logLevel: String = Environment.string("LOG_LEVEL") ?? "info"
 
@@ -155,6 +173,14 @@ struct Taskloop: ParsableCommand {
         guard (65_536...1 << 30).contains(eventClientBufferBytes) else {
             throw ValidationError("--event-client-buffer-bytes must be 65536...1073741824")
         }
+        guard WebhookSettings.parseSchedule(webhookRetrySchedule) != nil else {
+            throw ValidationError("--webhook-retry-schedule must be durations like 5s,5m,30m,2h (units ms, s, m, h; each at most 7 days)")
+        }
+        guard (1...300).contains(webhookTimeoutSeconds) else { throw ValidationError("--webhook-timeout-seconds must be 1...300") }
+        guard (1...1_000).contains(webhookMaxInFlight) else { throw ValidationError("--webhook-max-in-flight must be 1...1000") }
+        guard (1...1_000_000).contains(webhookMaxPending) else { throw ValidationError("--webhook-max-pending must be 1...1000000") }
+        guard (1...100_000).contains(webhookDeliveryLog) else { throw ValidationError("--webhook-delivery-log must be 1...100000") }
+        guard (0...10_000).contains(maxWebhooks) else { throw ValidationError("--max-webhooks must be 0...10000") }
         guard (4_096...1 << 30).contains(logBufferBytes) else { throw ValidationError("--log-buffer-bytes must be 4096...1073741824") }
         if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
             throw ValidationError("--auth-token must be printable ASCII without spaces")
@@ -198,6 +224,12 @@ struct Taskloop: ParsableCommand {
         configuration.maxLeaseWaitMilliseconds = UInt64(maxLeaseWaitSeconds * 1_000)
         configuration.eventBufferSize = eventBuffer
         configuration.eventClientBufferBytes = eventClientBufferBytes
+        configuration.webhooks.retrySchedule = WebhookSettings.parseSchedule(webhookRetrySchedule)!
+        configuration.webhooks.attemptTimeoutMilliseconds = UInt64(webhookTimeoutSeconds * 1_000)
+        configuration.webhooks.maxInFlight = webhookMaxInFlight
+        configuration.webhooks.maxPending = webhookMaxPending
+        configuration.webhooks.deliveryLog = webhookDeliveryLog
+        configuration.webhooks.maxWebhooks = maxWebhooks
 
         let level = Logger.Level(rawValue: logLevel)!
         let format = LogFormat(rawValue: logFormat)!

@@ -136,6 +136,43 @@ import TaskloopTestSupport
         #expect(restarted.everything().map(\.name) == (90..<100).map { "t\($0)" })
     }
 
+    /// Webhooks and deliveries come back as written; deleting a webhook takes its deliveries.
+    @Test func webhooksAndDeliveriesSurviveARestart() throws {
+        let durable = try Durable()
+        defer { try? FileManager.default.removeItem(atPath: durable.path) }
+        let kept = WebhookRecord(id: "wh_a", url: "https://example.com/a", events: ["task.state", "task.created"], queue: "q",
+                                 workflow: nil, enabled: false, createdAt: 5, secret: "whsec_AAAA")
+        let dropped = WebhookRecord(id: "wh_b", url: "https://example.com/b", events: ["queue.updated"], queue: nil,
+                                    workflow: "W", enabled: true, createdAt: 6, secret: "whsec_BBBB")
+        let pending = DeliveryRecord(id: "msg_1", webhook: "wh_a", eventSeq: 7, type: "task.state", body: Array("{}".utf8),
+                                     attempt: 2, statusCode: 500, error: nil, durationMilliseconds: 12, attemptedAt: 100,
+                                     nextAttemptAt: 200)
+        let finished = DeliveryRecord(id: "msg_2", webhook: "wh_a", eventSeq: 3, type: "task.created", body: [], attempt: 1,
+                                      state: .delivered, statusCode: 204)
+        let pushedOut = DeliveryRecord(id: "msg_3", webhook: "wh_a", eventSeq: 1, type: "task.created", body: [], state: .failed,
+                                       error: "backlog_full")
+        let ofDropped = DeliveryRecord(id: "msg_4", webhook: "wh_b", eventSeq: 2, type: "queue.updated", body: [1])
+        var first = StoreBatch()
+        first.webhooks = [kept, dropped]
+        first.deliveries = [pending, finished, pushedOut, ofDropped]
+        var second = StoreBatch()
+        second.deletedWebhooks = ["wh_b"]
+        second.deletedDeliveries = ["msg_3"]
+        for batch in [first, second] {
+            durable.store!.write(batch) { result in #expect((try? result.get()) != nil) }
+        }
+        let restarted = try durable.restart()
+        let database = try SQLiteDatabase(path: durable.path + "/taskloop.db", mode: .readOnly)
+        #expect(try database.integer("SELECT count(*) FROM webhook_deliveries") == 2)
+        restarted.store?.close()
+        restarted.store = nil
+        let loaded = try SQLiteTaskStore(dataDirectory: durable.path, syncLevel: .normal) { $0() }
+        defer { loaded.close() }
+        let state = loaded.takeLoaded()
+        #expect(state.webhooks == [kept])
+        #expect(state.deliveries == [finished, pending], "in event order")
+    }
+
     @Test func aRowThisServerCannotReadStopsTheOpen() throws {
         let durable = try Durable()
         defer { try? FileManager.default.removeItem(atPath: durable.path) }
@@ -172,5 +209,17 @@ import TaskloopTestSupport
         #expect(merged.forgottenQueues == ["c", "a"])
         #expect(merged.idempotencyKeys.isEmpty && merged.expiredIdempotencyKeys == ["k"])
         #expect(StoreBatch().merged(with: StoreBatch()).isEmpty)
+    }
+
+    /// A webhook deleted later takes the earlier batch's writes of its deliveries with it.
+    @Test func aDeletedWebhookDropsItsEarlierDeliveries() {
+        var earlier = StoreBatch()
+        earlier.deliveries = [DeliveryRecord(id: "msg_1", webhook: "wh_a", eventSeq: 1, type: "task.state", body: []),
+                              DeliveryRecord(id: "msg_2", webhook: "wh_b", eventSeq: 1, type: "task.state", body: [])]
+        var later = StoreBatch()
+        later.deletedWebhooks = ["wh_a"]
+        let merged = earlier.merged(with: later)
+        #expect(merged.deliveries.map(\.id) == ["msg_2"])
+        #expect(merged.deletedWebhooks == ["wh_a"] && merged.hasWebhookChanges)
     }
 }

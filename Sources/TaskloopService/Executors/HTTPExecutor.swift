@@ -1,4 +1,5 @@
 import Glibc
+import TaskloopBytes
 import TaskloopEngine
 import TaskloopHTTPClient
 import TaskloopJSON
@@ -45,19 +46,10 @@ final class HTTPExecutor: TaskExecutor {
         guard let text = object["url"]?.stringValue else {
             throw EngineError(.invalid, "url is required: an absolute http or https URL.", field: "url")
         }
-        guard isDocumentedURL(text) else {
-            throw EngineError(.invalid, "url must be an absolute http or https URL of at most 8192 characters, without user "
-                + "information, with its path, query and fragment in printable ASCII (percent-encode the rest).", field: "url")
-        }
         let url: HTTPURL
-        do {
-            url = try HTTPURL(text)
-        } catch {
-            throw EngineError(.invalid, "url \(error.message)", field: "url")
-        }
-        guard policy.allows(url) else {
-            throw EngineError(.invalid, "url: this server only fetches from its allowed hosts (--http-allow-hosts); \(url.host) is not one.",
-                              field: "url")
+        switch checkedURL(text, policy: policy) {
+        case .success(let checked): url = checked
+        case .failure(let problem): throw EngineError(.invalid, "url \(problem.message)", field: "url")
         }
         var request = HTTPClientRequest(method: method, url: url)
         var hasContentType = false
@@ -123,6 +115,31 @@ final class HTTPExecutor: TaskExecutor {
             request.connectTimeoutMilliseconds = UInt64(milliseconds)
         }
         return Params(request: request, expectStatus: expectStatus)
+    }
+
+    struct URLProblem: Error {
+        /// Completes a sentence that starts with the field's name.
+        let message: String
+    }
+
+    /// An absolute http(s) URL that the host policy lets the server reach (webhook URLs obey
+    /// the same rules).
+    static func checkedURL(_ text: String, policy: HostPolicy) -> Result<HTTPURL, URLProblem> {
+        guard isDocumentedURL(text) else {
+            return .failure(URLProblem(message: "must be an absolute http or https URL of at most 8192 characters, without user "
+                + "information, with its path, query and fragment in printable ASCII (percent-encode the rest)."))
+        }
+        let url: HTTPURL
+        do {
+            url = try HTTPURL(text)
+        } catch {
+            return .failure(URLProblem(message: error.message))
+        }
+        guard policy.allows(url) else {
+            return .failure(URLProblem(message: "is not allowed: this server only connects to its allowed hosts (--http-allow-hosts); "
+                + "\(url.host) is not one."))
+        }
+        return .success(url)
     }
 
     private static func isToken(_ name: String) -> Bool {
@@ -318,7 +335,7 @@ private final class HTTPAttempt {
         return [
             "status": .int(Int64(response.status)), "headers": .object(headers),
             "body": .string(body), "body_encoding": .string(encoding),
-            "bytes": .int(response.bytes), "sha256": .string(hex(response.sha256)), "truncated": .bool(response.truncated),
+            "bytes": .int(response.bytes), "sha256": .string(Hex.encode(response.sha256)), "truncated": .bool(response.truncated),
             "duration_ms": .int(Int64(response.durationMilliseconds)),
             "url": .string(response.url.text), "redirects": .int(Int64(response.redirects)),
         ]
@@ -330,28 +347,7 @@ private final class HTTPAttempt {
         for cut in 0...(truncated ? min(3, bytes.count) : 0) {
             if let text = String(validating: bytes[..<(bytes.count - cut)], as: UTF8.self) { return (text, "utf8") }
         }
-        return (base64(bytes), "base64")
-    }
-
-    static func base64(_ bytes: [UInt8]) -> String {
-        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
-        var output: [UInt8] = []
-        output.reserveCapacity((bytes.count + 2) / 3 * 4)
-        var index = 0
-        while index < bytes.count {
-            let chunk = bytes[index..<min(index + 3, bytes.count)]
-            let value = chunk.enumerated().reduce(UInt32(0)) { $0 | UInt32($1.element) << (16 - 8 * UInt32($1.offset)) }
-            for position in 0..<4 {
-                output.append(position <= chunk.count ? alphabet[Int(value >> (18 - 6 * UInt32(position)) & 63)] : UInt8(ascii: "="))
-            }
-            index += 3
-        }
-        return String(decoding: output, as: UTF8.self)
-    }
-
-    static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        return String(decoding: bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] }, as: UTF8.self)
+        return (Base64.encode(bytes), "base64")
     }
 
     /// Decimal units, one decimal: "512 B", "1.2 MB".

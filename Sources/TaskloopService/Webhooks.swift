@@ -1,0 +1,381 @@
+import Crypto
+import DequeModule
+import Glibc
+import Logging
+import TaskloopBytes
+import TaskloopEngine
+import TaskloopHTTPClient
+import TaskloopJSON
+import TaskloopStore
+
+/// Webhooks (contract: "Webhooks"): each event the stream numbers becomes a delivery to every
+/// enabled webhook it matches, signed as Standard Webhooks 1.0 says and POSTed through the
+/// `http` tasks' client (so the same address policy holds).
+///
+/// Durable like the change it announces: a delivery is written in the same batch as its change
+/// (a transactional outbox), so a change that commits cannot lose its deliveries, and one is
+/// first attempted only after that commit. Every attempt's outcome is written too, so after a
+/// restart pending deliveries resume where their schedule was (at least once: an attempt the
+/// crash cut short is made again).
+///
+/// A receiver that is slow or down holds only its own webhook's slots: at most `maxInFlight`
+/// attempts per webhook, each cut at the attempt timeout; the rest wait in order, retries on
+/// their schedule. A webhook whose backlog reaches `maxPending` records further events as
+/// failed deliveries (`backlog_full`) rather than holding memory without bound. A 410 disables
+/// the webhook and gives up its pending deliveries.
+///
+/// Threading: loop thread only.
+final class Webhooks {
+    final class Hook {
+        fileprivate(set) var record: WebhookRecord
+        fileprivate let filter: EventFilter
+        fileprivate let url: HTTPURL
+        fileprivate let key: SymmetricKey
+        /// Unfinished deliveries by id.
+        fileprivate(set) var pending: [String: Delivery] = [:]
+        /// Ready for an attempt, in event order.
+        fileprivate var due = Deque<Delivery>()
+        fileprivate var inFlight = 0
+        /// Finished deliveries, oldest first.
+        fileprivate(set) var finished = Deque<DeliveryRecord>()
+
+        fileprivate init(record: WebhookRecord, url: HTTPURL, key: [UInt8]) {
+            self.record = record
+            self.url = url
+            self.key = SymmetricKey(data: key)
+            filter = EventFilter(workflow: record.workflow.flatMap(TaskID.init), queue: record.queue,
+                                 kinds: Set(record.events.compactMap(EventKind.init(rawValue:))))
+        }
+    }
+
+    final class Delivery {
+        fileprivate(set) var record: DeliveryRecord
+        /// The store batch whose commit releases it (0: nothing to wait for).
+        fileprivate let batch: Int
+        fileprivate var retry: ScheduledAction?
+        fileprivate var transfer: HTTPTransfer?
+        fileprivate var deadline: ScheduledAction?
+
+        fileprivate init(_ record: DeliveryRecord, batch: Int) {
+            self.record = record
+            self.batch = batch
+        }
+
+        fileprivate func stop() {
+            retry?.cancel()
+            retry = nil
+            deadline?.cancel()
+            deadline = nil
+            transfer?.cancel()
+            transfer = nil
+        }
+    }
+
+    private let client: HTTPClient
+    private let scheduler: EngineScheduler
+    private let settings: WebhookSettings
+    private let logger: Logger
+    /// With a store: deliveries are written through it and wait for their batch to commit.
+    private let durable: DurableState?
+    private(set) var hooks: [String: Hook] = [:]
+    /// New deliveries in the order they were made, until their batch commits.
+    private var awaitingCommit = Deque<Delivery>()
+    private var randomBytes = RandomBytes()
+    /// Attempts by outcome, for the metrics.
+    private(set) var attempts: [String: Int] = ["delivered": 0, "failed": 0, "retrying": 0]
+
+    init(client: HTTPClient, scheduler: EngineScheduler, settings: WebhookSettings, durable: DurableState?, logger: Logger) {
+        self.client = client
+        self.scheduler = scheduler
+        self.settings = settings
+        self.durable = durable
+        self.logger = logger
+    }
+
+    /// Deliveries not yet finished, across webhooks.
+    var pendingCount: Int { hooks.values.reduce(0) { $0 + $1.pending.count } }
+
+    // MARK: webhooks
+
+    enum CreationError: Error {
+        case tooMany
+    }
+
+    /// A new webhook and its secret; written in the batch of this turn.
+    func create(url: HTTPURL, events: [EventKind], queue: String?, workflow: TaskID?) throws(CreationError) -> Hook {
+        guard hooks.count < settings.maxWebhooks else { throw .tooMany }
+        let key = randomBytes.take(32)
+        let record = WebhookRecord(
+            id: "wh_" + Hex.encode(randomBytes.take(12)), url: url.text, events: events.map(\.rawValue), queue: queue,
+            workflow: workflow?.description, enabled: true, createdAt: scheduler.wallClock, secret: "whsec_" + Base64.encode(key))
+        let hook = Hook(record: record, url: url, key: key)
+        hooks[record.id] = hook
+        durable?.record(record)
+        return hook
+    }
+
+    /// Oldest first.
+    var all: [Hook] {
+        hooks.values.sorted { ($0.record.createdAt, $0.record.id) < ($1.record.createdAt, $1.record.id) }
+    }
+
+    /// Ends its attempts and forgets it, its deliveries with it.
+    func delete(_ id: String) -> Bool {
+        guard let hook = hooks.removeValue(forKey: id) else { return false }
+        for delivery in hook.pending.values { delivery.stop() }
+        durable?.delete(webhook: id)
+        return true
+    }
+
+    /// Its deliveries, newest event first.
+    func deliveries(of hook: Hook, limit: Int) -> [DeliveryRecord] {
+        let all = hook.pending.values.map(\.record) + hook.finished
+        return Array(all.sorted { ($0.eventSeq, $0.id) > ($1.eventSeq, $1.id) }.prefix(limit))
+    }
+
+    // MARK: events
+
+    /// A numbered event: a delivery for each enabled webhook it matches.
+    func numbered(_ event: StreamEvent) {
+        guard !hooks.isEmpty else { return }
+        var body: [UInt8]?
+        for hook in hooks.values where hook.record.enabled && hook.filter.matches(event) {
+            let payload = body ?? Self.payload(of: event)
+            body = payload
+            var record = DeliveryRecord(id: "msg_" + Hex.encode(randomBytes.take(12)), webhook: hook.record.id,
+                                        eventSeq: event.seq, type: event.kind.rawValue, body: payload,
+                                        nextAttemptAt: scheduler.wallClock)
+            guard hook.pending.count < settings.maxPending else {
+                record.state = DeliveryState.failed
+                record.error = "backlog_full: \(settings.maxPending) deliveries to this webhook are unfinished "
+                    + "(--webhook-max-pending); this event was not sent."
+                attempts["failed", default: 0] += 1
+                finish(record, of: hook)
+                continue
+            }
+            durable?.record(record)
+            let batch = durable?.pendingBatch ?? 0
+            let delivery = Delivery(record, batch: batch)
+            hook.pending[record.id] = delivery
+            if batch == 0 {
+                hook.due.append(delivery)
+                pump(hook)
+            } else {
+                awaitingCommit.append(delivery)
+            }
+        }
+    }
+
+    /// Store batch `number` and all before it have committed: their deliveries may go.
+    func committed(through number: Int) {
+        var touched: [Hook] = []
+        while let delivery = awaitingCommit.first, delivery.batch <= number {
+            awaitingCommit.removeFirst()
+            guard let hook = hooks[delivery.record.webhook], hook.pending[delivery.record.id] === delivery else { continue }
+            hook.due.append(delivery)
+            if !touched.contains(where: { $0 === hook }) { touched.append(hook) }
+        }
+        for hook in touched { pump(hook) }
+    }
+
+    /// `{type, timestamp, data}`, `data` as the event stream's.
+    static func payload(of event: StreamEvent) -> [UInt8] {
+        var body = Array(#"{"type":""#.utf8)
+        body += event.kind.rawValue.utf8
+        body += #"","timestamp":""#.utf8
+        body += Representation.rfc3339(event.time).utf8
+        body += #"","data":"#.utf8
+        body += event.data
+        body.append(UInt8(ascii: "}"))
+        return body
+    }
+
+    // MARK: attempts
+
+    private func pump(_ hook: Hook) {
+        while hook.inFlight < settings.maxInFlight, let delivery = hook.due.popFirst() {
+            attempt(delivery, of: hook)
+        }
+    }
+
+    /// `v1,<base64 HMAC-SHA256(key, id.timestamp.body)>`.
+    static func signature(id: String, timestamp: Int64, body: [UInt8], key: SymmetricKey) -> String {
+        var signed = HMAC<SHA256>(key: key)
+        signed.update(data: Array("\(id).\(timestamp).".utf8))
+        signed.update(data: body)
+        return "v1," + Base64.encode(Array(signed.finalize()))
+    }
+
+    private func attempt(_ delivery: Delivery, of hook: Hook) {
+        hook.inFlight += 1
+        let started = scheduler.now
+        let id = delivery.record.id
+        let timestamp = scheduler.wallClock / 1_000
+        var request = HTTPClientRequest(method: "POST", url: hook.url, headers: [
+            HTTPHeaderField("Content-Type", "application/json"),
+            HTTPHeaderField("User-Agent", "Taskloop-Webhooks"),
+            HTTPHeaderField("webhook-id", id),
+            HTTPHeaderField("webhook-timestamp", String(timestamp)),
+            HTTPHeaderField("webhook-signature", Self.signature(id: id, timestamp: timestamp, body: delivery.record.body,
+                                                                key: hook.key)),
+        ], body: delivery.record.body)
+        // A redirect is an answer: the receiver's address is the one it was given.
+        request.followRedirects = false
+        request.maxKeptBodyBytes = 0
+        request.connectTimeoutMilliseconds = settings.attemptTimeoutMilliseconds
+        do {
+            delivery.transfer = try client.start(request, onProgress: { _, _ in }) { [weak self, unowned delivery] result in
+                guard let self else { return }
+                switch result {
+                case .success(let response): attempted(delivery, of: hook, started: started, status: response.status, error: nil)
+                case .failure(let error): attempted(delivery, of: hook, started: started, status: nil, error: error.description)
+                }
+            }
+        } catch {
+            return attempted(delivery, of: hook, started: started, status: nil, error: error.description)
+        }
+        delivery.deadline = scheduler.schedule(after: settings.attemptTimeoutMilliseconds) { [weak self, unowned delivery] in
+            delivery.transfer?.cancel()
+            self?.attempted(delivery, of: hook, started: started, status: nil,
+                            error: "timeout: no answer within \(self?.settings.attemptTimeoutMilliseconds ?? 0) ms")
+        }
+    }
+
+    private func attempted(_ delivery: Delivery, of hook: Hook, started: UInt64, status: Int?, error: String?) {
+        delivery.transfer = nil
+        delivery.deadline?.cancel()
+        delivery.deadline = nil
+        hook.inFlight -= 1
+        // Deleted meanwhile: its attempts were cancelled, and nothing of it is written again.
+        guard hooks[hook.record.id] === hook else { return }
+        var record = delivery.record
+        record.attempt += 1
+        record.statusCode = status
+        record.error = error
+        record.durationMilliseconds = Int64(scheduler.now &- started)
+        record.attemptedAt = scheduler.wallClock
+        if let status, (200...299).contains(status) {
+            record.state = .delivered
+            attempts["delivered", default: 0] += 1
+            finish(record, of: hook)
+        } else if status == 410 {
+            record.state = .failed
+            attempts["failed", default: 0] += 1
+            finish(record, of: hook)
+            disable(hook)
+        } else if !hook.record.enabled || record.attempt > settings.retrySchedule.count {
+            record.state = .failed
+            if !hook.record.enabled { record.error = (error ?? "status \(status ?? 0)") + "; the webhook is disabled." }
+            attempts["failed", default: 0] += 1
+            finish(record, of: hook)
+        } else {
+            let wait = settings.retrySchedule[record.attempt - 1]
+            record.nextAttemptAt = record.attemptedAt! + Int64(wait)
+            attempts["retrying", default: 0] += 1
+            delivery.record = record
+            durable?.record(record)
+            delivery.retry = scheduler.schedule(after: wait) { [weak self, unowned delivery] in
+                delivery.retry = nil
+                hook.due.append(delivery)
+                self?.pump(hook)
+            }
+        }
+        pump(hook)
+    }
+
+    /// Delivered or given up: into the log, which keeps the newest `deliveryLog`.
+    private func finish(_ record: DeliveryRecord, of hook: Hook) {
+        var record = record
+        record.body = []
+        record.nextAttemptAt = nil
+        hook.pending.removeValue(forKey: record.id)
+        hook.finished.append(record)
+        durable?.record(record)
+        var pushedOut: [String] = []
+        while hook.finished.count > settings.deliveryLog { pushedOut.append(hook.finished.removeFirst().id) }
+        if !pushedOut.isEmpty { durable?.delete(deliveries: pushedOut) }
+    }
+
+    /// The receiver answered 410 Gone: no more deliveries; those waiting are given up.
+    private func disable(_ hook: Hook) {
+        guard hook.record.enabled else { return }
+        hook.record.enabled = false
+        durable?.record(hook.record)
+        logger.warning("webhook disabled: its receiver answered 410 Gone", metadata: ["webhook": "\(hook.record.id)"])
+        hook.due.removeAll()
+        for delivery in hook.pending.values where delivery.transfer == nil {
+            delivery.stop()
+            var record = delivery.record
+            record.state = .failed
+            record.error = "webhook_disabled: the receiver answered 410 Gone to another delivery."
+            attempts["failed", default: 0] += 1
+            finish(record, of: hook)
+        }
+    }
+
+    // MARK: restart and shutdown
+
+    /// What the store kept: webhooks, and their deliveries, pending ones resuming on their
+    /// schedule (at once when it is past).
+    func restore(_ webhooks: [WebhookRecord], _ deliveries: [DeliveryRecord]) {
+        for record in webhooks {
+            guard let url = try? HTTPURL(record.url), record.secret.hasPrefix("whsec_"),
+                  let key = Base64.decode(String(record.secret.dropFirst(6))) else {
+                logger.error("a stored webhook cannot be used and is skipped", metadata: ["webhook": "\(record.id)"])
+                continue
+            }
+            hooks[record.id] = Hook(record: record, url: url, key: key)
+        }
+        let now = scheduler.wallClock
+        for record in deliveries {
+            guard let hook = hooks[record.webhook] else { continue }
+            guard record.state == .pending else {
+                hook.finished.append(record)
+                continue
+            }
+            let delivery = Delivery(record, batch: 0)
+            hook.pending[record.id] = delivery
+            let wait = (record.nextAttemptAt ?? now) - now
+            if wait <= 0 {
+                hook.due.append(delivery)
+            } else {
+                delivery.retry = scheduler.schedule(after: UInt64(wait)) { [weak self, unowned delivery] in
+                    delivery.retry = nil
+                    hook.due.append(delivery)
+                    self?.pump(hook)
+                }
+            }
+        }
+        for hook in hooks.values {
+            var pushedOut: [String] = []
+            while hook.finished.count > settings.deliveryLog { pushedOut.append(hook.finished.removeFirst().id) }
+            if !pushedOut.isEmpty { durable?.delete(deliveries: pushedOut) }
+            pump(hook)
+        }
+    }
+
+    /// Ends every attempt and timer; what was pending stays so in the store, for the next start.
+    func close() {
+        for hook in hooks.values {
+            for delivery in hook.pending.values { delivery.stop() }
+            hook.due.removeAll()
+        }
+        awaitingCommit.removeAll()
+    }
+}
+
+/// Random bytes for ids and secrets, from the kernel's generator, a buffer at a time.
+struct RandomBytes {
+    private var buffer: [UInt8] = []
+    private var used = 0
+
+    mutating func take(_ count: Int) -> [UInt8] {
+        if used + count > buffer.count {
+            buffer = [UInt8](repeating: 0, count: max(1_024, count))
+            buffer.withUnsafeMutableBytes { arc4random_buf($0.baseAddress!, $0.count) }
+            used = 0
+        }
+        defer { used += count }
+        return Array(buffer[used..<used + count])
+    }
+}
