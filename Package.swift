@@ -140,7 +140,7 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopHTTPClientTests",
-            dependencies: ["TaskloopHTTPClient", "TaskloopLoop"]
+            dependencies: ["TaskloopHTTPClient", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",
