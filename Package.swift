@@ -61,6 +61,12 @@ let package = Package(
             name: "TaskloopHTTPClient",
             dependencies: ["CLibUV", "CCurl", "TaskloopLoop", .product(name: "Crypto", package: "swift-crypto")]
         ),
+        // A client of a Taskloop server: its API's calls and answers, its event streams, backoff.
+        // The reference worker and the command-line client share it.
+        .target(
+            name: "TaskloopClient",
+            dependencies: ["TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"]
+        ),
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
         // schema and its migrations.
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON"]),
@@ -76,8 +82,8 @@ let package = Package(
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON", "TaskloopStore",
-                .product(name: "Crypto", package: "swift-crypto"),
+                "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopClient", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopStore", .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
@@ -141,6 +147,10 @@ let package = Package(
         .testTarget(
             name: "TaskloopHTTPClientTests",
             dependencies: ["TaskloopHTTPClient", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopClientTests",
+            dependencies: ["TaskloopClient", "TaskloopJSON", "TaskloopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",

@@ -20,7 +20,7 @@ import TaskloopLoop
 /// reports the transfers still running as failed; the loop can finish after that.
 public final class HTTPClient {
     public let policy: HostPolicy
-    let loop: EventLoop
+    public let loop: EventLoop
     private var multi: UnsafeMutableRawPointer?
     private let timer: LoopTimer
     private var sockets: [curl_socket_t: WatchedSocket] = [:]
