@@ -67,6 +67,12 @@ let package = Package(
             name: "TaskloopClient",
             dependencies: ["TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"]
         ),
+        // The command-line client's commands (`taskloop submit`, `get`, `ls`, `cancel`, `retry`,
+        // `watch`): their runs on a loop, the watch's model, and its displays as pure functions.
+        .target(
+            name: "TaskloopCLI",
+            dependencies: ["TaskloopClient", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"]
+        ),
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
         // schema and its migrations.
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON"]),
@@ -96,6 +102,7 @@ let package = Package(
             name: "taskloop",
             dependencies: [
                 "TaskloopService",
+                "TaskloopCLI",
                 "TaskloopLoop",
                 "TaskloopHTTP",
                 "TaskloopHTTPClient",
@@ -151,6 +158,10 @@ let package = Package(
         .testTarget(
             name: "TaskloopClientTests",
             dependencies: ["TaskloopClient", "TaskloopJSON", "TaskloopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopCLITests",
+            dependencies: ["TaskloopCLI", "TaskloopClient", "TaskloopJSON"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",

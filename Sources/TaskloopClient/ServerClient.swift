@@ -74,11 +74,11 @@ public struct ServerProblem: CustomStringConvertible {
     /// The detail, else the title, else the status: one line for a log.
     public var summary: String { detail ?? title ?? "status \(status)" }
 
-    /// `status title: detail`, then one line per invalid field.
+    /// `status title: detail`, then `field: message` for each invalid field.
     public var description: String {
         var text = "\(status)\(title.map { " \($0)" } ?? "")"
         if let detail { text += ": \(detail)" }
-        for error in fieldErrors { text += "\n  \(error.field) \(error.message)" }
+        for error in fieldErrors { text += "\n  \(error.field): \(error.message)" }
         return text
     }
 }

@@ -113,7 +113,7 @@ import TaskloopClient
         let response = ServerResponse(status: 422, headers: [], body: Array(body.utf8))
         let problem = try #require(response.problem)
         #expect(problem.code == "invalid" && problem.summary == "The body has 1 invalid field(s).")
-        #expect(problem.description == "422 Unprocessable Content: The body has 1 invalid field(s).\n  kind is required.")
+        #expect(problem.description == "422 Unprocessable Content: The body has 1 invalid field(s).\n  kind: is required.")
         let proxyPage = ServerResponse(status: 502, headers: [], body: Array("<html>bad gateway</html>".utf8))
         #expect(proxyPage.json == nil && proxyPage.problem?.description == "502" && proxyPage.problem?.summary == "status 502")
         #expect(ServerResponse(status: 200, headers: [], body: Array("{}".utf8)).problem == nil)
