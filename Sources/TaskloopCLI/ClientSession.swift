@@ -162,7 +162,7 @@ final class ClientSession {
                                   _ done: @escaping (ServerResponse) -> Void) {
         let segment = URLText.encoded(id)
         server.call(method, "/tasks/\(segment)\(suffix)") { [unowned self] reply in
-            if case .answered(let response) = reply, response.status == 404 {
+            if !isFinished, case .answered(let response) = reply, response.status == 404 {
                 hasReachedServer = true
                 server.call(method, "/workflows/\(segment)\(suffix)") { [unowned self] reply in
                     if case .answered(let response) = reply, response.status == 404 { return failUnknown(id) }

@@ -17,7 +17,13 @@ enum Console {
             while offset < buffer.count {
                 let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
                 if written < 0 {
-                    if errno == EINTR || errno == EAGAIN { continue }
+                    if errno == EINTR { continue }
+                    if errno == EAGAIN {
+                        // A descriptor someone made non-blocking: wait until it takes more.
+                        var ready = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+                        poll(&ready, 1, -1)
+                        continue
+                    }
                     return false
                 }
                 offset += written

@@ -139,12 +139,13 @@ public struct WatchModel: Sendable {
         }
         tasks = []
         positions = [:]
-        var changes: [Change] = [.workflow(at: nil)]
+        var changes: [Change] = []
         for element in object["tasks"]?.arrayValue ?? [] {
             if let object = element.objectValue, let index = upsert(object) { changes.append(.task(index, at: nil)) }
         }
         lastSeq = seq
-        return changes
+        // The tasks, then the workflow that sums them up.
+        return changes + [.workflow(at: nil)]
     }
 
     /// Takes one event of `GET /tasks/{id}/events` or `GET /events`.

@@ -49,7 +49,7 @@ import TaskloopJSON
         var model = WatchModel()
         let changes = model.load(workflow: try Self.workflow("running", tasks: [Self.task("A", "running"), Self.task("B", "pending", started: nil)]),
                                  seq: 40)
-        #expect(changes == [.workflow(at: nil), .task(0, at: nil), .task(1, at: nil)])
+        #expect(changes == [.task(0, at: nil), .task(1, at: nil), .workflow(at: nil)])
         #expect(model.tasks.map(\.label) == ["download", "publish"] && model.lastSeq == 40)
         #expect(model.workflowFraction == 0)
         _ = model.apply(Self.event("task.state", seq: 41, "task", Self.task("A", "succeeded", fraction: 1)))
