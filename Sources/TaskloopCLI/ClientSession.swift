@@ -91,7 +91,9 @@ final class ClientSession {
 
     /// The server answered no (its problem on standard error), or has no such id.
     func fail(_ response: ServerResponse) {
-        end(.forFailedAnswer(status: response.status), saying: response.problem?.description ?? "unexpected answer: status \(response.status)")
+        var message = response.problem?.description ?? "unexpected answer: status \(response.status)"
+        if response.status == 401 { message += "\n  give the server's token with --auth-token or TASKLOOP_AUTH_TOKEN" }
+        end(.forFailedAnswer(status: response.status), saying: message)
     }
 
     func failUnknown(_ id: String) {
@@ -152,7 +154,7 @@ final class ClientSession {
         case .cancel(let id): onTaskOrWorkflow(id, "DELETE", "") { [unowned self] in printJSON($0); finish(.succeeded) }
         case .retry(let id): onTaskOrWorkflow(id, "POST", "/retry") { [unowned self] in printJSON($0); finish(.succeeded) }
         case .list(let query, let format): list(query, format: format)
-        case .watch(let id): follow(id, isWorkflow: nil, display: liveOrLines()) { [unowned self] in finish($0) }
+        case .watch(let id): follow(id, isWorkflow: false, display: liveOrLines()) { [unowned self] in finish($0) }
         }
     }
 
@@ -213,7 +215,7 @@ final class ClientSession {
     }
 
     /// Watches `id` until it ends; `done` gets the status its end means.
-    private func follow(_ id: String, isWorkflow: Bool?, display: WatchDisplay, _ done: @escaping (ExitStatus) -> Void) {
+    private func follow(_ id: String, isWorkflow: Bool, display: WatchDisplay, _ done: @escaping (ExitStatus) -> Void) {
         do {
             let watcher = try Watcher(session: self, id: id, display: display) { state in
                 done(ExitStatus.forTerminalState(state) ?? .unknownOrUnreachable)

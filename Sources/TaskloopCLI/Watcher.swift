@@ -56,9 +56,10 @@ final class Watcher {
         session.onFinish { [unowned self] in stop() }
     }
 
-    /// Starts following; `isWorkflow` when the caller knows (it just submitted one).
-    func start(isWorkflow: Bool?) {
-        if isWorkflow == true { fetchWorkflow() } else { openTaskStream() }
+    /// Starts following: a workflow when the caller knows it is one (it just submitted it),
+    /// else the id is tried as a task first.
+    func start(isWorkflow: Bool) {
+        if isWorkflow { fetchWorkflow() } else { openTaskStream() }
     }
 
     // MARK: the streams
@@ -84,7 +85,10 @@ final class Watcher {
                 if response.status == 404 { return session.failUnknown(id) }
                 return refusedOrLost(response)
             }
-            let seq = response.header("Event-Seq").flatMap { UInt64($0) } ?? 0
+            // Without it, no stream could start where this answer ends.
+            guard let seq = response.header("Event-Seq").flatMap({ UInt64($0) }) else {
+                return session.failUnreadable("the answer to GET /workflows/\(id) has no Event-Seq")
+            }
             let changes = model.load(workflow: object, seq: seq)
             display.show(model, changes)
             if model.outcome != nil { return end() }

@@ -140,6 +140,18 @@ import TaskloopTestSupport
         try setup.service.stop()
     }
 
+    @Test func theTokenComesFromTheFlagOrTheEnvironment() throws {
+        let token = "t\(UUID().uuidString.prefix(8))"
+        let service = try ServiceHarness { $0.authToken = token }
+        let server = "http://127.0.0.1:\(service.port)"
+        let refused = try CLITests.taskloop(["submit", "--kind", "noop", "--server", server])
+        #expect(refused.status == 4 && refused.stderr.hasPrefix("taskloop: 401 Unauthorized") && refused.stderr.contains("--auth-token"))
+        let id = try #require(try CLITests.taskloop(["submit", "--kind", "noop", "--server", server, "--auth-token", token]).lines.first)
+        let watched = try CLITests.taskloop(["watch", id, "--server", server], environment: ["TASKLOOP_AUTH_TOKEN": token])
+        #expect(watched.status == 0 && watched.lines.count == 1, "\(watched)")
+        try service.stop()
+    }
+
     @Test func submitWaitEndsWithWhatTheTaskEndedAs() throws {
         let setup = try Setup()
         let succeeded = try setup.taskloop(["submit", "--kind", "noop", "--wait"])
