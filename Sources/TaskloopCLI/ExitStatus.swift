@@ -1,6 +1,6 @@
 /// How a command of the command-line client ends, as its process's exit status. Scripts
 /// branch on these, so they are part of the interface (`taskloop <command> --help` lists them).
-public struct ExitStatus: Equatable, Sendable, CustomStringConvertible {
+public struct ExitStatus: Equatable, Sendable {
     public let code: Int32
 
     public init(code: Int32) { self.code = code }
@@ -17,10 +17,6 @@ public struct ExitStatus: Equatable, Sendable, CustomStringConvertible {
     /// The server refused the request as it was given (400, 401, 409, 413, 415, 422, 429: its
     /// problem's detail is printed).
     public static let refused = ExitStatus(code: 4)
-    /// The command line itself is wrong (ArgumentParser's own status for a validation error,
-    /// also used for an unreadable or malformed file).
-    public static let usage = ExitStatus(code: 64)
-
     /// Stopped by a signal (SIGINT, SIGTERM) before the end: 128 + the signal, as shells report.
     public static func stopped(by signal: Int32) -> ExitStatus { ExitStatus(code: 128 + signal) }
 
@@ -43,9 +39,8 @@ public struct ExitStatus: Equatable, Sendable, CustomStringConvertible {
         }
     }
 
-    public var description: String { "\(code)" }
-
-    /// The table for `--help`.
+    /// The table for `--help`. 64 is ArgumentParser's own status for a command line it
+    /// refuses, which includes a file that cannot be read or is not JSON.
     public static let help = """
         Exit status: 0 done (or what was followed succeeded), 1 it failed, 2 it was cancelled, \
         3 unknown id or server unreachable or unavailable, 4 the server refused the request (its \

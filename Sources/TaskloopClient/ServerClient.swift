@@ -84,7 +84,7 @@ public struct ServerProblem: CustomStringConvertible {
 }
 
 /// One call in flight; `cancel()` ends it without its completion running. The transfer holds
-/// it until then, so a caller need not.
+/// it until then, so a caller need not. Loop thread only.
 public final class ServerCall {
     fileprivate var transfer: HTTPTransfer?
     fileprivate var completion: ((ServerReply) -> Void)?

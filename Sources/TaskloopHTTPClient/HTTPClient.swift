@@ -68,12 +68,9 @@ public final class HTTPClient {
         onProgress: @escaping (_ received: Int64, _ expected: Int64?) -> Void,
         onComplete: @escaping (Result<HTTPClientResponse, HTTPClientError>) -> Void
     ) throws(HTTPClientError) -> HTTPTransfer {
-        guard policy.allows(request.url) else {
-            throw HTTPClientError(.hostNotAllowed, "\(request.url.host) is not in the allowed hosts.")
+        try launch(request) { () throws(HTTPClientError) in
+            try HTTPTransfer(client: self, request: request, onProgress: onProgress, onComplete: onComplete)
         }
-        let transfer = try HTTPTransfer(client: self, request: request, onProgress: onProgress, onComplete: onComplete)
-        try add(transfer)
-        return transfer
     }
 
     /// Starts a request whose body is handed to `stream` piece by piece as it arrives, none of
@@ -85,11 +82,17 @@ public final class HTTPClient {
         _ request: HTTPClientRequest, streamingTo stream: HTTPBodyStream,
         onComplete: @escaping (Result<HTTPClientResponse, HTTPClientError>) -> Void
     ) throws(HTTPClientError) -> HTTPTransfer {
+        try launch(request) { () throws(HTTPClientError) in
+            try HTTPTransfer(client: self, request: request, onProgress: { _, _ in }, bodyStream: stream, onComplete: onComplete)
+        }
+    }
+
+    private func launch(_ request: HTTPClientRequest, _ makeTransfer: () throws(HTTPClientError) -> HTTPTransfer)
+        throws(HTTPClientError) -> HTTPTransfer {
         guard policy.allows(request.url) else {
             throw HTTPClientError(.hostNotAllowed, "\(request.url.host) is not in the allowed hosts.")
         }
-        let transfer = try HTTPTransfer(client: self, request: request, onProgress: { _, _ in }, bodyStream: stream,
-                                        onComplete: onComplete)
+        let transfer = try makeTransfer()
         try add(transfer)
         return transfer
     }
