@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev pkg-config
 BENCH_PACKAGES := wrk util-linux gcc
-TEST_PACKAGES := curl jq openssl
+TEST_PACKAGES := curl jq openssl tmux
 FUZZ_SECONDS ?= 20
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

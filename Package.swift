@@ -61,6 +61,18 @@ let package = Package(
             name: "TaskloopHTTPClient",
             dependencies: ["CLibUV", "CCurl", "TaskloopLoop", .product(name: "Crypto", package: "swift-crypto")]
         ),
+        // A client of a Taskloop server: its API's calls and answers, its event streams, backoff.
+        // The reference worker and the command-line client share it.
+        .target(
+            name: "TaskloopClient",
+            dependencies: ["TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"]
+        ),
+        // The command-line client's commands (`taskloop submit`, `get`, `ls`, `cancel`, `retry`,
+        // `watch`): their runs on a loop, the watch's model, and its displays as pure functions.
+        .target(
+            name: "TaskloopCLI",
+            dependencies: ["TaskloopClient", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"]
+        ),
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
         // schema and its migrations.
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON"]),
@@ -76,8 +88,8 @@ let package = Package(
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
-                "TaskloopStore",
+                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopClient", "TaskloopEngine",
+                "TaskloopJSON", "TaskloopStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -91,6 +103,7 @@ let package = Package(
             name: "taskloop",
             dependencies: [
                 "TaskloopService",
+                "TaskloopCLI",
                 "TaskloopLoop",
                 "TaskloopHTTP",
                 "TaskloopHTTPClient",
@@ -143,7 +156,15 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopHTTPClientTests",
-            dependencies: ["TaskloopHTTPClient", "TaskloopLoop"]
+            dependencies: ["TaskloopHTTPClient", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopClientTests",
+            dependencies: ["TaskloopClient", "TaskloopJSON", "TaskloopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopCLITests",
+            dependencies: ["TaskloopCLI", "TaskloopClient", "TaskloopJSON"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",

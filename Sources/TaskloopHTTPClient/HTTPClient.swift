@@ -13,13 +13,14 @@ import TaskloopLoop
 ///
 /// Reentrancy: libcurl forbids adding or removing easy handles from inside its callbacks.
 /// Completions are delivered only after `curl_multi_socket_action` has returned, and a
-/// transfer cancelled while curl is calling us is removed right after curl returns.
+/// transfer cancelled, or one started, while curl is calling us is removed, or added, right
+/// after curl returns.
 ///
 /// Lifecycle: `close()` cleans up the multi handle, closes the poll handles and the timer, then
 /// reports the transfers still running as failed; the loop can finish after that.
 public final class HTTPClient {
     public let policy: HostPolicy
-    let loop: EventLoop
+    public let loop: EventLoop
     private var multi: UnsafeMutableRawPointer?
     private let timer: LoopTimer
     private var sockets: [curl_socket_t: WatchedSocket] = [:]
@@ -27,6 +28,7 @@ public final class HTTPClient {
     /// Depth of calls into curl that may call us back.
     private var insideCurl = 0
     private var removeAfterCurl: [HTTPTransfer] = []
+    private var addAfterCurl: [HTTPTransfer] = []
 
     /// `maxHostConnections` caps the connections to one host (its further transfers wait in
     /// curl for a free one): it protects origins, keeps descriptors bounded, and lets a burst
@@ -66,10 +68,31 @@ public final class HTTPClient {
         onProgress: @escaping (_ received: Int64, _ expected: Int64?) -> Void,
         onComplete: @escaping (Result<HTTPClientResponse, HTTPClientError>) -> Void
     ) throws(HTTPClientError) -> HTTPTransfer {
+        try launch(request) { () throws(HTTPClientError) in
+            try HTTPTransfer(client: self, request: request, onProgress: onProgress, onComplete: onComplete)
+        }
+    }
+
+    /// Starts a request whose body is handed to `stream` piece by piece as it arrives, none of
+    /// it kept (an event stream). Give it no `timeoutMilliseconds` to let it stay open as long
+    /// as the server sends; the connect timeout still applies. `onComplete` comes once the
+    /// body has ended (the response's `body` empty) or the transfer failed, unless it is
+    /// cancelled first. Nothing is called back before this returns.
+    public func start(
+        _ request: HTTPClientRequest, streamingTo stream: HTTPBodyStream,
+        onComplete: @escaping (Result<HTTPClientResponse, HTTPClientError>) -> Void
+    ) throws(HTTPClientError) -> HTTPTransfer {
+        try launch(request) { () throws(HTTPClientError) in
+            try HTTPTransfer(client: self, request: request, onProgress: { _, _ in }, bodyStream: stream, onComplete: onComplete)
+        }
+    }
+
+    private func launch(_ request: HTTPClientRequest, _ makeTransfer: () throws(HTTPClientError) -> HTTPTransfer)
+        throws(HTTPClientError) -> HTTPTransfer {
         guard policy.allows(request.url) else {
             throw HTTPClientError(.hostNotAllowed, "\(request.url.host) is not in the allowed hosts.")
         }
-        let transfer = try HTTPTransfer(client: self, request: request, onProgress: onProgress, onComplete: onComplete)
+        let transfer = try makeTransfer()
         try add(transfer)
         return transfer
     }
@@ -83,6 +106,7 @@ public final class HTTPClient {
         let unfinished = Array(transfers.values)
         for transfer in unfinished { curl_multi_remove_handle(multi, transfer.easy) }
         transfers.removeAll()
+        addAfterCurl.removeAll()
         // Cleanup may still tell us to forget sockets of cached connections.
         curl_multi_cleanup(multi)
         for socket in sockets.values { socket.close() }
@@ -97,6 +121,12 @@ public final class HTTPClient {
 
     func add(_ transfer: HTTPTransfer) throws(HTTPClientError) {
         guard let multi else { throw HTTPClientError(.clientFailed, "The HTTP client is shut down.") }
+        if insideCurl > 0 {
+            // Started from one of curl's callbacks (a streamed chunk's consumer, say).
+            transfers[ObjectIdentifier(transfer)] = transfer
+            addAfterCurl.append(transfer)
+            return
+        }
         let status = curl_multi_add_handle(multi, transfer.easy)
         guard status == CURLM_OK else {
             throw HTTPClientError(.clientFailed, "curl_multi_add_handle failed: \(String(cString: curl_multi_strerror(status))).")
@@ -107,6 +137,10 @@ public final class HTTPClient {
     /// Takes a transfer off the multi handle; an unfinished one has its connection closed.
     func detach(_ transfer: HTTPTransfer) {
         guard transfers.removeValue(forKey: ObjectIdentifier(transfer)) != nil, let multi else { return }
+        if let waiting = addAfterCurl.firstIndex(where: { $0 === transfer }) {
+            addAfterCurl.remove(at: waiting)
+            return
+        }
         curl_multi_remove_handle(multi, transfer.easy)
     }
 
@@ -129,6 +163,7 @@ public final class HTTPClient {
         curl_multi_socket_action(multi, socket, events, &running)
         insideCurl -= 1
         finishRemovals()
+        finishAdditions()
         deliverCompletions()
     }
 
@@ -137,6 +172,20 @@ public final class HTTPClient {
         let pending = removeAfterCurl
         removeAfterCurl.removeAll()
         for transfer in pending { detach(transfer) }
+    }
+
+    private func finishAdditions() {
+        guard insideCurl == 0, !addAfterCurl.isEmpty else { return }
+        let pending = addAfterCurl
+        addAfterCurl.removeAll()
+        for transfer in pending {
+            transfers.removeValue(forKey: ObjectIdentifier(transfer))
+            do {
+                try add(transfer)
+            } catch {
+                transfer.complete(.failure(error))
+            }
+        }
     }
 
     private func deliverCompletions() {

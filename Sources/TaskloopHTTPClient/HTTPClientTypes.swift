@@ -7,6 +7,9 @@ public struct HTTPClientRequest: Sendable {
     public var followRedirects = true
     public var maxRedirects = 5
     public var connectTimeoutMilliseconds: UInt64 = 30_000
+    /// Longest the whole exchange may take, each redirect hop anew; nil: no limit (an `http`
+    /// task is bounded by its own `timeout_ms`, an event stream stays open as long as it lasts).
+    public var timeoutMilliseconds: UInt64?
     /// Body bytes kept in the response; the rest is counted and hashed, not stored.
     public var maxKeptBodyBytes = 1 << 20
 
@@ -28,12 +31,28 @@ public struct HTTPHeaderField: Sendable, Equatable {
     }
 }
 
+/// Where a streamed request's body goes instead of being kept: `onHead` once the final
+/// response's head is in (after redirects, before any of its body), then `onChunk` with each
+/// piece of the body as it arrives. Both are called from inside curl: they may cancel the
+/// transfer and start other requests (those join once curl returns), and must not keep the
+/// chunk's memory beyond the call.
+public struct HTTPBodyStream {
+    public var onHead: (_ status: Int, _ headers: [HTTPHeaderField]) -> Void
+    public var onChunk: (_ bytes: UnsafeRawBufferPointer) -> Void
+
+    public init(onHead: @escaping (_ status: Int, _ headers: [HTTPHeaderField]) -> Void,
+                onChunk: @escaping (_ bytes: UnsafeRawBufferPointer) -> Void) {
+        self.onHead = onHead
+        self.onChunk = onChunk
+    }
+}
+
 /// The final response (after redirects).
 public struct HTTPClientResponse: Sendable {
     public var status: Int
     /// Names lower-cased, in the order received.
     public var headers: [HTTPHeaderField]
-    /// The first `maxKeptBodyBytes` bytes.
+    /// The first `maxKeptBodyBytes` bytes; empty for a streamed body (`HTTPBodyStream`).
     public var body: [UInt8]
     /// Bytes of the whole body.
     public var bytes: Int64
@@ -42,8 +61,12 @@ public struct HTTPClientResponse: Sendable {
     public var url: HTTPURL
     public var redirects: Int
     public var durationMilliseconds: UInt64
+    /// The body went to an `HTTPBodyStream`, none of it kept here.
+    public var streamed = false
 
-    public var truncated: Bool { bytes > Int64(body.count) }
+    /// Body bytes were received beyond those kept (never for a streamed body, which keeps none
+    /// by design).
+    public var truncated: Bool { !streamed && bytes > Int64(body.count) }
 }
 
 /// Why a request produced no response.
@@ -52,6 +75,8 @@ public struct HTTPClientError: Error, Sendable, CustomStringConvertible {
         case dnsFailed = "dns_failed"
         case connectFailed = "connect_failed"
         case connectTimeout = "connect_timeout"
+        /// The request's own `timeoutMilliseconds` passed (connecting included).
+        case timedOut = "timed_out"
         case tlsFailed = "tls_failed"
         /// `--http-deny-private` refused the resolved address.
         case addressRefused = "address_refused"

@@ -6,6 +6,8 @@ import TaskloopLoop
 /// One request and its redirects on one curl easy handle. Created and driven by `HTTPClient`;
 /// loop thread only. Redirects are followed here, not by curl, so that every hop is checked
 /// against the host policy before it is connected to and credentials stay with their origin.
+/// The final response's body is kept (up to `maxKeptBodyBytes`) or, for a streamed request,
+/// handed to its `HTTPBodyStream` piece by piece.
 public final class HTTPTransfer {
     private unowned let client: HTTPClient
     let easy: UnsafeMutableRawPointer
@@ -14,6 +16,7 @@ public final class HTTPTransfer {
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var onProgress: ((Int64, Int64?) -> Void)?
     private var onComplete: ((Result<HTTPClientResponse, HTTPClientError>) -> Void)?
+    private var bodyStream: HTTPBodyStream?
     private let started: UInt64
     private var redirects = 0
     private var refusedAddresses: [String] = []
@@ -26,6 +29,8 @@ public final class HTTPTransfer {
     private var received: Int64 = 0
     private var expected: Int64?
     private var digest = SHA256()
+    /// This hop's response is the final one (not a redirect about to be followed): its body
+    /// counts for progress and goes to the stream.
     private var reportsProgress = true
 
     private static let redirectStatuses: Set<Int> = [301, 302, 303, 307, 308]
@@ -34,6 +39,7 @@ public final class HTTPTransfer {
     init(
         client: HTTPClient, request: HTTPClientRequest,
         onProgress: @escaping (Int64, Int64?) -> Void,
+        bodyStream: HTTPBodyStream? = nil,
         onComplete: @escaping (Result<HTTPClientResponse, HTTPClientError>) -> Void
     ) throws(HTTPClientError) {
         guard let easy = curl_easy_init() else { throw HTTPClientError(.clientFailed, "curl_easy_init failed.") }
@@ -42,6 +48,7 @@ public final class HTTPTransfer {
         self.request = request
         self.onProgress = onProgress
         self.onComplete = onComplete
+        self.bodyStream = bodyStream
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE))
         errorBuffer.initialize(to: 0)
         started = client.loop.now
@@ -65,6 +72,7 @@ public final class HTTPTransfer {
         cancelled = true
         onProgress = nil
         onComplete = nil
+        bodyStream = nil
         client.cancel(self)
     }
 
@@ -86,6 +94,7 @@ public final class HTTPTransfer {
         try Curl.set(easy, CURLOPT_PROTOCOLS_STR, "http,https")
         try Curl.set(easy, CURLOPT_FOLLOWLOCATION, 0)
         try Curl.set(easy, CURLOPT_CONNECTTIMEOUT_MS, Int(request.connectTimeoutMilliseconds))
+        if let timeout = request.timeoutMilliseconds { try Curl.set(easy, CURLOPT_TIMEOUT_MS, Int(timeout)) }
         try Curl.set(easy, CURLOPT_ERRORBUFFER, pointer: errorBuffer)
         try Curl.set(easy, CURLOPT_USERAGENT, "taskloop")
         try Curl.check(taskloop_easy_setopt_write_callback(easy, CURLOPT_WRITEFUNCTION, bodyReceived), CURLOPT_WRITEFUNCTION)
@@ -153,7 +162,14 @@ public final class HTTPTransfer {
             expected = length >= 0 ? length : nil
             reportsProgress = !(request.followRedirects && Self.redirectStatuses.contains(status)
                 && headers.contains { $0.name == "location" })
-            if reportsProgress { onProgress?(0, expected) }
+            if reportsProgress {
+                onProgress?(0, expected)
+                if let bodyStream {
+                    bodyStream.onHead(status, headers)
+                    // Cancelled from the callback: curl stops at once.
+                    if cancelled { return 0 }
+                }
+            }
         } else if content.starts(with: "HTTP/".utf8) {
             headers.removeAll()
         } else if line[0] == UInt8(ascii: " ") || line[0] == UInt8(ascii: "\t") {
@@ -180,8 +196,15 @@ public final class HTTPTransfer {
         guard !cancelled else { return 0 }
         received += Int64(chunk.count)
         digest.update(bufferPointer: chunk)
-        let room = request.maxKeptBodyBytes - kept.count
-        if room > 0 { kept.append(contentsOf: chunk.prefix(room)) }
+        if let bodyStream {
+            if reportsProgress {
+                bodyStream.onChunk(chunk)
+                if cancelled { return 0 }
+            }
+        } else {
+            let room = request.maxKeptBodyBytes - kept.count
+            if room > 0 { kept.append(contentsOf: chunk.prefix(room)) }
+        }
         if reportsProgress { onProgress?(received, expected) }
         return chunk.count
     }
@@ -211,7 +234,7 @@ public final class HTTPTransfer {
         }
         let response = HTTPClientResponse(
             status: status, headers: headers, body: kept, bytes: received, sha256: Array(digest.finalize()),
-            url: request.url, redirects: redirects, durationMilliseconds: client.loop.now - started)
+            url: request.url, redirects: redirects, durationMilliseconds: client.loop.now - started, streamed: bodyStream != nil)
         complete(.success(response))
     }
 
@@ -253,6 +276,7 @@ public final class HTTPTransfer {
         let onComplete = self.onComplete
         self.onComplete = nil
         onProgress = nil
+        bodyStream = nil
         onComplete?(result)
     }
 
@@ -267,6 +291,8 @@ public final class HTTPTransfer {
             return HTTPClientError(.dnsFailed, "Could not resolve \(request.url.host): \(detail)")
         case CURLE_COULDNT_CONNECT:
             return HTTPClientError(.connectFailed, "Could not connect to \(target): \(detail)")
+        case CURLE_OPERATION_TIMEDOUT where request.timeoutMilliseconds != nil:
+            return HTTPClientError(.timedOut, "The request to \(target) timed out: \(detail)")
         case CURLE_OPERATION_TIMEDOUT:
             return HTTPClientError(.connectTimeout, "Connecting to \(target) timed out after \(request.connectTimeoutMilliseconds) ms.")
         case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER,

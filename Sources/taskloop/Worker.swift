@@ -26,8 +26,9 @@ struct Worker: ParsableCommand {
     /// the server's parser reads them wherever they stand on the command line.
     @ParentCommand var common: Taskloop
 
-    @Option(help: "The server's URL. [env: TASKLOOP_SERVER]")
-    var server: String = Environment.string("SERVER") ?? "http://127.0.0.1:8080"
+    /// `--server`, `--request-timeout-seconds`, `--max-backoff-seconds`, `--max-answer-bytes`:
+    /// as the client commands have them.
+    @OptionGroup var connection: ServerOptions
 
     @Option(help: "The queue to lease tasks from (required). [env: TASKLOOP_QUEUE]")
     var queue: String = Environment.string("QUEUE") ?? ""
@@ -51,17 +52,8 @@ struct Worker: ParsableCommand {
     /// The flag, else the environment, else this host and process.
     private var effectiveName: String { name ?? Environment.string("NAME") ?? Self.defaultName() }
 
-    @Option(help: "Longest wait between retries while the server is away or refuses. [env: TASKLOOP_MAX_BACKOFF_SECONDS]")
-    var maxBackoffSeconds: Double = Environment.double("MAX_BACKOFF_SECONDS") ?? 30
-
-    @Option(help: "Longest a call to the server may take (a lease call also gets its wait). [env: TASKLOOP_REQUEST_TIMEOUT_SECONDS]")
-    var requestTimeoutSeconds: Double = Environment.double("REQUEST_TIMEOUT_SECONDS") ?? 10
-
     @Option(help: "Shortest time between two progress reports of one task; newer progress replaces unsent. [env: TASKLOOP_PROGRESS_INTERVAL_MS]")
     var progressIntervalMs: Int = Environment.int("PROGRESS_INTERVAL_MS") ?? 200
-
-    @Option(help: "Largest answer read from the server (a lease answer carries whole tasks). [env: TASKLOOP_MAX_ANSWER_BYTES]")
-    var maxAnswerBytes: Int = Environment.int("MAX_ANSWER_BYTES") ?? 64 << 20
 
     static func defaultName() -> String {
         var host = [CChar](repeating: 0, count: 256)
@@ -77,7 +69,6 @@ struct Worker: ParsableCommand {
     }
 
     func validate() throws {
-        guard (try? HTTPURL(server)) != nil else { throw ValidationError("--server must be an http or https URL, not \(server)") }
         guard !queue.isEmpty else { throw ValidationError("--queue is required (or TASKLOOP_QUEUE)") }
         guard SubmissionValidator.isValidQueueName(queue) else {
             throw ValidationError("--queue: \(SubmissionValidator.queueNameRule)")
@@ -93,18 +84,11 @@ struct Worker: ParsableCommand {
               !name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) else {
             throw ValidationError("--name must be 1 to 200 characters without control characters")
         }
-        guard maxBackoffSeconds >= 0.1 && maxBackoffSeconds <= 3_600 else {
-            throw ValidationError("--max-backoff-seconds must be 0.1...3600")
-        }
-        guard requestTimeoutSeconds >= 0.1 && requestTimeoutSeconds <= 3_600 else {
-            throw ValidationError("--request-timeout-seconds must be 0.1...3600")
-        }
         guard (0...60_000).contains(progressIntervalMs) else { throw ValidationError("--progress-interval-ms must be 0...60000") }
-        guard (1_024...1 << 30).contains(maxAnswerBytes) else { throw ValidationError("--max-answer-bytes must be 1024...1073741824") }
     }
 
     func run() throws {
-        var configuration = WorkerConfiguration(server: try! HTTPURL(server), queue: queue, concurrency: concurrency,
+        var configuration = WorkerConfiguration(server: connection.url, queue: queue, concurrency: concurrency,
                                                 name: effectiveName)
         configuration.kinds = kindList
         configuration.allowExec = common.allowExec
@@ -112,10 +96,10 @@ struct Worker: ParsableCommand {
         configuration.leaseMilliseconds = UInt64(leaseSeconds * 1_000)
         configuration.leaseWaitSeconds = leaseWaitSeconds
         configuration.shutdownGraceMilliseconds = UInt64(common.shutdownGraceSeconds * 1_000)
-        configuration.maxBackoffMilliseconds = UInt64(maxBackoffSeconds * 1_000)
-        configuration.requestTimeoutMilliseconds = UInt64(requestTimeoutSeconds * 1_000)
+        configuration.maxBackoffMilliseconds = UInt64(connection.maxBackoffSeconds * 1_000)
+        configuration.requestTimeoutMilliseconds = UInt64(connection.requestTimeoutSeconds * 1_000)
         configuration.progressIntervalMilliseconds = UInt64(progressIntervalMs)
-        configuration.maxAnswerBytes = maxAnswerBytes
+        configuration.maxAnswerBytes = connection.maxAnswerBytes
         configuration.httpPolicy = HostPolicy(allowedHosts: common.allowedHostPatterns.compactMap(\.1),
                                               denyPrivateAddresses: common.httpDenyPrivate)
         configuration.httpMaxHostConnections = common.httpMaxHostConnections
@@ -138,7 +122,7 @@ struct Worker: ParsableCommand {
         // The story ends within the grace and 0.75 s (`TaskloopWorker`).
         try runUntilSignalled(loop, program: "taskloop worker", grace: common.shutdownGraceSeconds,
                               stopping: "finishing running tasks",
-                              started: "taskloop worker \(configuration.name) leasing from \(server), queue \(queue)") { finished in
+                              started: "taskloop worker \(configuration.name) leasing from \(connection.server), queue \(queue)") { finished in
             worker.stop { finished() }
         }
         logSink.flush()

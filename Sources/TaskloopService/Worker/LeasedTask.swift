@@ -1,4 +1,5 @@
 import Logging
+import TaskloopClient
 import TaskloopEngine
 import TaskloopJSON
 

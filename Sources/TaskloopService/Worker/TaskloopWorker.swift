@@ -1,6 +1,7 @@
 import Dispatch
 import Glibc
 import Logging
+import TaskloopClient
 import TaskloopEngine
 import TaskloopHTTPClient
 import TaskloopJSON
