@@ -1,10 +1,17 @@
 import Glibc
 import TaskloopLoop
 
+/// The watch's model, shared by reference: a display that draws later reads it then instead
+/// of keeping a copy, which would make the watcher's next change copy every task (a
+/// 10,000-task workflow sends tens of thousands of events). Loop thread only.
+final class WatchState {
+    var model = WatchModel()
+}
+
 /// How a watch shows what it sees. Loop thread only.
 protocol WatchDisplay: AnyObject {
     /// The model changed where `changes` say.
-    func show(_ model: WatchModel, _ changes: [WatchModel.Change])
+    func show(_ state: WatchState, _ changes: [WatchModel.Change])
     /// The stream is lost and being won back (`text` says how it goes), or is back (nil).
     func note(_ text: String?)
     /// The end: the last picture stays, the terminal as it was found.
@@ -25,7 +32,7 @@ final class LiveDisplay: WatchDisplay {
     private var resizeWatcher: SignalWatcher?
     private var size: (columns: Int, rows: Int)
     private var writer = FrameWriter()
-    private var model = WatchModel()
+    private var state: WatchState?
     private var noteText: String?
     private var lastDrawn: UInt64?
     private var closed = false
@@ -48,8 +55,8 @@ final class LiveDisplay: WatchDisplay {
         }
     }
 
-    func show(_ model: WatchModel, _ changes: [WatchModel.Change]) {
-        self.model = model
+    func show(_ state: WatchState, _ changes: [WatchModel.Change]) {
+        self.state = state
         requestFrame()
     }
 
@@ -77,7 +84,7 @@ final class LiveDisplay: WatchDisplay {
     }
 
     private func draw() {
-        guard !closed, model.subject != nil else { return }
+        guard !closed, let model = state?.model, model.subject != nil else { return }
         let lines = ProgressFrame.lines(model, note: noteText, width: size.columns, height: size.rows, now: Timestamp.now())
         Console.write(writer.frame(lines), to: Console.output)
         lastDrawn = loop.now
@@ -99,9 +106,9 @@ final class LineDisplay: WatchDisplay {
         self.printsChanges = printsChanges
     }
 
-    func show(_ model: WatchModel, _ changes: [WatchModel.Change]) {
+    func show(_ state: WatchState, _ changes: [WatchModel.Change]) {
         guard printsChanges else { return }
-        let lines = log.lines(for: changes, in: model, now: Timestamp.now())
+        let lines = log.lines(for: changes, in: state.model, now: Timestamp.now())
         if !lines.isEmpty { Console.write(lines.map { $0 + "\n" }.joined(), to: Console.output) }
     }
 

@@ -25,7 +25,8 @@ final class Watcher {
     private let id: String
     private let display: WatchDisplay
     private let onEnd: (_ state: String) -> Void
-    private var model = WatchModel()
+    /// The model, read by the display when it draws; changed in place.
+    private let state = WatchState()
     private var parser: ServerSentEventParser
     private var call: ServerCall?
     private let idleTimer: LoopTimer
@@ -89,9 +90,9 @@ final class Watcher {
             guard let seq = response.header("Event-Seq").flatMap({ UInt64($0) }) else {
                 return session.failUnreadable("the answer to GET /workflows/\(id) has no Event-Seq")
             }
-            let changes = model.load(workflow: object, seq: seq)
-            display.show(model, changes)
-            if model.outcome != nil { return end() }
+            let changes = state.model.load(workflow: object, seq: seq)
+            display.show(state, changes)
+            if state.model.outcome != nil { return end() }
             openWorkflowStream(resuming: false)
         }
     }
@@ -99,8 +100,8 @@ final class Watcher {
     private func openWorkflowStream(resuming: Bool) {
         followsWorkflow = true
         parser.restart()
-        let headers = resuming ? [HTTPHeaderField("Last-Event-ID", String(model.lastSeq))] : []
-        call = session.server.stream("/events?workflow=\(encodedID)&since=\(model.lastSeq)", headers: headers,
+        let headers = resuming ? [HTTPHeaderField("Last-Event-ID", String(state.model.lastSeq))] : []
+        call = session.server.stream("/events?workflow=\(encodedID)&since=\(state.model.lastSeq)", headers: headers,
                                      onOpen: { [unowned self] _ in opened() },
                                      onChunk: { [unowned self] in received($0) }) { [unowned self] reply in
             call = nil
@@ -129,9 +130,9 @@ final class Watcher {
             return session.failUnreadable("\(error)")
         }
         for event in events {
-            switch model.apply(event) {
+            switch state.model.apply(event) {
             case .changed(let changes):
-                display.show(model, changes)
+                display.show(state, changes)
             case .unchanged:
                 continue
             case .reset:
@@ -139,7 +140,7 @@ final class Watcher {
                 dropStream()
                 return fetchWorkflow()
             }
-            if model.outcome != nil { return end() }
+            if state.model.outcome != nil { return end() }
         }
     }
 
@@ -148,11 +149,11 @@ final class Watcher {
         guard let response = response(reply) else { return }
         if response.isSuccess {
             // The server ended the stream before the end (it is stopping): come back.
-            return model.outcome != nil ? end() : lost("the server ended the event stream")
+            return state.model.outcome != nil ? end() : lost("the server ended the event stream")
         }
         if response.status == 404, !followsWorkflow {
             // Not a task (or no longer one): perhaps a workflow.
-            return model.subject == nil ? fetchWorkflow() : session.failUnknown(id)
+            return state.model.subject == nil ? fetchWorkflow() : session.failUnknown(id)
         }
         refusedOrLost(response)
     }
@@ -211,7 +212,7 @@ final class Watcher {
     }
 
     private func resume() {
-        switch model.subject {
+        switch state.model.subject {
         case .workflow: openWorkflowStream(resuming: true)
         case .task: openTaskStream()
         case nil: followsWorkflow ? fetchWorkflow() : openTaskStream()
@@ -221,7 +222,7 @@ final class Watcher {
     // MARK: the end
 
     private func end() {
-        guard !ended, let outcome = model.outcome else { return }
+        guard !ended, let outcome = state.model.outcome else { return }
         stop()
         onEnd(outcome)
     }

@@ -300,45 +300,70 @@ import TaskloopTestSupport
 
     // MARK: on a terminal
 
-    /// A terminal of its own: a tmux server in the foreground (`-D`), a child of the test
-    /// rather than a daemon (a daemon forked by a child would keep Foundation's `Process` from
-    /// seeing that child end), on a socket of its own, with one session running `command`.
-    /// The server ends when the session does, or when the test is done with it: then the
-    /// pane's processes and the server are killed outright, since they inherit the test
-    /// runner's blocked signals and would sit through tmux's SIGHUP and a SIGTERM.
+    /// A terminal of its own: a tmux server in the foreground (`-D`) on a socket of its own,
+    /// with one session running `command`; killed, with the pane's processes, when the test is
+    /// done with it.
+    ///
+    /// tmux is started with posix_spawn and waited for with waitpid, its output going to a
+    /// file the child opens itself, rather than through Foundation's `Process` and `Pipe`:
+    /// those leave descriptors behind in this process that any child started meanwhile inherits
+    /// (an in-process server's `exec` program, say), and a read that waits for a pipe's end,
+    /// or a wait for a child's end, then lasts as long as that other child. Its children also
+    /// start with every signal unblocked and at its default, as from a shell, rather than
+    /// with the test runner's mask.
     final class Terminal {
         let socket = FileManager.default.temporaryDirectory.appendingPathComponent("tmux-\(UUID().uuidString.prefix(8))").path
-        private let server = Process()
+        private let server: pid_t
 
         init(command: String, width: Int = 100, height: Int = 30) throws {
             guard FileManager.default.isExecutableFile(atPath: "/usr/bin/tmux") else {
                 throw TestTimeout(what: "tmux, which this test needs (make test installs it)")
             }
-            server.executableURL = URL(fileURLWithPath: "/usr/bin/tmux")
-            server.arguments = ["-S", socket, "-D"]
-            server.standardInput = FileHandle.nullDevice
-            server.standardOutput = FileHandle.nullDevice
-            server.standardError = FileHandle.nullDevice
-            try server.run()
+            server = try Self.spawn(["/usr/bin/tmux", "-S", socket, "-D"], output: nil)
             try pollUntil("the tmux server's socket") { FileManager.default.fileExists(atPath: socket) }
             try tmux(["new-session", "-d", "-x", String(width), "-y", String(height), command])
-            // -D turned it off: the server goes with its last session.
+            // -D turned it off: should the test be killed, the server goes with its session.
             try tmux(["set-option", "-g", "exit-empty", "on"])
+        }
+
+        /// Starts `arguments` (the first a path), its output to the file `output` (else
+        /// nowhere), and returns its pid.
+        static func spawn(_ arguments: [String], output: String?) throws -> pid_t {
+            var attributes = posix_spawnattr_t()
+            posix_spawnattr_init(&attributes)
+            defer { posix_spawnattr_destroy(&attributes) }
+            var unblocked = sigset_t()
+            sigemptyset(&unblocked)
+            var defaults = sigset_t()
+            sigfillset(&defaults)
+            sigdelset(&defaults, SIGKILL)
+            sigdelset(&defaults, SIGSTOP)
+            posix_spawnattr_setsigmask(&attributes, &unblocked)
+            posix_spawnattr_setsigdefault(&attributes, &defaults)
+            posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+            var actions = posix_spawn_file_actions_t()
+            posix_spawn_file_actions_init(&actions)
+            defer { posix_spawn_file_actions_destroy(&actions) }
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+            posix_spawn_file_actions_addopen(&actions, 1, output ?? "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+            posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+            let argv = arguments.map { strdup($0) } + [nil]
+            defer { for argument in argv { free(argument) } }
+            var pid: pid_t = 0
+            let status = posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ)
+            guard status == 0 else { throw ClientError.system("posix_spawn \(arguments[0])", status) }
+            return pid
         }
 
         /// Runs a tmux command on this server and returns what it printed.
         @discardableResult
         func tmux(_ arguments: [String]) throws -> String {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/tmux")
-            process.arguments = ["-S", socket] + arguments
-            let output = Pipe()
-            process.standardOutput = output
-            process.standardError = FileHandle.nullDevice
-            try process.run()
-            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            process.waitUntilExit()
-            return text
+            let output = socket + "-output"
+            defer { unlink(output) }
+            let client = try Self.spawn(["/usr/bin/tmux", "-S", socket] + arguments, output: output)
+            var status: Int32 = 0
+            while waitpid(client, &status, 0) < 0 && errno == EINTR {}
+            return (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
         }
 
         /// What the pane shows, line by line, without trailing blank lines.
@@ -367,9 +392,10 @@ import TaskloopTestSupport
         deinit {
             let panes = (try? tmux(["list-panes", "-a", "-F", "#{pane_pid}"])) ?? ""
             for pane in panes.split(separator: "\n").compactMap({ Int32($0) }) { kill(-pane, SIGKILL) }
-            kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
-            try? FileManager.default.removeItem(atPath: socket)
+            kill(server, SIGKILL)
+            var status: Int32 = 0
+            while waitpid(server, &status, 0) < 0 && errno == EINTR {}
+            unlink(socket)
         }
     }
 
@@ -382,7 +408,10 @@ import TaskloopTestSupport
     }
 
     @Test func progressBarsAreDrawnInPlaceOnATerminal() throws {
-        let setup = try Setup()
+        // The server is a process of its own: its `exec` programs then inherit nothing of this one.
+        let server = try BinaryTests.RunningBinary(arguments: ["--port", "0", "--allow-exec", "--durability", "memory",
+                                                               "--log-level", "warning"])
+        let port = try #require(BinaryTests.port(from: try server.waitForLine(containing: "listening on")))
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-tty-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -392,7 +421,7 @@ import TaskloopTestSupport
         let program = #"["sh", "-c", "echo PROGRESS 40% working; while [ ! -e \#(gate) ]; do sleep 0.02; done"]"#
         try Data(#"{"name": "thumbnails", "tasks": [{"key": "download", "kind": "exec", "params": {"argv": \#(program)}}, {"key": "resize", "kind": "exec", "params": {"argv": \#(program)}}, {"key": "publish", "kind": "noop", "dependencies": ["download", "resize"]}]}"#.utf8)
             .write(to: file)
-        let terminal = try Terminal(command: Self.paneCommand(["submit", "-f", file.path, "--watch", "--server", setup.server]))
+        let terminal = try Terminal(command: Self.paneCommand(["submit", "-f", file.path, "--watch", "--server", "http://127.0.0.1:\(port)"]))
         let labels = ["download", "resize", "publish"]
         func linesOf(_ screen: [String], _ label: String) -> [String] { screen.filter { $0.hasPrefix(label + " ") } }
         // Midway: each task on one line of its own, redrawn rather than scrolled.
@@ -416,7 +445,7 @@ import TaskloopTestSupport
         #expect(end.count == 6, "the id, the workflow, three tasks, the status: \(end)")
         #expect(end.allSatisfy { $0.count < 100 })
         #expect(terminal.cursorIsVisible)
-        try setup.service.stop()
+        #expect(try server.stop() == 0)
     }
 
     @Test func ctrlCStopsWatchingAndGivesTheCursorBack() throws {
@@ -429,6 +458,8 @@ import TaskloopTestSupport
         #expect(end.contains("EXIT=130") && terminal.cursorIsVisible, "\(end)")
         #expect(end.allSatisfy { $0.count < 60 })
         #expect(try setup.api.task(task)["state"] as? String == "running", "the task goes on")
+        // Cancelled, so the stop need not give it the grace to finish.
+        #expect(try setup.taskloop(["cancel", task]).status == 0)
         try setup.service.stop()
     }
 }
