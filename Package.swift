@@ -79,6 +79,7 @@ let package = Package(
         .target(
             name: "TaskloopEngine",
             dependencies: [
+                "TaskloopBytes",
                 "TaskloopJSON",
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "DequeModule", package: "swift-collections"),

@@ -1,4 +1,4 @@
-import Glibc
+import TaskloopBytes
 import TaskloopJSON
 
 /// Who starts a queue's tasks.
@@ -291,17 +291,8 @@ extension Engine {
 
     /// 128 random bits as 32 hex digits.
     private func newLeaseToken() -> String {
-        let random = leaseTokens.next16()
-        return String(unsafeUninitializedCapacity: 32) { text in
-            for (index, byte) in random.enumerated() {
-                text[2 * index] = Self.hexDigits[Int(byte >> 4)]
-                text[2 * index + 1] = Self.hexDigits[Int(byte & 0xf)]
-            }
-            return 32
-        }
+        Hex.encode(leaseTokens.take(16))
     }
-
-    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
 
     /// Compares without an early exit, so the time taken says nothing about the token.
     static func constantTimeEqual(_ given: String, _ expected: String) -> Bool {
@@ -309,23 +300,5 @@ extension Engine {
         var difference = UInt8(given.count == expected.count ? 0 : 1)
         for index in expected.indices { difference |= expected[index] ^ (index < given.count ? given[index] : 0) }
         return difference == 0
-    }
-}
-
-/// Randomness for lease tokens from the C library's generator (the kernel's, `getrandom`),
-/// fetched 1 KiB at a time: one system call per 64 leases instead of two per lease.
-struct LeaseTokenSource {
-    private var buffer = [UInt8](repeating: 0, count: 1_024)
-    private var used = 1_024
-
-    mutating func next16() -> ArraySlice<UInt8> {
-        if used + 16 > buffer.count {
-            buffer.withUnsafeMutableBytes { bytes in
-                arc4random_buf(bytes.baseAddress!, bytes.count)
-            }
-            used = 0
-        }
-        defer { used += 16 }
-        return buffer[used..<used + 16]
     }
 }

@@ -1,4 +1,5 @@
 import DequeModule
+import TaskloopBytes
 import TaskloopJSON
 
 public struct EngineConfiguration: Sendable {
@@ -109,7 +110,7 @@ public final class Engine {
     var grants: [(request: LeaseRequest, tasks: [TaskRecord])] = []
     /// Tasks under lease now, in every queue.
     public internal(set) var leasedCount = 0
-    var leaseTokens = LeaseTokenSource()
+    var leaseTokens = RandomBytes()
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()

@@ -1,6 +1,5 @@
 import Crypto
 import DequeModule
-import Glibc
 import Logging
 import TaskloopBytes
 import TaskloopEngine
@@ -104,7 +103,7 @@ final class Webhooks {
     /// A new webhook and its secret; written in the batch of this turn.
     func create(url: HTTPURL, events: [EventKind], queue: String?, workflow: TaskID?) throws(CreationError) -> Hook {
         guard hooks.count < settings.maxWebhooks else { throw .tooMany }
-        let key = randomBytes.take(32)
+        let key = Array(randomBytes.take(32))
         let record = WebhookRecord(
             id: "wh_" + Hex.encode(randomBytes.take(12)), url: url.text, events: events.map(\.rawValue), queue: queue,
             workflow: workflow?.description, enabled: true, createdAt: scheduler.wallClock, secret: "whsec_" + Base64.encode(key))
@@ -361,21 +360,5 @@ final class Webhooks {
             hook.due.removeAll()
         }
         awaitingCommit.removeAll()
-    }
-}
-
-/// Random bytes for ids and secrets, from the kernel's generator, a buffer at a time.
-struct RandomBytes {
-    private var buffer: [UInt8] = []
-    private var used = 0
-
-    mutating func take(_ count: Int) -> [UInt8] {
-        if used + count > buffer.count {
-            buffer = [UInt8](repeating: 0, count: max(1_024, count))
-            buffer.withUnsafeMutableBytes { arc4random_buf($0.baseAddress!, $0.count) }
-            used = 0
-        }
-        defer { used += count }
-        return Array(buffer[used..<used + count])
     }
 }
