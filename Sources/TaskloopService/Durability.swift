@@ -142,12 +142,7 @@ final class DurableState {
                 unwrittenQueues.formUnion(batch.forgottenQueues)
                 unwrittenKeys.formUnion(batch.idempotencyKeys.lazy.map(\.key))
                 unwrittenKeys.formUnion(batch.expiredIdempotencyKeys)
-                var webhookChanges = StoreBatch()
-                webhookChanges.webhooks = batch.webhooks
-                webhookChanges.deletedWebhooks = batch.deletedWebhooks
-                webhookChanges.deliveries = batch.deliveries
-                webhookChanges.deletedDeliveries = batch.deletedDeliveries
-                unwrittenWebhookChanges = unwrittenWebhookChanges.merged(with: webhookChanges)
+                unwrittenWebhookChanges = unwrittenWebhookChanges.merged(with: batch.webhookChanges)
                 failed(error)
             } else if isFailing && !hasUnwritten {
                 isFailing = false

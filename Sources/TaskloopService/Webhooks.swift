@@ -148,7 +148,6 @@ final class Webhooks {
                 record.state = DeliveryState.failed
                 record.error = "backlog_full: \(settings.maxPending) deliveries to this webhook are unfinished "
                     + "(--webhook-max-pending); this event was not sent."
-                attempts["failed", default: 0] += 1
                 finish(record, of: hook)
                 continue
             }
@@ -255,17 +254,14 @@ final class Webhooks {
         record.attemptedAt = scheduler.wallClock
         if let status, (200...299).contains(status) {
             record.state = .delivered
-            attempts["delivered", default: 0] += 1
             finish(record, of: hook)
         } else if status == 410 {
             record.state = .failed
-            attempts["failed", default: 0] += 1
             finish(record, of: hook)
             disable(hook)
         } else if !hook.record.enabled || record.attempt > settings.retrySchedule.count {
             record.state = .failed
             if !hook.record.enabled { record.error = (error ?? "status \(status ?? 0)") + "; the webhook is disabled." }
-            attempts["failed", default: 0] += 1
             finish(record, of: hook)
         } else {
             let wait = settings.retrySchedule[record.attempt - 1]
@@ -273,23 +269,34 @@ final class Webhooks {
             attempts["retrying", default: 0] += 1
             delivery.record = record
             durable?.record(record)
-            delivery.retry = scheduler.schedule(after: wait) { [weak self, unowned delivery] in
-                delivery.retry = nil
-                hook.due.append(delivery)
-                self?.pump(hook)
-            }
+            retry(delivery, of: hook, after: wait)
         }
         pump(hook)
     }
 
-    /// Delivered or given up: into the log, which keeps the newest `deliveryLog`.
+    /// Back in its webhook's line after `wait` ms.
+    private func retry(_ delivery: Delivery, of hook: Hook, after wait: UInt64) {
+        delivery.retry = scheduler.schedule(after: wait) { [weak self, unowned delivery] in
+            delivery.retry = nil
+            hook.due.append(delivery)
+            self?.pump(hook)
+        }
+    }
+
+    /// Delivered or given up (counted by that outcome): into the log.
     private func finish(_ record: DeliveryRecord, of hook: Hook) {
         var record = record
         record.body = []
         record.nextAttemptAt = nil
+        attempts[record.state.rawValue, default: 0] += 1
         hook.pending.removeValue(forKey: record.id)
         hook.finished.append(record)
         durable?.record(record)
+        trimLog(of: hook)
+    }
+
+    /// The log keeps the newest `deliveryLog` finished deliveries; older ones leave the store too.
+    private func trimLog(of hook: Hook) {
         var pushedOut: [String] = []
         while hook.finished.count > settings.deliveryLog { pushedOut.append(hook.finished.removeFirst().id) }
         if !pushedOut.isEmpty { durable?.delete(deliveries: pushedOut) }
@@ -307,7 +314,6 @@ final class Webhooks {
             var record = delivery.record
             record.state = .failed
             record.error = "webhook_disabled: the receiver answered 410 Gone to another delivery."
-            attempts["failed", default: 0] += 1
             finish(record, of: hook)
         }
     }
@@ -335,20 +341,10 @@ final class Webhooks {
             let delivery = Delivery(record, batch: 0)
             hook.pending[record.id] = delivery
             let wait = (record.nextAttemptAt ?? now) - now
-            if wait <= 0 {
-                hook.due.append(delivery)
-            } else {
-                delivery.retry = scheduler.schedule(after: UInt64(wait)) { [weak self, unowned delivery] in
-                    delivery.retry = nil
-                    hook.due.append(delivery)
-                    self?.pump(hook)
-                }
-            }
+            if wait <= 0 { hook.due.append(delivery) } else { retry(delivery, of: hook, after: UInt64(wait)) }
         }
         for hook in hooks.values {
-            var pushedOut: [String] = []
-            while hook.finished.count > settings.deliveryLog { pushedOut.append(hook.finished.removeFirst().id) }
-            if !pushedOut.isEmpty { durable?.delete(deliveries: pushedOut) }
+            trimLog(of: hook)
             pump(hook)
         }
     }

@@ -66,6 +66,17 @@ public struct StoreBatch: Sendable {
         !webhooks.isEmpty || !deletedWebhooks.isEmpty || !deliveries.isEmpty || !deletedDeliveries.isEmpty
     }
 
+    /// Only the webhook and delivery changes: what a failed batch carries into the next as it
+    /// was (tasks, workflows and the rest are written again from the engine's state instead).
+    public var webhookChanges: StoreBatch {
+        var changes = StoreBatch()
+        changes.webhooks = webhooks
+        changes.deletedWebhooks = deletedWebhooks
+        changes.deliveries = deliveries
+        changes.deletedDeliveries = deletedDeliveries
+        return changes
+    }
+
     /// This batch followed by `later` as one: what `later` writes or deletes wins. A batch that
     /// failed to commit is merged into the next, so nothing it held is dropped.
     public func merged(with later: StoreBatch) -> StoreBatch {
