@@ -28,6 +28,12 @@ public struct APIProblem: HTTPResponseError, Equatable {
         self.keys = keys
     }
 
+    /// 400 `invalid_query`, naming each bad query parameter.
+    static func invalidQuery(_ errors: [FieldError]) -> APIProblem {
+        APIProblem(.badRequest, detail: "The query has \(errors.count) invalid parameter(s).", type: ProblemType.validation,
+                   code: "invalid_query", fieldErrors: errors)
+    }
+
     public var status: HTTPStatus { problem.status }
     public var code: String { problem.code }
 

@@ -30,10 +30,7 @@ extension TaskloopApplication {
                 errors.append(.init(field: "since", message: "must be an event number (the id: of an event)."))
             }
         }
-        guard errors.isEmpty else {
-            throw APIProblem(.badRequest, detail: "The query has \(errors.count) invalid parameter(s).",
-                              type: ProblemType.validation, code: "invalid_query", fieldErrors: errors)
-        }
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         try refuseWhileDraining()
         answered(reply, status: .ok)
         eventLog.subscribe(reply, filter: filter, since: since)

@@ -81,14 +81,9 @@ extension TaskloopApplication {
     }
 
     func listDeliveries(_ request: HTTPRequest, _ reply: Reply) throws {
-        var limit = 100
-        if let text = request.query("limit") {
-            guard let value = Int(text), (1...1_000).contains(value) else {
-                throw APIProblem(.badRequest, detail: "limit: must be an integer from 1 to 1000.", type: ProblemType.validation,
-                                  code: "invalid_query", fieldErrors: [.init(field: "limit", message: "must be an integer from 1 to 1000.")])
-            }
-            limit = value
-        }
+        var errors: [APIProblem.FieldError] = []
+        let limit = Self.pageLimit(request, errors: &errors)
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         let hook = try existingWebhook(request)
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()

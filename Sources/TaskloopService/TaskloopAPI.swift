@@ -178,12 +178,21 @@ extension TaskloopApplication {
         waiters.wait(for: task.id, reply: reply, milliseconds: wait)
     }
 
+    /// `?limit=`: 1 to 1000, 100 when absent.
+    static func pageLimit(_ request: HTTPRequest, errors: inout [APIProblem.FieldError]) -> Int {
+        guard let text = request.query("limit") else { return 100 }
+        guard let value = Int(text), (1...1_000).contains(value) else {
+            errors.append(.init(field: "limit", message: "must be an integer from 1 to 1000."))
+            return 100
+        }
+        return value
+    }
+
     private func listTasks(_ request: HTTPRequest, _ reply: Reply) throws {
         var errors: [APIProblem.FieldError] = []
         var state: TaskState?
         var queue: TaskQueue?
         var workflow: WorkflowRecord?
-        var limit = 100
         var after: TaskID?
         var empty = false
         if let text = request.query("state") {
@@ -199,19 +208,12 @@ extension TaskloopApplication {
             workflow = TaskID(text).flatMap { engine.workflow($0) }
             if workflow == nil { empty = true }
         }
-        if let text = request.query("limit") {
-            if let value = Int(text), (1...1_000).contains(value) { limit = value } else {
-                errors.append(.init(field: "limit", message: "must be an integer from 1 to 1000."))
-            }
-        }
+        let limit = Self.pageLimit(request, errors: &errors)
         if let text = request.query("after"), !text.isEmpty {
             after = TaskID(text)
             if after == nil { errors.append(.init(field: "after", message: "is not a cursor this server gave out.")) }
         }
-        guard errors.isEmpty else {
-            throw APIProblem(.badRequest, detail: "The query has \(errors.count) invalid parameter(s).",
-                              type: ProblemType.validation, code: "invalid_query", fieldErrors: errors)
-        }
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         let page = empty ? (tasks: [], next: nil) : engine.listTasks(before: after, limit: limit, in: workflow) { task in
             (state == nil || task.state == state) && (queue == nil || task.queue === queue)
         }
