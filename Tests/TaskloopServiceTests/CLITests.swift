@@ -489,19 +489,8 @@ final class ScriptedServer: @unchecked Sendable {
 
     init(_ script: @escaping @Sendable (Request, Int) -> Answer) throws {
         self.script = script
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0, listen(listener, 16) == 0 else { throw ClientError.system("bind/listen", errno) }
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        withUnsafeMutablePointer(to: &address) {
-            _ = $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) }
-        }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        let (listener, port) = try loopbackListener(backlog: 16)
+        self.port = port
         self.listener = listener
         Thread { [self] in
             while case let fd = accept(listener, nil, nil), fd >= 0 { serve(fd) }
