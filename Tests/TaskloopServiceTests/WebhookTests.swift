@@ -208,11 +208,11 @@ extension [String: Any] {
         try receiver.configure(answers: ["/stuck": [0]])
         var ids: [String] = []
         for index in 0..<6 { ids.append(try client.submit(#"{"kind":"noop","name":"t\#(index)"}"#)["id"] as! String) }
-        let fine = try receiver.waitFor("all six to the live receiver", path: "/fine") { _ in
-            Set(receiver.deliveries.filter { $0["path"] as? String == "/fine" }.compactMap { $0.deliveredTask?["id"] as? String })
-                == Set(ids)
+        // Every one reaches the live receiver (a copy more would be allowed: at least once).
+        try pollUntil("all six to the live receiver", timeout: 10, every: 2_000) {
+            let fine = receiver.deliveries.filter { $0["path"] as? String == "/fine" }
+            return Set(fine.compactMap { $0.deliveredTask?["id"] as? String }) == Set(ids)
         }
-        #expect(fine.count == 6)
         #expect(receiver.deliveries.filter { $0["path"] as? String == "/stuck" }.count <= 2, "at most two in flight")
         // Each stuck attempt is cut at the timeout and logged, then retried on the schedule.
         try pollUntil("a timed-out attempt logged", timeout: 5, every: 10_000) {
