@@ -96,8 +96,21 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             // The spec the server serves at /openapi.yaml is the file itself (a link to the
-            // repository's openapi.yaml), compiled into the binary.
-            resources: [.embedInCode("Resources/openapi.yaml")],
+            // repository's openapi.yaml), and the dashboard's files; all compiled into the binary.
+            resources: [
+                .embedInCode("Resources/openapi.yaml"),
+                .embedInCode("Resources/ui/index.html"),
+                .embedInCode("Resources/ui/style.css"),
+                .embedInCode("Resources/ui/icon.svg"),
+                .embedInCode("Resources/ui/app.js"),
+                .embedInCode("Resources/ui/api.js"),
+                .embedInCode("Resources/ui/dom.js"),
+                .embedInCode("Resources/ui/queues.js"),
+                .embedInCode("Resources/ui/tasks.js"),
+                .embedInCode("Resources/ui/task.js"),
+                .embedInCode("Resources/ui/workflow.js"),
+                .embedInCode("Resources/ui/graph.js"),
+            ],
             swiftSettings: hotPathSettings
         ),
         .executableTarget(

@@ -289,6 +289,7 @@ public final class Engine {
         if let error { record.error = error } else if state == .succeeded { record.error = nil }
         record.finishedAt = scheduler.wallClock
         record.finishedAtMonotonic = Int64(scheduler.now)
+        record.queue.finishHistory.record(at: record.finishedAt!)
         transition(record, to: state)
         unfinishedCount -= 1
         if wasRunning { needsDispatch(record.queue) }

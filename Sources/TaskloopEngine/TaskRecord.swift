@@ -105,6 +105,8 @@ public final class TaskQueue {
     /// Lease calls waiting now.
     public internal(set) var waitingLessees = 0
     public internal(set) var leaseCounts = LeaseCounts()
+    /// Tasks finished per interval over the last minutes.
+    public internal(set) var finishHistory = FinishHistory()
 
     init(name: String, maxConcurrency: Int) {
         self.name = name

@@ -65,7 +65,7 @@ final class StreamEvent {
             Representation.writeSummary(workflow, into: &json, as: state)
         } else if let queue {
             json.key(static: "queue")
-            Representation.write(queue, into: &json)
+            Representation.write(queue, at: time, into: &json)
         }
         json.endObject()
         renderedData = json.bytes

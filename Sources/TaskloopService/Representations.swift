@@ -140,7 +140,8 @@ enum Representation {
         return json.bytes
     }
 
-    static func write(_ queue: TaskQueue, into json: inout JSONWriter) {
+    /// `at`: the wall-clock time the queue's finish history is read at.
+    static func write(_ queue: TaskQueue, at wallClock: Int64, into json: inout JSONWriter) {
         json.beginObject()
         json.field("name", queue.name)
         json.field("max_concurrency", queue.maxConcurrency)
@@ -154,12 +155,20 @@ enum Representation {
             json.int(queue.counts[state])
         }
         json.endObject()
+        json.key(static: "throughput")
+        json.beginObject()
+        json.field("interval_seconds", Int(FinishHistory.intervalMilliseconds / 1_000))
+        json.key(static: "finished")
+        json.beginArray()
+        for count in queue.finishHistory.counts(at: wallClock) { json.int(count) }
+        json.endArray()
+        json.endObject()
         json.endObject()
     }
 
-    static func queue(_ queue: TaskQueue) -> [UInt8] {
+    static func queue(_ queue: TaskQueue, at wallClock: Int64) -> [UInt8] {
         var json = JSONWriter()
-        write(queue, into: &json)
+        write(queue, at: wallClock, into: &json)
         return json.bytes
     }
 

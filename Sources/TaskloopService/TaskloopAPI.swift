@@ -45,6 +45,15 @@ extension TaskloopApplication {
             Route(.GET, "/openapi.yaml", [200]) { _, reply in
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: PackageResources.openapi_yaml))
             },
+            Route(.GET, "/ui", [200, 304], isPublic: true) { request, reply in
+                reply.send(Dashboard.response(for: "index.html", request)!)
+            },
+            Route(.GET, "/ui/{file}", [200, 304, 404], isPublic: true) { request, reply in
+                guard let response = Dashboard.response(for: request.parameters["file"] ?? "", request) else {
+                    throw APIProblem(.notFound, detail: "The dashboard has no file of that name.", code: "not_found")
+                }
+                reply.send(response)
+            },
             Route(.GET, "/metrics", [200]) { [unowned self] _, reply in
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
                                         body: renderMetrics()))
@@ -103,13 +112,14 @@ extension TaskloopApplication {
                 json.beginObject()
                 json.key(static: "queues")
                 json.beginArray()
-                for name in engine.queues.keys.sorted() { Representation.write(engine.queues[name]!, into: &json) }
+                let now = engine.scheduler.wallClock
+                for name in engine.queues.keys.sorted() { Representation.write(engine.queues[name]!, at: now, into: &json) }
                 json.endArray()
                 json.endObject()
                 reply.send(.json(.ok, json.bytes))
             },
             Route(.GET, "/queues/{name}", [200, 404]) { [unowned self] request, reply in
-                reply.send(.json(.ok, Representation.queue(try existingQueue(request))))
+                reply.send(.json(.ok, Representation.queue(try existingQueue(request), at: engine.scheduler.wallClock)))
             },
             Route(.PATCH, "/queues/{name}", [200, 415, 422]) { [unowned self] request, reply in try updateQueue(request, reply) },
             Route(.POST, "/webhooks", [201, 409, 415, 422]) { [unowned self] request, reply in try createWebhook(request, reply) },
@@ -208,6 +218,14 @@ extension TaskloopApplication {
             workflow = TaskID(text).flatMap { engine.workflow($0) }
             if workflow == nil { empty = true }
         }
+        let kind = request.query("kind")
+        // Case-insensitive: ASCII letters fold, as people type names.
+        let nameContains = request.query("name").map { $0.lowercased() }
+        var dependency: TaskID?
+        if let text = request.query("depends_on") {
+            dependency = TaskID(text)
+            if dependency == nil { empty = true }
+        }
         let limit = Self.pageLimit(request, errors: &errors)
         if let text = request.query("after"), !text.isEmpty {
             after = TaskID(text)
@@ -216,6 +234,9 @@ extension TaskloopApplication {
         guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         let page = empty ? (tasks: [], next: nil) : engine.listTasks(before: after, limit: limit, in: workflow) { task in
             (state == nil || task.state == state) && (queue == nil || task.queue === queue)
+                && (kind == nil || task.kind == kind)
+                && (dependency == nil || task.dependencies.contains(dependency!))
+                && (nameContains == nil || nameContains!.isEmpty || task.name?.lowercased().contains(nameContains!) == true)
         }
         var json = JSONWriter(capacity: 512 * (page.tasks.count + 1))
         json.beginObject()
@@ -357,7 +378,7 @@ extension TaskloopApplication {
         }
         try reader.check()
         let queue = try engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch)
-        reply.send(.json(.ok, Representation.queue(queue)))
+        reply.send(.json(.ok, Representation.queue(queue, at: engine.scheduler.wallClock)))
     }
 
     // MARK: helpers
