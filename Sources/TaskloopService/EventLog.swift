@@ -12,9 +12,10 @@ enum EventKind: String, CaseIterable {
     case queueUpdated = "queue.updated"
 }
 
-/// One numbered change. Its `data` is rendered the first time a subscriber needs it, from the
-/// record as it is then (a state event shows the state it announces), and kept for the others:
-/// a server nobody listens to renders nothing.
+/// One numbered change. It keeps what the change showed (a task's `TaskMoment`, a workflow's
+/// state and progress) from when it was numbered; its `data` is rendered from that the first
+/// time a subscriber needs it and kept for the others: a server nobody listens to renders
+/// nothing, and a replay shows each change as it was.
 ///
 /// Threading: loop thread only.
 final class StreamEvent {
@@ -23,9 +24,11 @@ final class StreamEvent {
     /// Wall-clock milliseconds of the change.
     let time: Int64
     let task: TaskRecord?
-    /// The state the event announces (a task's or a workflow's), shown instead of the current
-    /// one; nil for progress, which shows the task as it is.
-    let state: TaskState?
+    /// The task as the change left it.
+    let moment: TaskMoment?
+    /// The workflow's state and progress as the change left them.
+    let workflowState: TaskState?
+    let workflowFraction: Double
     let workflow: WorkflowRecord?
     let queue: TaskQueue?
     /// The batch whose commit makes it visible (durable state), or 0.
@@ -39,7 +42,9 @@ final class StreamEvent {
         self.kind = kind
         self.time = time
         self.task = task
-        self.state = state
+        moment = task.map { TaskMoment($0, state: state) }
+        workflowState = workflow.map { state ?? $0.state }
+        workflowFraction = workflow?.fraction ?? 0
         self.workflow = workflow
         self.queue = queue
         self.batch = batch
@@ -57,12 +62,12 @@ final class StreamEvent {
         json.field("seq", Int(seq))
         json.field("type", kind.rawValue)
         Representation.timestamp("time", time, into: &json)
-        if let task {
+        if let task, let moment {
             json.key(static: "task")
-            Representation.write(task, into: &json, as: state)
-        } else if let workflow {
+            Representation.write(task, moment, into: &json)
+        } else if let workflow, let workflowState {
             json.key(static: "workflow")
-            Representation.writeSummary(workflow, into: &json, as: state)
+            Representation.writeSummary(workflow, state: workflowState, fraction: workflowFraction, into: &json)
         } else if let queue {
             json.key(static: "queue")
             Representation.write(queue, at: time, into: &json)
@@ -281,7 +286,7 @@ final class EventLog {
         let before = subscriber.pending.count
         for event in events where event.seq > subscriber.after && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
-            if let id = subscriber.endsWith, event.kind == .taskState, event.task?.id == id, event.state?.isTerminal == true {
+            if let id = subscriber.endsWith, event.kind == .taskState, event.task?.id == id, event.moment?.state.isTerminal == true {
                 subscriber.ending = true
                 break
             }

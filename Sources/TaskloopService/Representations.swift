@@ -15,7 +15,12 @@ enum Representation {
 
     /// `showingToken`: the lease's token, for the worker it was granted to (a lease answer).
     /// `state`: the state to show instead of the current one (an event announcing it).
-    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false, as state: TaskState? = nil) {
+    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false) {
+        write(task, TaskMoment(task), into: &json, showingToken: showingToken)
+    }
+
+    /// The task with what changes over its life as `moment` holds it.
+    static func write(_ task: TaskRecord, _ moment: TaskMoment, into json: inout JSONWriter, showingToken: Bool = false) {
         json.beginObject()
         json.key(static: "id")
         write(task.id, into: &json)
@@ -25,8 +30,8 @@ enum Representation {
         json.field("queue", task.queue.name)
         json.field("priority", task.priority)
         json.key(static: "state")
-        json.string(static: name(of: state ?? task.state))
-        json.field("cancel_requested", task.cancelRequested)
+        json.string(static: name(of: moment.state))
+        json.field("cancel_requested", moment.cancelRequested)
         json.key(static: "dependencies")
         json.beginArray()
         for dependency in task.dependencies { write(dependency, into: &json) }
@@ -34,36 +39,41 @@ enum Representation {
         json.key(static: "on_dependency_failure")
         json.string(static: task.onDependencyFailure == .cancel ? "cancel" : "run")
         json.key(static: "progress")
-        write(task.progress, into: &json)
-        json.field("attempt", task.attempt)
-        json.field("max_attempts", task.maxAttempts)
+        write(moment.progress, into: &json)
+        json.field("attempt", moment.attempt)
+        json.field("max_attempts", moment.retry.maxAttempts)
         json.key(static: "timeout_ms")
         if let timeout = task.timeoutMilliseconds { json.int(Int64(timeout)) } else { json.null() }
         json.key(static: "retry")
         json.beginObject()
-        json.field("max_attempts", task.retry.maxAttempts)
-        json.field("backoff_ms", Int(task.retry.backoffMilliseconds))
+        json.field("max_attempts", moment.retry.maxAttempts)
+        json.field("backoff_ms", Int(moment.retry.backoffMilliseconds))
         json.key(static: "backoff_factor")
-        json.double(task.retry.backoffFactor)
+        json.double(moment.retry.backoffFactor)
         json.endObject()
         timestamp("created_at", task.createdAt, into: &json)
-        timestamp("started_at", task.startedAt, into: &json)
-        timestamp("finished_at", task.finishedAt, into: &json)
-        json.field("result", task.result ?? .null)
+        timestamp("started_at", moment.startedAt, into: &json)
+        timestamp("finished_at", moment.finishedAt, into: &json)
+        json.field("result", moment.result ?? .null)
         json.key(static: "error")
-        if let error = task.error { write(error, into: &json) } else { json.null() }
+        if let error = moment.error { write(error, into: &json) } else { json.null() }
         json.field("metadata", task.metadata ?? .null)
         json.field("workflow", task.workflow?.id.description)
         json.key(static: "lease")
-        if let lease = task.lease { write(lease, into: &json, showingToken: showingToken) } else { json.null() }
+        if let lease = moment.lease {
+            write(lease, expiresAt: moment.leaseExpiresAt, into: &json, showingToken: showingToken)
+        } else {
+            json.null()
+        }
         json.endObject()
     }
 
-    static func write(_ lease: Lease, into json: inout JSONWriter, showingToken: Bool) {
+    /// `expiresAt`: the expiry to show, when not the lease's current one.
+    static func write(_ lease: Lease, expiresAt: Int64? = nil, into json: inout JSONWriter, showingToken: Bool) {
         json.beginObject()
         if showingToken { json.field("token", lease.token) }
         json.field("worker", lease.worker)
-        timestamp("expires_at", lease.expiresAt, into: &json)
+        timestamp("expires_at", expiresAt ?? lease.expiresAt, into: &json)
         json.endObject()
     }
 
@@ -173,15 +183,15 @@ enum Representation {
     }
 
     /// A workflow without its tasks, as events show it: `{id, name, state, progress}`.
-    static func writeSummary(_ workflow: WorkflowRecord, into json: inout JSONWriter, as state: TaskState? = nil) {
+    static func writeSummary(_ workflow: WorkflowRecord, state: TaskState, fraction: Double, into json: inout JSONWriter) {
         json.beginObject()
         json.field("id", workflow.id.description)
         json.field("name", workflow.name)
-        json.field("state", (state ?? workflow.state).rawValue)
+        json.field("state", state.rawValue)
         json.key(static: "progress")
         json.beginObject()
         json.key(static: "fraction")
-        json.double(workflow.fraction)
+        json.double(fraction)
         json.endObject()
         json.endObject()
     }
@@ -300,5 +310,41 @@ private final class DayCache {
         let cache = DayCache()
         pthread_setspecific(key, Unmanaged.passRetained(cache).toOpaque())
         return cache
+    }
+}
+
+/// What of a task changes over its life, as it was at one moment. An event keeps one from when
+/// it was numbered and renders from it whenever a subscriber first needs its JSON, so a replay
+/// shows each change as it was, never a later state (which might not be committed yet).
+/// A few words and references: taking one costs far less than rendering.
+///
+/// Threading: made on the loop thread; immutable.
+struct TaskMoment {
+    let state: TaskState
+    let cancelRequested: Bool
+    let attempt: Int
+    let retry: RetryPolicy
+    let startedAt: Int64?
+    let finishedAt: Int64?
+    let result: JSONValue?
+    let error: TaskError?
+    let progress: TaskProgress
+    let lease: Lease?
+    let leaseExpiresAt: Int64?
+
+    /// `state`: the state to show instead of the task's own (an event announcing a state the
+    /// task has already left within the same engine call).
+    init(_ task: TaskRecord, state: TaskState? = nil) {
+        self.state = state ?? task.state
+        cancelRequested = task.cancelRequested
+        attempt = task.attempt
+        retry = task.retry
+        startedAt = task.startedAt
+        finishedAt = task.finishedAt
+        result = task.result
+        error = task.error
+        progress = task.progress
+        lease = task.lease
+        leaseExpiresAt = task.lease?.expiresAt
     }
 }

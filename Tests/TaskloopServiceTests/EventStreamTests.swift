@@ -126,6 +126,31 @@ import TaskloopTestSupport
         #expect(try resumed.waitFor(7).map(\.id) == (10...16).map { Optional(UInt64($0)) })
     }
 
+    @Test func aReplayShowsEachChangeAsItWasNotAsTheTaskIsNow() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        // Nobody listens while it runs: each event's JSON is first rendered for the replay.
+        let id = try client.submit(#"{"kind":"sleep","params":{"duration_ms":900,"steps":3}}"#)["id"] as! String
+        _ = try client.waitForState(id, "succeeded")
+        let replay = try Stream(port: service.port, "/events?task=\(id)&since=0")
+        var events: [Stream.Event] = []
+        try pollUntil("the replay up to the end", timeout: 5, every: 0) {
+            events = try replay.waitFor(events.count + 1)
+            return events.last?.data["task"].flatMap { ($0 as? [String: Any])?["state"] as? String } == "succeeded"
+        }
+        let tasks = events.compactMap { $0.data["task"] as? [String: Any] }
+        let states = tasks.map { $0["state"] as? String ?? "" }
+        #expect(Array(states.prefix(3)) == ["pending", "queued", "running"] && states.last == "succeeded", "\(states)")
+        // Progress events (coalesced to 5/s, so one or two of the two steps): each as it was.
+        let steps = tasks.dropFirst(3).dropLast()
+        #expect(!steps.isEmpty && steps.allSatisfy { $0["state"] as? String == "running" }, "\(states)")
+        let fractions = steps.compactMap { ($0["progress"] as? [String: Any])?["fraction"] as? Double }
+        #expect(fractions.count == steps.count && fractions.allSatisfy { $0 < 1 } && fractions == fractions.sorted(), "\(fractions)")
+        #expect(tasks.dropLast().allSatisfy { $0["finished_at"] is NSNull }, "no event before the end shows the end")
+        #expect(tasks.last?["finished_at"] is String)
+    }
+
     @Test func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
