@@ -45,6 +45,7 @@ test: deps
 	# The service's suites keep state durably (`full`, as the binary does); once more in memory.
 	TASKLOOP_TEST_DURABILITY=memory $(SWIFT) test --skip-build --filter TaskloopServiceTests
 	bash scripts/check-openapi.sh
+	bash scripts/check-ui.sh
 	bash scripts/check-container.sh
 
 

@@ -46,7 +46,8 @@ export function fill(element, ...children) {
 }
 
 export function badge(state, cancelRequested) {
-  return h('span', { class: `badge state-${state}` }, state, cancelRequested && state === 'running' ? ' · cancelling' : null);
+  // A running task whose cancellation is under way says so in the badge's own width.
+  return h('span', { class: `badge state-${state}` }, cancelRequested && state === 'running' ? 'cancelling' : state);
 }
 
 /** A progress bar: role=progressbar with its value for assistive technology. */
@@ -107,7 +108,8 @@ export function taskLabel(task) {
 /** Pretty JSON in a <pre>, or a dash. */
 export function jsonBlock(value, label) {
   if (value === null || value === undefined) return h('p', { class: 'muted' }, '—');
-  return h('pre', { class: 'json', tabindex: 0, 'aria-label': label }, JSON.stringify(value, null, 2));
+  // Focusable so a long block scrolls from the keyboard; a region so its label is announced.
+  return h('pre', { class: 'json', tabindex: 0, role: 'region', 'aria-label': label }, JSON.stringify(value, null, 2));
 }
 
 export function toast(message, kind = 'info') {

@@ -86,7 +86,7 @@ export async function mount(view, target) {
       h('th', { scope: 'col', class: 'name' }, 'Task'),
       h('th', { scope: 'col' }, 'Kind'),
       h('th', { scope: 'col' }, 'Queue'),
-      h('th', { scope: 'col' }, 'State'),
+      h('th', { scope: 'col', class: 'state' }, 'State'),
       h('th', { scope: 'col', class: 'progress' }, 'Progress'),
       h('th', { scope: 'col' }, 'Attempt'),
       h('th', { scope: 'col' }, 'Created'),
@@ -127,7 +127,7 @@ export async function mount(view, target) {
     const idText = h('span', { class: 'id' }, id);
     const kind = h('td');
     const queue = h('td');
-    const state = h('td');
+    const state = h('td', { class: 'state' });
     const bar = progressBar(null);
     const message = h('span', { class: 'message' });
     const attempt = h('td', { class: 'number' });

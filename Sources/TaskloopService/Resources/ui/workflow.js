@@ -47,18 +47,22 @@ export async function mount(view, target) {
     s('defs', {}, s('marker', { id: 'arrow', viewBox: '0 0 10 10', refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: 'auto-start-reverse' },
       s('path', { d: 'M0,0 L10,5 L0,10 z', class: 'arrowhead' }))),
     edges, nodeLayer);
-  for (const [from, to] of graph.edges) {
-    const a = graph.positions[from];
-    const b = graph.positions[to];
-    const x1 = a.x + NODE_WIDTH;
-    const y1 = a.y + NODE_HEIGHT / 2;
-    const x2 = b.x;
-    const y2 = b.y + NODE_HEIGHT / 2;
-    const bend = Math.max(20, (x2 - x1) / 2);
-    // An edge that skips layers arches over the row, so it never hides behind the tasks between.
-    const skipped = Math.round((x2 - x1) / (NODE_WIDTH + GAP_X));
-    const arch = skipped > 0 ? NODE_HEIGHT * 0.75 + Math.min(skipped, 4) * 8 : 0;
-    edges.append(s('path', { d: `M${x1},${y1} C${x1 + bend},${y1 - arch} ${x2 - bend},${y2 - arch} ${x2},${y2}`, 'marker-end': 'url(#arrow)' }));
+  for (const { points } of graph.edges) {
+    // Straight through each layer crossed, a horizontal-tangent curve between layers. A long
+    // edge left without a route (a huge graph) arches over the tasks between its ends.
+    const [first, ...rest] = points;
+    let d = `M${first[0]},${first[1]}`;
+    let previous = first;
+    rest.forEach((point, index) => {
+      const crossing = index % 2 === 1;
+      if (crossing) { d += ` L${point[0]},${point[1]}`; previous = point; return; }
+      const bend = Math.max(20, (point[0] - previous[0]) / 2);
+      const skipped = points.length === 2 ? Math.round((point[0] - previous[0]) / (NODE_WIDTH + GAP_X)) : 0;
+      const arch = skipped > 0 ? NODE_HEIGHT * 0.75 + Math.min(skipped, 4) * 8 : 0;
+      d += ` C${previous[0] + bend},${previous[1] - arch} ${point[0] - bend},${point[1] - arch} ${point[0]},${point[1]}`;
+      previous = point;
+    });
+    edges.append(s('path', { d, 'marker-end': 'url(#arrow)' }));
   }
   workflow.tasks.forEach((task, index) => {
     const { x, y } = graph.positions[index];
