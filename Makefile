@@ -56,6 +56,7 @@ bench: bench-deps
 	bash Benchmarks/store/run.sh
 	bash Benchmarks/leases/run.sh
 	bash Benchmarks/events/run.sh
+	bash Benchmarks/ui/run.sh
 
 clean:
 	rm -rf .build
