@@ -12,15 +12,15 @@ function sparkline(throughput) {
   const max = Math.max(1, ...counts);
   const step = width / Math.max(1, counts.length - 1);
   const points = counts.map((count, index) => `${(index * step).toFixed(1)},${(height - 2 - (count / max) * (height - 4)).toFixed(1)}`);
-  const perInterval = counts.length > 1 ? counts[counts.length - 2] : 0;
-  const perMinute = Math.round((perInterval * 60) / throughput.interval_seconds);
-  const total = counts.reduce((sum, count) => sum + count, 0);
+  const sum = (list) => list.reduce((total, count) => total + count, 0);
+  // The last minute's intervals, the current (still filling) one included.
+  const lastMinute = sum(counts.slice(-Math.max(1, Math.round(60 / throughput.interval_seconds))));
   const minutes = Math.round((counts.length * throughput.interval_seconds) / 60);
-  const label = `${total} finished in the last ${minutes} minutes; ${perMinute} per minute lately`;
+  const label = `${sum(counts)} finished in the last ${minutes} minutes; ${lastMinute} in the last minute`;
   return h('div', { class: 'throughput' },
     s('svg', { class: 'sparkline', viewBox: `0 0 ${width} ${height}`, width, height, role: 'img', 'aria-label': label },
       s('polyline', { points: points.join(' '), fill: 'none' })),
-    h('span', { class: 'rate' }, `${perMinute}/min`));
+    h('span', { class: 'rate' }, `${lastMinute}/min`));
 }
 
 export async function mount(view) {
