@@ -52,6 +52,11 @@ function askForToken(refused) {
   return tokenPrompt;
 }
 
+/** After a 401 to a request sent with `sentWith`: asks for a token unless one came meanwhile. */
+async function afterRefusal(sentWith) {
+  if (token === sentWith) await askForToken(sentWith !== null);
+}
+
 /** One API call: resolves with {status, json, headers}; throws ApiError for 4xx/5xx. */
 export async function call(method, path, body) {
   for (;;) {
@@ -60,7 +65,7 @@ export async function call(method, path, body) {
     if (body !== undefined) headers['Content-Type'] = 'application/json';
     const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
     if (response.status === 401) {
-      if (token === sentWith) await askForToken(sentWith !== null);
+      await afterRefusal(sentWith);
       continue;
     }
     const text = await response.text();
@@ -74,6 +79,18 @@ export async function call(method, path, body) {
 }
 
 export const get = (path) => call('GET', path);
+
+/** Cancels (`'cancel'`) or retries (`'retry'`) task `id`; resolves with the task as answered. */
+export async function actOnTask(action, id) {
+  const path = `/tasks/${encodeURIComponent(id)}`;
+  return (action === 'cancel' ? await call('DELETE', path) : await call('POST', `${path}/retry`)).json;
+}
+
+/** What a cancel or retry of `task` (the answer) came to, in a word. */
+export function outcome(action, task) {
+  if (action === 'retry') return 'retried';
+  return task.state === 'cancelled' ? 'cancelled' : 'cancelling';
+}
 
 export function query(params) {
   const search = new URLSearchParams();
@@ -156,7 +173,7 @@ export function follow(filters, since, onEvent, onReset) {
           headers: authorized({ Accept: 'text/event-stream' }), signal: controller.signal, cache: 'no-store',
         });
         if (response.status === 401) {
-          if (token === sentWith) await askForToken(sentWith !== null);
+          await afterRefusal(sentWith);
           continue;
         }
         if (!response.ok) throw new ApiError(response.status, null);

@@ -3,6 +3,8 @@
 
 export const STATES = ['pending', 'queued', 'running', 'succeeded', 'failed', 'cancelled'];
 export const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
+/** The states a retry takes a task out of. */
+export const RETRYABLE = new Set(['failed', 'cancelled']);
 
 function build(element, attrs, children) {
   for (const [name, value] of Object.entries(attrs || {})) {

@@ -2,8 +2,8 @@
 // dependencies and dependents, its lease, and its history from the server's event buffer
 // (GET /events?task=ID&since=0, which then goes on live).
 
-import { call, get, follow, query } from './api.js';
-import { h, fill, TERMINAL, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, jsonBlock, toast } from './dom.js';
+import { get, follow, query, actOnTask, outcome } from './api.js';
+import { h, fill, TERMINAL, RETRYABLE, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, jsonBlock, toast } from './dom.js';
 
 function row(term, ...value) {
   return [h('dt', {}, term), h('dd', {}, ...value)];
@@ -105,7 +105,7 @@ export async function mount(view, target) {
     document.title = `${label} · Taskloop`;
     fill(stateBadge, badge(task.state, task.cancel_requested));
     cancel.hidden = TERMINAL.has(task.state) || task.cancel_requested;
-    retry.hidden = !(task.state === 'failed' || task.state === 'cancelled');
+    retry.hidden = !RETRYABLE.has(task.state);
     setProgress(bar, task.state === 'succeeded' ? 1 : task.progress.fraction);
     bar.dataset.state = task.state;
     progressText.textContent = task.progress.message || (task.state === 'running' ? 'Running' : task.state);
@@ -170,11 +170,9 @@ export async function mount(view, target) {
 
   async function act(action) {
     try {
-      task = (action === 'cancel'
-        ? await call('DELETE', `/tasks/${encodeURIComponent(id)}`)
-        : await call('POST', `/tasks/${encodeURIComponent(id)}/retry`)).json;
+      task = await actOnTask(action, id);
       render();
-      toast(`${taskLabel(task)}: ${action === 'cancel' ? (task.state === 'cancelled' ? 'cancelled' : 'cancelling') : 'retried'}`);
+      toast(`${taskLabel(task)}: ${outcome(action, task)}`);
     } catch (failure) {
       toast(`${taskLabel(task)}: ${failure.message}`, 'error');
     }

@@ -3,8 +3,8 @@
 // draw as a 30-task one); rows are keyed by task id and patched, so focus and selection survive
 // updates. Bulk cancel and retry act on the selection.
 
-import { call, get, follow, query } from './api.js';
-import { h, fill, STATES, TERMINAL, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, toast, inBatches } from './dom.js';
+import { get, follow, query, actOnTask, outcome } from './api.js';
+import { h, fill, STATES, TERMINAL, RETRYABLE, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, toast, inBatches } from './dom.js';
 
 const ROW_HEIGHT = 44;
 const OVERSCAN = 10;
@@ -167,7 +167,7 @@ export async function mount(view, target) {
         duration.textContent = formatDuration(runTime(task));
         cancel.hidden = TERMINAL.has(task.state) || task.cancel_requested;
         cancel.setAttribute('aria-label', `Cancel ${label}`);
-        retry.hidden = !(task.state === 'failed' || task.state === 'cancelled');
+        retry.hidden = !RETRYABLE.has(task.state);
         retry.setAttribute('aria-label', `Retry ${label}`);
       },
       tick() {
@@ -234,11 +234,9 @@ export async function mount(view, target) {
 
   async function act(action, task) {
     try {
-      const { json } = action === 'cancel'
-        ? await call('DELETE', `/tasks/${encodeURIComponent(task.id)}`)
-        : await call('POST', `/tasks/${encodeURIComponent(task.id)}/retry`);
-      put(json);
-      toast(`${taskLabel(json)}: ${action === 'cancel' ? (json.state === 'cancelled' ? 'cancelled' : 'cancelling') : 'retried'}`);
+      const answer = await actOnTask(action, task.id);
+      put(answer);
+      toast(`${taskLabel(answer)}: ${outcome(action, answer)}`);
     } catch (error) {
       toast(`${taskLabel(task)}: ${error.message}`, 'error');
     }
@@ -246,19 +244,14 @@ export async function mount(view, target) {
 
   async function bulk(action) {
     const chosen = tasks.filter((task) => selected.has(task.id)
-      && (action === 'cancel' ? !TERMINAL.has(task.state) : task.state === 'failed' || task.state === 'cancelled'));
+      && (action === 'cancel' ? !TERMINAL.has(task.state) : RETRYABLE.has(task.state)));
     const skipped = selected.size - chosen.length;
     if (chosen.length === 0) {
       toast(action === 'cancel' ? 'No selected task is unfinished.' : 'No selected task failed or was cancelled.', 'error');
       return;
     }
     bulkCancel.disabled = bulkRetry.disabled = true;
-    const outcomes = await inBatches(chosen, 8, async (task) => {
-      const { json } = action === 'cancel'
-        ? await call('DELETE', `/tasks/${encodeURIComponent(task.id)}`)
-        : await call('POST', `/tasks/${encodeURIComponent(task.id)}/retry`);
-      put(json);
-    });
+    const outcomes = await inBatches(chosen, 8, async (task) => put(await actOnTask(action, task.id)));
     const refused = outcomes.filter((outcome) => !outcome.ok);
     const done = outcomes.length - refused.length;
     const verb = action === 'cancel' ? 'cancelled' : 'retried';
