@@ -219,8 +219,8 @@ extension TaskloopApplication {
             if workflow == nil { empty = true }
         }
         let kind = request.query("kind")
-        // Case-insensitive: ASCII letters fold, as people type names.
-        let nameContains = request.query("name").map { $0.lowercased() }
+        // Case-insensitive, as people type names; an empty text matches every task.
+        let nameContains = request.query("name").flatMap { $0.isEmpty ? nil : $0.lowercased() }
         var dependency: TaskID?
         if let text = request.query("depends_on") {
             dependency = TaskID(text)
@@ -236,7 +236,7 @@ extension TaskloopApplication {
             (state == nil || task.state == state) && (queue == nil || task.queue === queue)
                 && (kind == nil || task.kind == kind)
                 && (dependency == nil || task.dependencies.contains(dependency!))
-                && (nameContains == nil || nameContains!.isEmpty || task.name?.lowercased().contains(nameContains!) == true)
+                && (nameContains == nil || task.name?.lowercased().contains(nameContains!) == true)
         }
         var json = JSONWriter(capacity: 512 * (page.tasks.count + 1))
         json.beginObject()
