@@ -6,8 +6,8 @@
   times and the rows in the document, against a reference table of the same 10,000 rows all in
   the document, scrolled the same way.
 Prints one line per figure; medians of `rounds` loads."""
-import statistics
 import sys
+from statistics import median
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -51,10 +51,6 @@ for (const row of rows) { const tr = document.createElement('tr'); tr.className 
   const bar = document.createElement('td'); bar.innerHTML = '<div class="bar"><div class="fill"></div></div>'; tr.append(bar);
   body.append(tr); }
 table.append(body); box.append(table); document.body.replaceChildren(box);"""
-
-
-def median(values):
-    return statistics.median(values)
 
 
 def paint(path):

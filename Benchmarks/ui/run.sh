@@ -2,16 +2,13 @@
 # Dashboard benchmark: a release server (`--durability memory`) holding 10,000 tasks (queued in
 # a paused queue, so the table holds still), and headless Chromium measuring the page (see
 # measure.py: first paint against a one-file reference, first rows, scrolling against a table
-# with every row in the document). BENCH_ROUNDS (default 5) loads per figure.
+# with every row in the document). BENCH_ROUNDS (default 5) loads per figure. Chromium and its
+# driver come with `make bench-deps`, as wrk does.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${BENCH_ROUNDS:-5}
 source Benchmarks/release-server.sh
 VENV=$(scripts/python-tools.sh)
-command -v chromium >/dev/null && command -v chromedriver >/dev/null || {
-    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver
-}
 serve_in_background "$binary" --port 0 --durability memory --log-level warning
 curl -sf -X PATCH -H 'Content-Type: application/json' -d '{"paused":true}' "$url/queues/default" >/dev/null
 python3 - "$url" <<'PY'
