@@ -10,7 +10,7 @@ public struct FinishHistory {
     public static let intervalCount = 30
 
     private var counts = [Int](repeating: 0, count: intervalCount)
-    /// The interval (monotonic time / interval length) the newest count belongs to.
+    /// The interval (wall-clock time / interval length) the newest count belongs to.
     private var newest: UInt64 = 0
 
     public init() {}

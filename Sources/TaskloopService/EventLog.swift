@@ -15,7 +15,7 @@ enum EventKind: String, CaseIterable {
 /// One numbered change. It keeps what the change showed (a task's `TaskMoment`, a workflow's
 /// state and progress) from when it was numbered; its `data` is rendered from that the first
 /// time a subscriber needs it and kept for the others: a server nobody listens to renders
-/// nothing, and a replay shows each change as it was.
+/// nothing, and a replay shows each change as it was. A queue event is rendered when numbered.
 ///
 /// Threading: loop thread only.
 final class StreamEvent {
@@ -48,6 +48,8 @@ final class StreamEvent {
         self.workflow = workflow
         self.queue = queue
         self.batch = batch
+        // A queue keeps no moment: its rare events are rendered now, as the change left it.
+        if queue != nil { _ = data }
     }
 
     var workflowID: TaskID? { workflow?.id ?? task?.workflow?.id }

@@ -151,6 +151,19 @@ import TaskloopTestSupport
         #expect(tasks.last?["finished_at"] is String)
     }
 
+    @Test func aReplayShowsEachQueueChangeAsItWas() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        for body in [#"{"paused":true}"#, #"{"max_concurrency":3}"#, #"{"paused":false}"#] {
+            #expect(try client.call("PATCH", "/queues/lane", json: body).status == 200)
+        }
+        let replay = try Stream(port: service.port, "/events?types=queue.updated&since=0")
+        let queues = try replay.waitFor(3).compactMap { $0.data["queue"] as? [String: Any] }
+        #expect(queues.map { $0["paused"] as? Bool } == [true, true, false])
+        #expect(queues.map { $0["max_concurrency"] as? Int }.dropFirst() == [3, 3])
+    }
+
     @Test func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
