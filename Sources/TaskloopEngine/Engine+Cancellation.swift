@@ -35,7 +35,7 @@ extension Engine {
 
     /// Finishes a task whose cancellation was requested after `grace`, confirmed or not.
     func armCancelGrace(on record: TaskRecord, after grace: UInt64) {
-        record.graceTimer = scheduler.schedule(after: grace) { [link, weak record] in
+        record.graceTimer = timer(after: grace) { [link, weak record] in
             guard let engine = link.engine, let record, record.state == .running else { return }
             engine.settling {
                 engine.finish(record, as: .cancelled, error: TaskError(

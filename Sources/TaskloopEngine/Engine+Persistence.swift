@@ -13,7 +13,9 @@ extension Engine {
             lease: record.lease.map {
                 LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds,
                               expiresAt: $0.expiresAt)
-            })
+            },
+            runner: record.state == .running && record.lease == nil ? record.runner ?? configuration.replica : nil,
+            releasedBy: record.releasedBy)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -180,8 +182,8 @@ extension Engine {
     }
 
     /// A task restored as `running` has no attempt: the process that ran it is gone.
-    private func interrupt(_ record: TaskRecord) {
-        record.executor.stopInterrupted(record.id)
+    func interrupt(_ record: TaskRecord, stoppingLocalWork: Bool = true) {
+        if stoppingLocalWork { record.executor.stopInterrupted(record.id) }
         if record.cancelRequested {
             finish(record, as: .cancelled, error: .cancelled)
             return

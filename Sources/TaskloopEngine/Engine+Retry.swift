@@ -35,6 +35,7 @@ extension Engine {
         settling {
             let wasDispatching = dispatching
             dispatching = true
+            noteReleasedDependents(of: all)
             for record in all { reopenOne(record, newAttempt: explicit.contains(ObjectIdentifier(record))) }
             for record in all where !record.state.isTerminal { relink(record) }
             for record in all where record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
@@ -69,6 +70,20 @@ extension Engine {
         record.progress = TaskProgress()
         emit(.stateChanged(record, from: from, to: .pending))
         record.blockingDependencies = 0
+        record.releasedBy = []
+    }
+
+    /// Unfinished tasks that `reopened` released when they ended go on without waiting for
+    /// them again; each notes which, so its waits can be rebuilt from records (a replica, a
+    /// restart) rather than from the lists of dependents, which say it only here.
+    private func noteReleasedDependents(of reopened: [TaskRecord]) {
+        let ids = Set(reopened.map(\.id))
+        for case let record? in tasks.entries where !record.state.isTerminal && !record.dependencies.isEmpty {
+            let released = record.dependencies.filter { ids.contains($0) && !record.releasedBy.contains($0) }
+            guard !released.isEmpty else { continue }
+            record.releasedBy += released
+            emit(.releasedByRetry(record))
+        }
     }
 
     /// Waits on the dependencies again. A task cancelled while a dependency was unfinished is

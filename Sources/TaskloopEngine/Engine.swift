@@ -19,6 +19,9 @@ public struct EngineConfiguration: Sendable {
     /// grow memory and metric series without end; a queue that holds no task and has default
     /// settings is forgotten when it comes to that (or when its last task is evicted).
     public var maxQueues = 1_000
+    /// This replica's name when several replicas share one database (docs/SCALING.md): it marks
+    /// the attempts this process runs. Nil for a server on its own.
+    public var replica: String?
 
     public init() {}
 }
@@ -42,6 +45,9 @@ public enum EngineEvent {
     case evicted(TaskRecord, workflowEmptied: Bool)
     /// A worker's heartbeat moved its lease's expiry.
     case leaseRenewed(TaskRecord)
+    /// A task no longer waits on a dependency that had released it and was retried
+    /// (`TaskRecord.releasedBy`); its state did not change.
+    case releasedByRetry(TaskRecord)
 }
 
 /// A reference to the engine that `deinit` clears, for timers and attempts that may outlive it.
@@ -96,7 +102,7 @@ public final class Engine {
     /// Events of the call in progress, published when the outermost call has finished.
     var unpublished: [EngineEvent] = []
     var spareBatch: [EngineEvent] = []
-    private(set) var callDepth = 0
+    var callDepth = 0
     var publishing = false
     /// Submissions come in runs of one kind and one queue: one-entry caches spare hashing the
     /// names (a small string compares in one step).
@@ -111,6 +117,9 @@ public final class Engine {
     /// Tasks under lease now, in every queue.
     public internal(set) var leasedCount = 0
     var leaseTokens = RandomBytes()
+    /// With several replicas: when this one may change the shared state (Engine+Replication).
+    public var gate: EngineGate?
+    var absorbing = false
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()
@@ -222,6 +231,7 @@ public final class Engine {
         record.progress = TaskProgress()
         let run = TaskRun(link: link, record: record)
         record.run = run
+        record.runner = nil
         if let timeout = record.timeoutMilliseconds { armTimeout(timeout, for: run, on: record, after: timeout) }
         if let lease = record.lease {
             // The worker runs it; the engine keeps the lease's clock.
@@ -234,7 +244,7 @@ public final class Engine {
 
     /// Ends attempt `run` with `timeout` after `delay`.
     func armTimeout(_ timeout: UInt64, for run: TaskRun, on record: TaskRecord, after delay: UInt64) {
-        record.attemptTimer = scheduler.schedule(after: delay) { [link, weak run] in
+        record.attemptTimer = timer(after: delay) { [link, weak run] in
             guard let engine = link.engine, let run, run.isCurrent else { return }
             engine.settling {
                 // Fail first, then stop: an executor may confirm the stop from inside the

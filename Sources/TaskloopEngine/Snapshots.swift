@@ -29,13 +29,18 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var notBefore: Int64?
     /// A running task's lease, token included: a worker keeps it across a restart.
     public var lease: LeaseSnapshot?
+    /// The replica running the attempt (server dispatch, several replicas); nil otherwise.
+    public var runner: String?
+    /// See `TaskRecord.releasedBy`.
+    public var releasedBy: [TaskID]
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
         dependencies: [TaskID], onDependencyFailure: DependencyFailurePolicy, timeoutMilliseconds: UInt64?,
         retry: RetryPolicy, metadata: JSONValue?, workflow: TaskID?, createdAt: Int64, state: TaskState,
         cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
-        error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil
+        error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
+        runner: String? = nil, releasedBy: [TaskID] = []
     ) {
         self.id = id
         self.sequence = sequence
@@ -61,6 +66,8 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.progress = progress
         self.notBefore = notBefore
         self.lease = lease
+        self.runner = runner
+        self.releasedBy = releasedBy
     }
 }
 

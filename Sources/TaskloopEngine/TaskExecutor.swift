@@ -20,11 +20,17 @@ public protocol TaskExecutor: AnyObject {
     /// twice at once. Called from `Engine.restore`, before anything starts; it may block
     /// (the server is not serving yet).
     func stopInterrupted(_ id: TaskID)
+
+    /// With several replicas: another replica took a report on `run`, an attempt this process
+    /// runs (a worker's progress on an `external` task reached a replica other than this one).
+    func reportedElsewhere(_ run: TaskRun)
 }
 
 extension TaskExecutor {
     /// Work that lives only in this process died with it: nothing to stop.
     public func stopInterrupted(_ id: TaskID) {}
+
+    public func reportedElsewhere(_ run: TaskRun) {}
 }
 
 /// One attempt of one task, as its executor sees it.
@@ -61,20 +67,31 @@ public final class TaskRun {
     /// if the engine no longer listens to this attempt.
     @discardableResult
     public func progress(fraction: Double? = nil, message: String? = nil, details: JSONValue? = nil) -> Bool {
-        link.engine?.attemptProgressed(self, fraction: fraction, message: message, details: details) ?? false
+        guard let engine = link.engine else { return false }
+        if let gate = engine.gate, !gate.isOpen {
+            gate.defer { _ = engine.attemptProgressed(self, fraction: fraction, message: message, details: details) }
+            return isCurrent
+        }
+        return engine.attemptProgressed(self, fraction: fraction, message: message, details: details)
     }
 
     public func succeed(_ result: JSONValue? = nil) {
-        link.engine?.attemptSucceeded(self, result: result)
+        guard let engine = link.engine else { return }
+        if let gate = engine.gate, !gate.isOpen { return gate.defer { engine.attemptSucceeded(self, result: result) } }
+        engine.attemptSucceeded(self, result: result)
     }
 
     public func fail(_ error: TaskError) {
-        link.engine?.attemptFailed(self, error: error)
+        guard let engine = link.engine else { return }
+        if let gate = engine.gate, !gate.isOpen { return gate.defer { engine.attemptFailed(self, error: error) } }
+        engine.attemptFailed(self, error: error)
     }
 
     /// Confirms that the work stopped after `onCancel`.
     public func cancelled() {
-        link.engine?.attemptCancelled(self)
+        guard let engine = link.engine else { return }
+        if let gate = engine.gate, !gate.isOpen { return gate.defer { engine.attemptCancelled(self) } }
+        engine.attemptCancelled(self)
     }
 
     func requestStop() {

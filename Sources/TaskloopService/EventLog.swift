@@ -216,7 +216,7 @@ final class EventLog {
                 append(StreamEvent(seq: next(), kind: .taskState, time: now, task: task, state: task.state, batch: batch))
             case .evicted(let task, let workflowEmptied):
                 if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
-            case .queueForgotten, .leaseRenewed:
+            case .queueForgotten, .leaseRenewed, .releasedByRetry:
                 break
             }
         }

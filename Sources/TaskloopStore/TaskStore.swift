@@ -19,18 +19,6 @@ public struct IdempotencyRecord: Sendable, Equatable {
     }
 }
 
-/// Which task a deletion names: by the id clients know, or by the engine's sequence number,
-/// which is the SQLite store's row key.
-public struct StoredTaskKey: Hashable, Sendable {
-    public var id: TaskID
-    public var sequence: UInt64
-
-    public init(id: TaskID, sequence: UInt64) {
-        self.id = id
-        self.sequence = sequence
-    }
-}
-
 extension TaskSnapshot {
     public var storedKey: StoredTaskKey { StoredTaskKey(id: id, sequence: sequence) }
 }

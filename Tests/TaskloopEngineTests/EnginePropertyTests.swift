@@ -50,7 +50,7 @@ import TaskloopTestSupport
             let records = settled.compactMap { event -> TaskRecord? in
                 switch event {
                 case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record),
-                     .cancelRequested(let record), .leaseRenewed(let record): record
+                     .cancelRequested(let record), .leaseRenewed(let record), .releasedByRetry(let record): record
                 case .workflowSubmitted, .queueChanged, .queueForgotten, .evicted: nil
                 }
             }
