@@ -5,7 +5,7 @@
 
 FROM swift:6.3-bookworm AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev pkg-config \
+    && apt-get install -y --no-install-recommends libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Manifest first: the dependency fetch stays cached while only sources change.
@@ -18,7 +18,7 @@ RUN swift build -c release --static-swift-stdlib --product taskloop \
 
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 libcurl4 libsqlite3-0 ca-certificates \
+    && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 libcurl4 libsqlite3-0 libpq5 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin taskloop \
     && install -d -o taskloop -g taskloop -m 0750 /var/lib/taskloop

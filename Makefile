@@ -4,9 +4,9 @@
 SWIFT ?= swift
 HOST ?= 127.0.0.1
 PORT ?= 8080
-BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev pkg-config
+BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config
 BENCH_PACKAGES := wrk util-linux gcc chromium chromium-driver
-TEST_PACKAGES := curl jq openssl tmux
+TEST_PACKAGES := curl jq openssl tmux postgresql
 FUZZ_SECONDS ?= 20
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

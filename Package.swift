@@ -40,6 +40,11 @@ let package = Package(
             providers: [.apt(["libsqlite3-dev"])]
         ),
         .systemLibrary(
+            name: "CLibPQ",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
+        .systemLibrary(
             name: "CCurl",
             pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]
@@ -73,6 +78,9 @@ let package = Package(
             name: "TaskloopCLI",
             dependencies: ["TaskloopClient", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"]
         ),
+        // PostgreSQL on the loop: libpq's asynchronous API in pipeline mode, its socket watched
+        // by libuv.
+        .target(name: "TaskloopPostgres", dependencies: ["CLibPQ", "CLibUV", "TaskloopLoop"]),
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
         // schema and its migrations.
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON"]),
@@ -187,6 +195,10 @@ let package = Package(
         .testTarget(
             name: "TaskloopStoreTests",
             dependencies: ["TaskloopStore", "TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopPostgresTests",
+            dependencies: ["TaskloopPostgres", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopLoopTests",

@@ -1,0 +1,171 @@
+import Foundation
+import Testing
+import TaskloopLoop
+import TaskloopLoopTestSupport
+import TaskloopPostgres
+import TaskloopTestSupport
+
+/// PGConnection against a real PostgreSQL (a throwaway cluster, `PostgresCluster`), on a loop
+/// of its own thread.
+@Suite struct PGConnectionTests {
+    /// A loop thread and connections made on it; what the callbacks saw, for the test thread.
+    final class Harness: @unchecked Sendable {
+        let thread: LoopThread
+        var connections: [PGConnection] = []
+        let outcomes = Locked<[String]>([])
+        let notifications = Locked<[String]>([])
+        let closed = Locked<[String]>([])
+
+        init() throws {
+            thread = LoopThread(try EventLoop(), name: "pg-test")
+        }
+
+        /// Connects (on the loop); the connection's index, once connected.
+        func connect(_ url: String) throws -> Int {
+            let index = thread.run { [self] in
+                let connection = PGConnection(loop: thread.loop)
+                connections.append(connection)
+                let index = connections.count - 1
+                connection.onNotification = { [self] channel, payload in notifications.withLock { $0.append("\(channel):\(payload)") } }
+                connection.onClosed = { [self] error in closed.withLock { $0.append("\(index): \(error)") } }
+                connection.connect(url) { [self] result in
+                    outcomes.withLock { $0.append("connect \(index): \(result.map { "ok" })") }
+                }
+                return index
+            }
+            try pollUntil("connection \(index)") { outcomes.value.contains { $0.hasPrefix("connect \(index):") } }
+            let outcome = outcomes.value.first { $0.hasPrefix("connect \(index):") }!
+            guard outcome.hasSuffix("success(\"ok\")") else { throw PGError(message: outcome) }
+            return index
+        }
+
+        /// Runs one batch and waits for its results, turned into text by `read` on the loop.
+        func execute(_ index: Int, _ queries: [PGQuery], read: @escaping @Sendable ([PGResult]) -> String = { results in
+            results.map { result in
+                (0..<result.rowCount).map { row in
+                    (0..<result.columnCount).map { result.text(row, $0) ?? "null" }.joined(separator: ",")
+                }.joined(separator: ";")
+            }.joined(separator: " | ")
+        }) throws -> Result<String, PGError> {
+            let answer = Locked<Result<String, PGError>?>(nil)
+            thread.run { [self] in
+                connections[index].execute(queries) { result in answer.withLock { $0 = result.map(read) } }
+            }
+            try pollUntil("the batch's results") { answer.value != nil }
+            return answer.value!
+        }
+
+        func finish() throws {
+            thread.run { [self] in
+                for connection in connections { connection.close() }
+                connections = []
+                thread.loop.finish()
+            }
+            try thread.waitForExit(timeout: 10)
+        }
+    }
+
+    @Test func aBatchRunsItsQueriesInOrderWithPreparedStatementsAndBinaryValues() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let connection = try harness.connect(database)
+        let insert = PGStatement("insert_blob", "INSERT INTO blobs (id, body) VALUES ($1, $2) RETURNING id")
+        let created = try harness.execute(connection, [
+            PGQuery("CREATE TABLE blobs (id bigint PRIMARY KEY, body bytea NOT NULL)"),
+            PGQuery(insert, [.int(1), .bytes([0, 1, 2, 255])]),
+            PGQuery(insert, [.int(2), .bytes(Array("héllo".utf8))]),
+            PGQuery("SELECT count(*) FROM blobs"),
+        ]).get()
+        #expect(created == " | 1 | 2 | 2")
+        let read = try harness.execute(connection, [PGQuery("SELECT id, body FROM blobs ORDER BY id", binaryResults: true)]) { results in
+            let rows = results[0]
+            return (0..<rows.rowCount).map { "\(rows.int($0, 0)!)=\(rows.bytes($0, 1)!)" }.joined(separator: " ")
+        }.get()
+        #expect(read == "1=[0, 1, 2, 255] 2=\(Array("héllo".utf8))")
+        // The statement was prepared once; using it again on the same connection works.
+        #expect(try harness.execute(connection, [PGQuery(insert, [.int(3), .bytes([])])]).get() == "3")
+        try harness.finish()
+    }
+
+    @Test func aFailedQueryFailsItsBatchAndTheConnectionGoesOn() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let connection = try harness.connect(database)
+        let failed = try harness.execute(connection, [
+            PGQuery("SELECT 1"), PGQuery("SELECT 1 / 0"), PGQuery("SELECT 3"),
+        ])
+        guard case .failure(let error) = failed else { Issue.record("the batch succeeded: \(failed)"); return }
+        #expect(error.sqlState == "22012" && error.message.contains("division by zero") && !error.isConnectionLost)
+        #expect(try harness.execute(connection, [PGQuery("SELECT $1::int + 1", [.int(41)])]).get() == "42")
+        // Inside a transaction the failure aborts it; the caller rolls back.
+        let inTransaction = try harness.execute(connection, [PGQuery("BEGIN"), PGQuery("SELECT 1 / 0")])
+        #expect(inTransaction.failureState == "22012")
+        #expect(try harness.execute(connection, [PGQuery("ROLLBACK"), PGQuery("SELECT 'after'")]).get() == " | after")
+        try harness.finish()
+    }
+
+    @Test func manyBatchesInFlightCompleteInOrder() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let connection = try harness.connect(database)
+        let order = Locked<[Int]>([])
+        let statement = PGStatement("echo", "SELECT $1::bigint")
+        harness.thread.run {
+            for index in 0..<2_000 {
+                harness.connections[connection].execute([PGQuery(statement, [.int(index)])]) { result in
+                    if case .success(let rows) = result, let value = rows[0].int(0, 0) { order.withLock { $0.append(Int(value)) } }
+                }
+            }
+        }
+        try pollUntil("2,000 batches", timeout: 30) { order.value.count == 2_000 }
+        #expect(order.value == Array(0..<2_000))
+        try harness.finish()
+    }
+
+    @Test func aNotifyReachesTheConnectionThatListens() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let listener = try harness.connect(database)
+        let talker = try harness.connect(database)
+        _ = try harness.execute(listener, [PGQuery("LISTEN taskloop")]).get()
+        _ = try harness.execute(talker, [PGQuery("SELECT pg_notify('taskloop', 'turn 7')")]).get()
+        try pollUntil("the notification") { harness.notifications.value == ["taskloop:turn 7"] }
+        try harness.finish()
+    }
+
+    @Test func aSessionEndedByTheServerFailsWhatWasInFlightAndSaysSo() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let victim = try harness.connect(database)
+        let other = try harness.connect(database)
+        let pid = harness.thread.run { harness.connections[victim].serverProcessID }
+        let slow = Locked<Result<[PGResult], PGError>?>(nil)
+        harness.thread.run {
+            harness.connections[victim].execute([PGQuery("SELECT pg_sleep(30)")]) { result in slow.withLock { $0 = result } }
+        }
+        _ = try harness.execute(other, [PGQuery("SELECT pg_terminate_backend($1)", [.int(Int(pid))])]).get()
+        try pollUntil("the batch to fail") { slow.value != nil }
+        guard case .failure(let error)? = slow.value else { Issue.record("the sleep succeeded"); return }
+        #expect(error.isConnectionLost)
+        try pollUntil("onClosed") { harness.closed.value.count == 1 }
+        #expect(harness.closed.value[0].hasPrefix("\(victim):"))
+        let after = try harness.execute(victim, [PGQuery("SELECT 1")])
+        #expect(after.failureState == nil && (try? after.get()) == nil, "a closed connection refuses at once")
+        try harness.finish()
+    }
+
+    @Test func connectingWhereNothingListensFailsWithTheReason() throws {
+        let harness = try Harness()
+        let port = try OriginServer.freePort()
+        #expect(throws: PGError.self) { try harness.connect("postgres://postgres@127.0.0.1:\(port)/postgres") }
+        #expect(harness.outcomes.value[0].contains("Connection refused"))
+        try harness.finish()
+    }
+}
+
+extension Result where Failure == PGError {
+    var failureState: String? {
+        if case .failure(let error) = self { return error.sqlState }
+        return nil
+    }
+}
