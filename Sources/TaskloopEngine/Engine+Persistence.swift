@@ -75,6 +75,7 @@ extension Engine {
                 record.error = saved.error
                 record.progress = saved.progress
                 record.notBefore = saved.notBefore
+                record.releasedBy = saved.releasedBy
                 record.queue.count(saved.state, 1)
                 tasks.append(record)
                 ids.continueAfter(saved.id)
@@ -101,7 +102,7 @@ extension Engine {
             let wasDispatching = dispatching
             dispatching = true
             for record in unfinished {
-                for id in record.dependencies {
+                for id in record.dependencies where !record.releasedBy.contains(id) {
                     if let dependency = tasks[id] { link(record, to: dependency) }
                 }
             }

@@ -43,7 +43,9 @@ enum RecordCodec {
         static let progressUpdatedAt = TaskFields(rawValue: 1 << 13)
         static let notBefore = TaskFields(rawValue: 1 << 14)
         static let lease = TaskFields(rawValue: 1 << 15)
-        static let known = TaskFields(rawValue: (1 << 16) - 1)
+        static let runner = TaskFields(rawValue: 1 << 16)
+        static let releasedBy = TaskFields(rawValue: 1 << 17)
+        static let known = TaskFields(rawValue: (1 << 18) - 1)
     }
 
     /// The task without its sequence number, which is the row's key.
@@ -65,6 +67,8 @@ enum RecordCodec {
         if task.progress.updatedAt != nil { fields.insert(.progressUpdatedAt) }
         if task.notBefore != nil { fields.insert(.notBefore) }
         if task.lease != nil { fields.insert(.lease) }
+        if task.runner != nil { fields.insert(.runner) }
+        if !task.releasedBy.isEmpty { fields.insert(.releasedBy) }
 
         output.byte(taskFormat)
         output.unsigned(fields.rawValue)
@@ -105,6 +109,11 @@ enum RecordCodec {
             output.signed(lease.grantedAt)
             output.unsigned(lease.milliseconds)
             output.signed(lease.expiresAt)
+        }
+        if let runner = task.runner { output.string(runner) }
+        if !task.releasedBy.isEmpty {
+            output.unsigned(UInt64(task.releasedBy.count))
+            for id in task.releasedBy { output.id(id) }
         }
     }
 
@@ -153,13 +162,19 @@ enum RecordCodec {
             lease = LeaseSnapshot(token: try input.string(), worker: try input.string(), grantedAt: try input.signed(),
                                   milliseconds: try input.unsigned(), expiresAt: try input.signed())
         }
+        let runner = fields.contains(.runner) ? try input.string() : nil
+        var releasedBy: [TaskID] = []
+        if fields.contains(.releasedBy) {
+            for _ in 0..<(try input.count(ofAtLeast: 16)) { releasedBy.append(try input.id()) }
+        }
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
         return TaskSnapshot(
             id: id, sequence: sequence, kind: kind, params: params, name: name, queue: queue, priority: priority,
             dependencies: dependencies, onDependencyFailure: onDependencyFailure, timeoutMilliseconds: timeout,
             retry: retry, metadata: metadata, workflow: workflow, createdAt: createdAt, state: state,
             cancelRequested: fields.contains(.cancelRequested), attempt: attempt, startedAt: startedAt,
-            finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease)
+            finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease,
+            runner: runner, releasedBy: releasedBy)
     }
 
     /// Which optional fields a workflow record holds.

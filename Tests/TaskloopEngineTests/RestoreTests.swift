@@ -23,6 +23,26 @@ import TaskloopJSON
         return harness
     }
 
+    /// A dependency that released its dependent and was then retried does not hold it up
+    /// again after a restart, as it did not before.
+    @Test func aRetriedDependencyDoesNotHoldUpWhatItReleasedAfterARestart() throws {
+        let h = EngineHarness()
+        let dependency = try h.submit("dependency", "sleep", params: h.sleep(10, fail: true), queue: "slow")
+        let other = try h.submit("other", "sleep", params: h.sleep(1_000))
+        let dependent = try h.submit("dependent", after: [dependency, other], policy: .run)
+        h.clock.advance(by: 20)
+        try h.engine.updateQueue("slow", paused: true)
+        try h.engine.retryTask(dependency.id)
+        #expect(dependency.state == .queued && other.state == .running)
+        #expect(dependent.releasedBy == [dependency.id] && dependent.blockingDependencies == 1)
+        let r = try Self.restored(from: h)
+        // The restart interrupted `other`, which failed; under `run` that releases the dependent,
+        // and nothing else holds it: the retried dependency, still queued, released it before.
+        #expect(r.engine.task(other.id)?.state == .failed && r.engine.task(dependency.id)?.state == .queued)
+        #expect(r.engine.task(dependent.id)?.state == .succeeded)
+        #expect(r.engine.invariantViolations(of: r.engine.tasks.entries.compactMap { $0 }).isEmpty)
+    }
+
     @Test func aRestoredEngineAnswersAsBefore() throws {
         let h = EngineHarness()
         let done = try h.submit("done")
