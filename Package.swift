@@ -82,8 +82,8 @@ let package = Package(
         // by libuv.
         .target(name: "TaskloopPostgres", dependencies: ["CLibPQ", "CLibUV", "TaskloopLoop"]),
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
-        // schema and its migrations.
-        .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON"]),
+        // schema and its migrations; PostgreSQL shared by replicas, on the loop.
+        .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres"]),
         .target(
             name: "TaskloopEngine",
             dependencies: [
@@ -194,7 +194,8 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopStoreTests",
-            dependencies: ["TaskloopStore", "TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport"]
+            dependencies: ["TaskloopStore", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres", "TaskloopTestSupport",
+                           "TaskloopLoopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopPostgresTests",

@@ -312,6 +312,9 @@ struct RecordWriter {
         }
     }
 
+    /// Bytes as they are (their length written before them by the caller).
+    mutating func raw(_ values: [UInt8]) { bytes.append(contentsOf: values) }
+
     mutating func json(_ value: JSONValue) {
         var writer = JSONWriter(capacity: 64)
         writer.value(value)
@@ -394,6 +397,13 @@ struct RecordReader {
         let count = try self.count(ofAtLeast: 1)
         defer { offset += count }
         return UnsafeBufferPointer(rebasing: bytes.assumingMemoryBound(to: UInt8.self)[offset..<offset + count])
+    }
+
+    /// `count` bytes as they are.
+    mutating func raw(count: Int) throws(RecordDecodingError) -> [UInt8] {
+        guard bytes.count - offset >= count else { throw failure("the record ends early") }
+        defer { offset += count }
+        return Array(bytes[offset..<offset + count])
     }
 
     mutating func string() throws(RecordDecodingError) -> String {

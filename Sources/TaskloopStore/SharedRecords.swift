@@ -1,0 +1,148 @@
+import TaskloopEngine
+
+/// One numbered event as the shared database keeps it: what filters look at, and its JSON as
+/// first rendered (every replica streams the same bytes).
+public struct SharedEvent: Sendable, Equatable {
+    public var seq: UInt64
+    public var type: String
+    /// Wall-clock milliseconds.
+    public var time: Int64
+    public var task: TaskID?
+    public var workflow: TaskID?
+    public var queue: String?
+    public var data: [UInt8]
+
+    public init(seq: UInt64, type: String, time: Int64, task: TaskID?, workflow: TaskID?, queue: String?, data: [UInt8]) {
+        self.seq = seq
+        self.type = type
+        self.time = time
+        self.task = task
+        self.workflow = workflow
+        self.queue = queue
+        self.data = data
+    }
+}
+
+/// What other replicas committed since a turn: the engine's part, the service's records, the
+/// events, and the replicas whose leases ran out.
+public struct SharedDelta: Sendable {
+    /// The last turn committed (what the delta brings this replica up to).
+    public var turn: UInt64 = 0
+    /// The event stream's last number.
+    public var eventSequence: UInt64 = 0
+    public var changes = SharedChanges()
+    public var idempotencyKeys: [IdempotencyRecord] = []
+    public var expiredIdempotencyKeys: [String] = []
+    public var webhooks: [WebhookRecord] = []
+    public var deletedWebhooks: [String] = []
+    /// Each delivery with the replica that attempts it.
+    public var deliveries: [(record: DeliveryRecord, owner: String)] = []
+    public var deletedDeliveries: [String] = []
+    public var events: [SharedEvent] = []
+    /// Replicas whose lease expired: their attempts are this turn's to interrupt.
+    public var goneReplicas: [String] = []
+
+    public init() {}
+
+    public var isEmpty: Bool {
+        changes.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty && webhooks.isEmpty
+            && deletedWebhooks.isEmpty && deliveries.isEmpty && deletedDeliveries.isEmpty && events.isEmpty
+    }
+}
+
+/// Binary forms of the webhook records for the shared database (the SQLite store keeps them in
+/// columns of their own).
+enum SharedRecordCodec {
+    static func encode(_ webhook: WebhookRecord) -> [UInt8] {
+        var output = RecordWriter()
+        output.byte(1)
+        output.string(webhook.id)
+        output.string(webhook.url)
+        output.unsigned(UInt64(webhook.events.count))
+        for event in webhook.events { output.string(event) }
+        output.optional(webhook.queue)
+        output.optional(webhook.workflow)
+        output.byte(webhook.enabled ? 1 : 0)
+        output.signed(webhook.createdAt)
+        output.string(webhook.secret)
+        return output.bytes
+    }
+
+    static func decodeWebhook(_ bytes: [UInt8]) throws -> WebhookRecord {
+        try bytes.withUnsafeBytes { (buffer) throws(RecordDecodingError) -> WebhookRecord in
+            var input = RecordReader(buffer, table: "webhooks")
+            guard try input.byte() == 1 else { throw input.failure("unknown record format") }
+            let id = try input.string(), url = try input.string()
+            var events: [String] = []
+            for _ in 0..<(try input.count(ofAtLeast: 1)) { events.append(try input.string()) }
+            let queue = try input.optionalString(), workflow = try input.optionalString()
+            let enabled = try input.byte() == 1
+            let record = WebhookRecord(id: id, url: url, events: events, queue: queue, workflow: workflow, enabled: enabled,
+                                       createdAt: try input.signed(), secret: try input.string())
+            guard input.isAtEnd else { throw input.failure("bytes after the last field") }
+            return record
+        }
+    }
+
+    static func encode(_ delivery: DeliveryRecord) -> [UInt8] {
+        var output = RecordWriter()
+        output.byte(1)
+        output.string(delivery.id)
+        output.string(delivery.webhook)
+        output.unsigned(delivery.eventSeq)
+        output.string(delivery.type)
+        output.unsigned(UInt64(delivery.body.count))
+        output.raw(delivery.body)
+        output.unsigned(UInt64(delivery.attempt))
+        output.string(delivery.state.rawValue)
+        output.optional(delivery.statusCode.map { Int64($0) })
+        output.optional(delivery.error)
+        output.optional(delivery.durationMilliseconds)
+        output.optional(delivery.attemptedAt)
+        output.optional(delivery.nextAttemptAt)
+        return output.bytes
+    }
+
+    static func decodeDelivery(_ bytes: [UInt8]) throws -> DeliveryRecord {
+        try bytes.withUnsafeBytes { (buffer) throws(RecordDecodingError) -> DeliveryRecord in
+            var input = RecordReader(buffer, table: "webhook_deliveries")
+            guard try input.byte() == 1 else { throw input.failure("unknown record format") }
+            let id = try input.string(), webhook = try input.string()
+            let eventSeq = try input.unsigned()
+            let type = try input.string()
+            let length = try input.count(ofAtLeast: 1)
+            let body = try input.raw(count: length)
+            let attempt = try input.nonNegativeInt()
+            guard let state = DeliveryState(rawValue: try input.string()) else { throw input.failure("an unknown delivery state") }
+            let record = DeliveryRecord(
+                id: id, webhook: webhook, eventSeq: eventSeq, type: type, body: body, attempt: attempt, state: state,
+                statusCode: try input.optionalSigned().map { Int($0) }, error: try input.optionalString(),
+                durationMilliseconds: try input.optionalSigned(), attemptedAt: try input.optionalSigned(),
+                nextAttemptAt: try input.optionalSigned())
+            guard input.isAtEnd else { throw input.failure("bytes after the last field") }
+            return record
+        }
+    }
+}
+
+extension RecordWriter {
+    mutating func optional(_ text: String?) {
+        byte(text == nil ? 0 : 1)
+        if let text { string(text) }
+    }
+
+    mutating func optional(_ value: Int64?) {
+        byte(value == nil ? 0 : 1)
+        if let value { signed(value) }
+    }
+}
+
+extension RecordReader {
+    mutating func optionalString() throws(RecordDecodingError) -> String? {
+        try byte() == 1 ? try string() : nil
+    }
+
+    mutating func optionalSigned() throws(RecordDecodingError) -> Int64? {
+        try byte() == 1 ? try signed() : nil
+    }
+}

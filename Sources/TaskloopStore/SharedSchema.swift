@@ -1,0 +1,184 @@
+import TaskloopEngine
+import TaskloopPostgres
+
+/// The shared database's tables (schema `taskloop`), their migrations, and the statements of a
+/// turn. Records are the SQLite store's binary forms (`RecordCodec`); each row carries the turn
+/// that last wrote it, and a deletion leaves a removal, so a replica reads "what changed after
+/// turn N" with one indexed query per table.
+enum SharedSchema {
+    static let version = 1
+
+    /// Advisory lock keys ("TLMIGRAT", "TLTURN__" as 64-bit integers would be clearer in a
+    /// lock listing, but the numbers only have to be fixed and unlikely to collide).
+    static let migrationLock: Int64 = 7_361_000_000_001
+    static let turnLock: Int64 = 7_361_000_000_002
+
+    struct Migration {
+        let version: Int
+        let statements: [String]
+    }
+
+    /// In order; each runs once, in one transaction with the version's update.
+    static let migrations = [
+        Migration(version: 1, statements: [
+            """
+            CREATE TABLE taskloop.tasks (sequence bigint PRIMARY KEY, id text NOT NULL UNIQUE, turn bigint NOT NULL,
+                record bytea NOT NULL)
+            """,
+            "CREATE INDEX tasks_turn ON taskloop.tasks (turn)",
+            "CREATE TABLE taskloop.workflows (id text PRIMARY KEY, turn bigint NOT NULL, record bytea NOT NULL)",
+            "CREATE INDEX workflows_turn ON taskloop.workflows (turn)",
+            """
+            CREATE TABLE taskloop.queues (name text PRIMARY KEY, turn bigint NOT NULL, max_concurrency int NOT NULL,
+                paused boolean NOT NULL, dispatch text NOT NULL)
+            """,
+            "CREATE INDEX queues_turn ON taskloop.queues (turn)",
+            """
+            CREATE TABLE taskloop.idempotency_keys (key text PRIMARY KEY, turn bigint NOT NULL, request_hash bytea NOT NULL,
+                status int NOT NULL, resource text NOT NULL, expires_at bigint NOT NULL)
+            """,
+            "CREATE INDEX idempotency_keys_turn ON taskloop.idempotency_keys (turn)",
+            "CREATE TABLE taskloop.webhooks (id text PRIMARY KEY, turn bigint NOT NULL, record bytea NOT NULL)",
+            "CREATE INDEX webhooks_turn ON taskloop.webhooks (turn)",
+            """
+            CREATE TABLE taskloop.webhook_deliveries (id text PRIMARY KEY, webhook text NOT NULL, event_seq bigint NOT NULL,
+                owner text NOT NULL, turn bigint NOT NULL, record bytea NOT NULL)
+            """,
+            "CREATE INDEX webhook_deliveries_turn ON taskloop.webhook_deliveries (turn)",
+            "CREATE TABLE taskloop.removals (turn bigint NOT NULL, kind smallint NOT NULL, key text NOT NULL)",
+            "CREATE INDEX removals_turn ON taskloop.removals (turn)",
+            """
+            CREATE TABLE taskloop.events (seq bigint PRIMARY KEY, turn bigint NOT NULL, type text NOT NULL, time bigint NOT NULL,
+                task text, workflow text, queue text, data bytea NOT NULL)
+            """,
+            "CREATE INDEX events_turn ON taskloop.events (turn)",
+            """
+            CREATE TABLE taskloop.replicas (name text PRIMARY KEY, started_at timestamptz NOT NULL,
+                expires_at timestamptz NOT NULL)
+            """,
+        ]),
+    ]
+
+    enum Removal: Int {
+        case task = 0, workflow, queue, idempotencyKey, webhook, delivery
+    }
+
+    static let takeTurnLock = "SELECT pg_advisory_xact_lock(\(turnLock))"
+    static let readState = "SELECT turn, event_seq FROM taskloop.state"
+    /// The oldest turn whose removals and events are still kept.
+    static let horizon = "SELECT horizon FROM taskloop.state"
+    static let goneReplicas = "SELECT name FROM taskloop.replicas WHERE expires_at < now() AND name <> $1 ORDER BY name"
+    static let forgetReplica = "DELETE FROM taskloop.replicas WHERE name = $1 AND expires_at < now()"
+    static let renewLease = "UPDATE taskloop.replicas SET expires_at = now() + $2 * interval '1 millisecond' WHERE name = $1"
+    static let advance = PGStatement("advance", "UPDATE taskloop.state SET turn = $1, event_seq = $2")
+    static let trimRemovals = "DELETE FROM taskloop.removals WHERE turn < $1"
+    static let trimEvents = "DELETE FROM taskloop.events WHERE turn < $1"
+    static let moveHorizon = "UPDATE taskloop.state SET horizon = $1"
+
+    static let upsertTask = PGStatement("upsert_task", """
+        INSERT INTO taskloop.tasks (sequence, id, turn, record) VALUES ($1, $2, $3, $4)
+        ON CONFLICT (sequence) DO UPDATE SET turn = excluded.turn, record = excluded.record
+        """)
+    static let deleteTask = PGStatement("delete_task", "DELETE FROM taskloop.tasks WHERE sequence = $1")
+    static let upsertWorkflow = PGStatement("upsert_workflow", """
+        INSERT INTO taskloop.workflows (id, turn, record) VALUES ($1, $2, $3)
+        ON CONFLICT (id) DO UPDATE SET turn = excluded.turn, record = excluded.record
+        """)
+    static let deleteWorkflow = PGStatement("delete_workflow", "DELETE FROM taskloop.workflows WHERE id = $1")
+    static let upsertQueue = PGStatement("upsert_queue", """
+        INSERT INTO taskloop.queues (name, turn, max_concurrency, paused, dispatch) VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (name) DO UPDATE SET turn = excluded.turn, max_concurrency = excluded.max_concurrency,
+            paused = excluded.paused, dispatch = excluded.dispatch
+        """)
+    static let deleteQueue = PGStatement("delete_queue", "DELETE FROM taskloop.queues WHERE name = $1")
+    static let upsertKey = PGStatement("upsert_key", """
+        INSERT INTO taskloop.idempotency_keys (key, turn, request_hash, status, resource, expires_at) VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT (key) DO UPDATE SET turn = excluded.turn, request_hash = excluded.request_hash, status = excluded.status,
+            resource = excluded.resource, expires_at = excluded.expires_at
+        """)
+    static let deleteKey = PGStatement("delete_key", "DELETE FROM taskloop.idempotency_keys WHERE key = $1")
+    static let upsertWebhook = PGStatement("upsert_webhook", """
+        INSERT INTO taskloop.webhooks (id, turn, record) VALUES ($1, $2, $3)
+        ON CONFLICT (id) DO UPDATE SET turn = excluded.turn, record = excluded.record
+        """)
+    static let deleteWebhook = PGStatement("delete_webhook", "DELETE FROM taskloop.webhooks WHERE id = $1")
+    static let deleteWebhookDeliveries = PGStatement("delete_webhook_deliveries", """
+        WITH gone AS (DELETE FROM taskloop.webhook_deliveries WHERE webhook = $1 RETURNING id)
+        INSERT INTO taskloop.removals (turn, kind, key) SELECT $2, \(Removal.delivery.rawValue), id FROM gone
+        """)
+    static let upsertDelivery = PGStatement("upsert_delivery", """
+        INSERT INTO taskloop.webhook_deliveries (id, webhook, event_seq, owner, turn, record) VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT (id) DO UPDATE SET turn = excluded.turn, record = excluded.record, owner = excluded.owner
+        """)
+    static let deleteDelivery = PGStatement("delete_delivery", "DELETE FROM taskloop.webhook_deliveries WHERE id = $1")
+    static let addRemoval = PGStatement("add_removal", "INSERT INTO taskloop.removals (turn, kind, key) VALUES ($1, $2, $3)")
+    static let insertEvent = PGStatement("insert_event", """
+        INSERT INTO taskloop.events (seq, turn, type, time, task, workflow, queue, data) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        """)
+
+    /// The statements that write `batch` as turn `turn`. Deliveries written here are attempted by
+    /// `replica` unless the batch says otherwise (`deliveryOwners`).
+    static func writes(of batch: StoreBatch, turn: UInt64, replica: String, deliveryOwners: [String: String] = [:]) -> [PGQuery] {
+        let turnValue = PGValue.int(Int64(turn))
+        var queries: [PGQuery] = []
+        var writer = RecordWriter()
+        func removal(_ kind: Removal, _ key: String) {
+            queries.append(PGQuery(addRemoval, [turnValue, .int(kind.rawValue), .text(key)]))
+        }
+        for task in batch.tasks {
+            queries.append(PGQuery(upsertTask, [.int(Int64(task.sequence)), .text(task.id.description), turnValue,
+                                                .bytes(writer.record(of: task))]))
+        }
+        for key in batch.evictedTasks {
+            queries.append(PGQuery(deleteTask, [.int(Int64(key.sequence))]))
+            removal(.task, "\(key.id):\(key.sequence)")
+        }
+        for workflow in batch.workflows {
+            queries.append(PGQuery(upsertWorkflow, [.text(workflow.id.description), turnValue, .bytes(writer.record(of: workflow))]))
+        }
+        for id in batch.evictedWorkflows {
+            queries.append(PGQuery(deleteWorkflow, [.text(id.description)]))
+            removal(.workflow, id.description)
+        }
+        for queue in batch.queues {
+            queries.append(PGQuery(upsertQueue, [.text(queue.name), turnValue, .int(queue.maxConcurrency), .bool(queue.paused),
+                                                 .text(queue.dispatch.rawValue)]))
+        }
+        for name in batch.forgottenQueues {
+            queries.append(PGQuery(deleteQueue, [.text(name)]))
+            removal(.queue, name)
+        }
+        for key in batch.idempotencyKeys {
+            queries.append(PGQuery(upsertKey, [.text(key.key), turnValue, .bytes(key.requestHash), .int(key.status),
+                                               .text(key.resource), .int(key.expiresAt)]))
+        }
+        for key in batch.expiredIdempotencyKeys {
+            queries.append(PGQuery(deleteKey, [.text(key)]))
+            removal(.idempotencyKey, key)
+        }
+        for id in batch.deletedWebhooks {
+            queries.append(PGQuery(deleteWebhook, [.text(id)]))
+            queries.append(PGQuery(deleteWebhookDeliveries, [.text(id), turnValue]))
+            removal(.webhook, id)
+        }
+        for webhook in batch.webhooks {
+            queries.append(PGQuery(upsertWebhook, [.text(webhook.id), turnValue, .bytes(SharedRecordCodec.encode(webhook))]))
+        }
+        for id in batch.deletedDeliveries {
+            queries.append(PGQuery(deleteDelivery, [.text(id)]))
+            removal(.delivery, id)
+        }
+        for delivery in batch.deliveries {
+            queries.append(PGQuery(upsertDelivery, [.text(delivery.id), .text(delivery.webhook), .int(Int64(delivery.eventSeq)),
+                                                    .text(deliveryOwners[delivery.id] ?? replica), turnValue,
+                                                    .bytes(SharedRecordCodec.encode(delivery))]))
+        }
+        return queries
+    }
+
+    static func insert(_ event: SharedEvent, turn: UInt64) -> PGQuery {
+        PGQuery(insertEvent, [.int(Int64(event.seq)), .int(Int64(turn)), .text(event.type), .int(event.time),
+                              .optional(event.task?.description), .optional(event.workflow?.description), .optional(event.queue),
+                              .bytes(event.data)])
+    }
+}
