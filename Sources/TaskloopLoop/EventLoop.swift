@@ -57,6 +57,14 @@ public final class EventLoop: Sendable {
         }
     }
 
+    /// Before `run()`, on the thread that will run the loop: runs it until `done()` holds (a
+    /// start that must wait for I/O of its own, such as connecting to a database, before it
+    /// serves). Never from inside the loop's callbacks.
+    public func run(until done: () -> Bool) {
+        precondition(loopThread.withLock { $0 == nil }, "run(until:) is for a start, before run()")
+        while !done() { uv_run(uvLoop, UV_RUN_ONCE) }
+    }
+
     /// True on the thread currently running this loop.
     public var inLoopThread: Bool {
         loopThread.withLock { thread in thread.map { pthread_equal($0, pthread_self()) != 0 } ?? false }

@@ -72,6 +72,9 @@ public final class PGConnection {
             return fail(PGError(message: errorMessage(), isConnectionLost: true), completion)
         }
         PQsetnonblocking(started, 1)
+        // Notices ("relation already exists, skipping") are the server talking to a person;
+        // libpq would print them on stderr.
+        PQsetNoticeProcessor(started, { _, _ in }, nil)
         connecting = completion
         do {
             let timer = try LoopTimer(loop: loop)

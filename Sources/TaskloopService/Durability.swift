@@ -13,6 +13,35 @@ public enum Durability: String, Sendable, CaseIterable {
     case memory
 }
 
+/// Where the service's changes become durable, and when answers may leave: `DurableState` for
+/// the embedded SQLite store, `SharedState` for replicas sharing PostgreSQL.
+///
+/// Threading: loop thread only.
+protocol Journal: AnyObject {
+    func record(_ events: [EngineEvent])
+    func record(_ key: IdempotencyRecord)
+    func expire(_ keys: [String])
+    func record(_ webhook: WebhookRecord)
+    func delete(webhook id: String)
+    func record(_ delivery: DeliveryRecord)
+    func delete(deliveries ids: [String])
+    /// The batch a change made now will be committed in, or nil when everything so far is.
+    var pendingBatch: Int? { get }
+    /// Nothing changed and uncommitted: an answer may leave at once.
+    var isCaughtUp: Bool { get }
+    /// Runs `action(true)` once every change made so far is committed; `action(false)` when the
+    /// batch it waited for could not be.
+    func whenDurable(_ action: @escaping (Bool) -> Void)
+    /// Changes cannot be made durable now: changing requests are refused.
+    var isFailing: Bool { get }
+    /// Told the number of each batch that commits (all before it have too).
+    var onCommitted: ((Int) -> Void)? { get set }
+    /// The event stream's last number, kept with each batch so numbers never repeat.
+    var eventSequence: (() -> UInt64)? { get set }
+    /// The live record of an idempotency key, to write it again after a failed batch.
+    var currentKey: ((String) -> IdempotencyRecord?)? { get set }
+}
+
 /// Between the engine and its store, on the loop thread: every settled change of one loop turn
 /// goes to the store as one batch when the turn ends (group commit), and answers wait until
 /// what they may show is committed, so no client sees a state a crash could take back.
@@ -23,7 +52,7 @@ public enum Durability: String, Sendable, CaseIterable {
 /// a write succeeds; then all is as before.
 ///
 /// Threading: loop thread only (the store's completions arrive through `EventLoop.execute`).
-final class DurableState {
+final class DurableState: Journal {
     let store: TaskStore
     private unowned let engine: Engine
     private let scheduler: EngineScheduler

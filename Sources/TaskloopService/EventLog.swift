@@ -2,6 +2,7 @@ import DequeModule
 import TaskloopEngine
 import TaskloopHTTP
 import TaskloopJSON
+import TaskloopStore
 
 /// The kinds of the event stream, by their wire names.
 enum EventKind: String, CaseIterable {
@@ -48,12 +49,44 @@ final class StreamEvent {
         self.workflow = workflow
         self.queue = queue
         self.batch = batch
+        taskID = task?.id
+        workflowID = workflow?.id ?? task?.workflow?.id
+        queueName = queue?.name ?? task?.queue.name
+        endsTask = kind == .taskState && moment?.state.isTerminal == true
         // A queue keeps no moment: its rare events are rendered now, as the change left it.
         if queue != nil { _ = data }
     }
 
-    var workflowID: TaskID? { workflow?.id ?? task?.workflow?.id }
-    var queueName: String? { queue?.name ?? task?.queue.name }
+    /// An event another replica numbered and rendered (several replicas on one database).
+    init(shared event: SharedEvent, kind: EventKind) {
+        seq = event.seq
+        self.kind = kind
+        time = event.time
+        task = nil
+        moment = nil
+        workflowState = nil
+        workflowFraction = 0
+        workflow = nil
+        queue = nil
+        batch = 0
+        taskID = event.task
+        workflowID = event.workflow
+        queueName = event.queue
+        endsTask = event.endsTask
+        renderedData = event.data
+    }
+
+    let taskID: TaskID?
+    let workflowID: TaskID?
+    let queueName: String?
+    /// A task's terminal state: a task's own stream ends with it.
+    let endsTask: Bool
+
+    /// As the shared database keeps it (rendered now).
+    var shared: SharedEvent {
+        SharedEvent(seq: seq, type: kind.rawValue, time: time, task: taskID, workflow: workflowID, queue: queueName,
+                    endsTask: endsTask, data: data)
+    }
 
     /// The event's JSON, `{seq, type, time, task | workflow | queue}`: the stream's `data:` line
     /// and a webhook's `data`.
@@ -99,7 +132,7 @@ struct EventFilter {
 
     func matches(_ event: StreamEvent) -> Bool {
         if let kinds, !kinds.contains(event.kind) { return false }
-        if let task, event.task?.id != task { return false }
+        if let task, event.taskID != task { return false }
         if let workflow, event.workflowID != workflow { return false }
         if let queue, event.queueName != queue { return false }
         return true
@@ -170,6 +203,9 @@ final class EventLog {
     /// Told each event as it is numbered, before it is published (webhooks keep their
     /// deliveries in the same batch as the change).
     var onNumbered: ((StreamEvent) -> Void)?
+    /// With replicas: runs a change that numbers an event in a turn (a coalesced progress event
+    /// numbered later). Nil: at once.
+    var changesInTurn: ((@escaping () -> Void) -> Void)?
 
     init(after lastSeq: UInt64, capacity: Int, clientBufferBytes: Int, scheduler: EngineScheduler) {
         lastAssigned = lastSeq
@@ -228,6 +264,31 @@ final class EventLog {
         if waitsFor == nil && lastAssigned != before { publish(through: lastAssigned) }
     }
 
+    // MARK: several replicas
+
+    /// The events numbered for batch `number`, not yet published, as the shared database keeps
+    /// them.
+    func sharedEvents(ofBatch number: Int) -> [SharedEvent] {
+        unpublished.filter { $0.batch == number }.map(\.shared)
+    }
+
+    /// Events other replicas committed: published at once, in their order.
+    func absorb(_ events: [SharedEvent]) {
+        for event in events where event.seq > lastAssigned {
+            guard let kind = EventKind(rawValue: event.type) else { continue }
+            unpublished.append(StreamEvent(shared: event, kind: kind))
+            lastAssigned = event.seq
+        }
+        publish(through: lastAssigned)
+    }
+
+    /// Numbers given to changes that were never committed go back (the shared database's turn
+    /// failed; the replica takes its state from the database again).
+    func discardUnpublished() {
+        unpublished.removeAll()
+        lastAssigned = lastPublished
+    }
+
     /// With a store: batch `number` (and every one before it) has committed.
     func committed(through number: Int) {
         var last: UInt64?
@@ -254,17 +315,24 @@ final class EventLog {
         let monotonic = scheduler.now
         if let last = lastProgress[key], monotonic &- last < Self.progressIntervalMilliseconds {
             heldProgress[key] = scheduler.schedule(after: last + Self.progressIntervalMilliseconds - monotonic) { [weak self] in
-                guard let self, heldProgress.removeValue(forKey: key) != nil, task.state == .running else { return }
-                lastProgress[key] = scheduler.now
-                // The change went to the store in its own batch: published once that committed.
-                let waitsFor = batchOfNextChange?() ?? nil
-                append(StreamEvent(seq: next(), kind: .taskProgress, time: scheduler.wallClock, task: task, batch: waitsFor ?? 0))
-                if waitsFor == nil { publish(through: lastAssigned) }
+                guard let self else { return }
+                guard let changesInTurn else { return numberHeldProgress(of: task, key: key) }
+                changesInTurn { [weak self] in self?.numberHeldProgress(of: task, key: key) }
             }
             return
         }
         lastProgress[key] = monotonic
         append(StreamEvent(seq: next(), kind: .taskProgress, time: now, task: task, batch: batch))
+    }
+
+    /// A coalesced progress event, numbered once its interval has passed (if the task still
+    /// runs). Its change went to the store in a batch of its own: published once that commits.
+    private func numberHeldProgress(of task: TaskRecord, key: ObjectIdentifier) {
+        guard heldProgress.removeValue(forKey: key) != nil, task.state == .running else { return }
+        lastProgress[key] = scheduler.now
+        let waitsFor = batchOfNextChange?() ?? nil
+        append(StreamEvent(seq: next(), kind: .taskProgress, time: scheduler.wallClock, task: task, batch: waitsFor ?? 0))
+        if waitsFor == nil { publish(through: lastAssigned) }
     }
 
     // MARK: publishing
@@ -288,7 +356,7 @@ final class EventLog {
         let before = subscriber.pending.count
         for event in events where event.seq > subscriber.after && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
-            if let id = subscriber.endsWith, event.kind == .taskState, event.task?.id == id, event.moment?.state.isTerminal == true {
+            if let id = subscriber.endsWith, event.endsTask, event.taskID == id {
                 subscriber.ending = true
                 break
             }

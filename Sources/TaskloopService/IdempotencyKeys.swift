@@ -65,6 +65,16 @@ final class IdempotencyKeys {
         return record
     }
 
+    /// Keys other replicas used, and forgot (several replicas on one database).
+    func absorb(_ records: [IdempotencyRecord], expired: [String]) {
+        for record in records {
+            entries[record.key] = record
+            expiries.append((record.key, record.expiresAt))
+        }
+        for key in expired { entries.removeValue(forKey: key) }
+        scheduleSweep()
+    }
+
     /// Starts forgetting expired keys (at once for those restored already expired).
     func start() {
         scheduleSweep()

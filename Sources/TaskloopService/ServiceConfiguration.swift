@@ -23,6 +23,10 @@ public struct ServiceConfiguration: Sendable {
     /// How changes are kept (`--durability`), and where (`--data-dir`) unless in memory.
     public var durability = Durability.memory
     public var dataDirectory = "taskloop-data"
+    /// Several replicas on one PostgreSQL (`--database-url`): the database, this replica's name
+    /// (unique among them), and how long a replica that stops renewing its lease is waited for
+    /// before others take over what it ran. Nil: the embedded store, as `durability` says.
+    public var sharedDatabase: SharedDatabaseSettings?
     /// How long an `Idempotency-Key` names its creation (`--idempotency-ttl-seconds`).
     public var idempotencyTTLMilliseconds: Int64 = 86_400_000
     /// The longest a lease call waits for a task (`--max-lease-wait-seconds`); a longer `wait_s`
@@ -73,5 +77,16 @@ public struct WebhookSettings: Sendable, Equatable {
             schedule.append(count * unit.scale)
         }
         return schedule.count <= 100 ? schedule : nil
+    }
+}
+
+public struct SharedDatabaseSettings: Sendable {
+    public var url: String
+    public var replica: String
+    public var leaseMilliseconds: UInt64 = 10_000
+
+    public init(url: String, replica: String) {
+        self.url = url
+        self.replica = replica
     }
 }

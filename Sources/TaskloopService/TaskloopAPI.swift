@@ -15,16 +15,20 @@ final class Route {
     let answers: [Int]
     /// Served without a bearer token even when the server has one.
     let isPublic: Bool
+    /// Reads or changes tasks, queues, webhooks or events: with replicas it waits for a
+    /// catch-up (reads) or a turn (changes). The page, the spec, health and metrics do not.
+    let usesState: Bool
     let handler: ServiceHandler
     /// The route's place in the route table, which is where the metrics keep its collectors.
     fileprivate(set) var index = -1
 
-    init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], isPublic: Bool = false,
+    init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], isPublic: Bool = false, usesState: Bool = true,
          _ handler: @escaping ServiceHandler) {
         self.method = method
         self.pattern = pattern
         self.answers = answers
         self.isPublic = isPublic
+        self.usesState = usesState
         self.handler = handler
     }
 
@@ -37,24 +41,24 @@ final class Route {
 extension TaskloopApplication {
     func routes() -> [Route] {
         [
-            Route(.GET, "/healthz", [200], isPublic: true) { [unowned self] _, reply in
+            Route(.GET, "/healthz", [200], isPublic: true, usesState: false) { [unowned self] _, reply in
                 reply.send(isDraining
                     ? APIProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
                     : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
             },
-            Route(.GET, "/openapi.yaml", [200]) { _, reply in
+            Route(.GET, "/openapi.yaml", [200], usesState: false) { _, reply in
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: PackageResources.openapi_yaml))
             },
-            Route(.GET, "/ui", [200, 304], isPublic: true) { request, reply in
+            Route(.GET, "/ui", [200, 304], isPublic: true, usesState: false) { request, reply in
                 reply.send(Dashboard.response(for: "index.html", request)!)
             },
-            Route(.GET, "/ui/{file}", [200, 304, 404], isPublic: true) { request, reply in
+            Route(.GET, "/ui/{file}", [200, 304, 404], isPublic: true, usesState: false) { request, reply in
                 guard let response = Dashboard.response(for: request.parameters["file"] ?? "", request) else {
                     throw APIProblem(.notFound, detail: "The dashboard has no file of that name.", code: "not_found")
                 }
                 reply.send(response)
             },
-            Route(.GET, "/metrics", [200]) { [unowned self] _, reply in
+            Route(.GET, "/metrics", [200], usesState: false) { [unowned self] _, reply in
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
                                         body: renderMetrics()))
             },

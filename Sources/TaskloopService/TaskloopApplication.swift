@@ -5,6 +5,7 @@ import TaskloopHTTP
 import TaskloopLoop
 import TaskloopHTTPClient
 import TaskloopJSON
+import TaskloopPostgres
 import TaskloopStore
 
 /// The service on one event loop: the HTTP server, the engine on the loop's clock, the routes
@@ -51,8 +52,11 @@ public final class TaskloopApplication {
     /// Each request is logged at debug; known once, at start.
     private let logsRequests: Bool
     private(set) var metrics: ServiceMetrics!
-    /// The store and group commit, unless `durability` is `memory`.
-    private(set) var durable: DurableState?
+    /// Where changes become durable, unless `durability` is `memory`: the embedded store
+    /// (`sqlite`) or the database replicas share (`shared`).
+    private(set) var durable: Journal?
+    private(set) var sqlite: DurableState?
+    private(set) var shared: SharedState?
     private(set) var idempotency: IdempotencyKeys!
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
@@ -84,14 +88,21 @@ public final class TaskloopApplication {
         } else {
             extra["exec"] = ExecRefusingExecutor()
         }
-        let engine = Engine(configuration: configuration.engine, scheduler: scheduler, extraExecutors: extra)
+        var engineConfiguration = configuration.engine
+        engineConfiguration.replica = configuration.sharedDatabase?.replica
+        let engine = Engine(configuration: engineConfiguration, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
         leaseCalls = LeaseCalls(engine: engine, scheduler: scheduler) { [unowned self] in metrics }
         var restored = StoredState()
-        if configuration.durability != .memory {
+        var sharedEvents: [SharedEvent] = []
+        if configuration.durability != .memory || configuration.sharedDatabase != nil {
             do {
-                restored = try openStore(engine: engine, scheduler: scheduler)
+                if let settings = configuration.sharedDatabase {
+                    (restored, sharedEvents) = try openShared(settings, engine: engine, scheduler: scheduler)
+                } else {
+                    restored = try openStore(engine: engine, scheduler: scheduler)
+                }
             } catch {
                 httpClient.close()
                 scheduler.close()
@@ -107,9 +118,11 @@ public final class TaskloopApplication {
         self.idempotency = idempotency
         engine.addObserver { [unowned self] events in settled(events) }
         // Numbered after the store has the batch (the observer above it), so each event knows
-        // the commit it waits for.
-        let eventLog = EventLog(after: restored.eventSequence, capacity: configuration.eventBufferSize,
+        // the commit it waits for. With replicas, the newest events come from the database.
+        let eventLog = EventLog(after: sharedEvents.first.map { $0.seq - 1 } ?? restored.eventSequence,
+                                capacity: configuration.eventBufferSize,
                                 clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
+        eventLog.absorb(sharedEvents)
         self.eventLog = eventLog
         let webhooks = Webhooks(client: httpClient, scheduler: scheduler, settings: configuration.webhooks, durable: durable,
                                 logger: logger)
@@ -124,7 +137,22 @@ public final class TaskloopApplication {
             }
             durable.eventSequence = { [unowned eventLog] in eventLog.lastAssigned }
         }
-        engine.addObserver { [unowned eventLog] events in eventLog.record(events) }
+        if let shared {
+            shared.eventsOfBatch = { [unowned eventLog] number in eventLog.sharedEvents(ofBatch: number) }
+            shared.onAbsorbed = { [unowned idempotency, unowned eventLog] delta in
+                idempotency.absorb(delta.idempotencyKeys, expired: delta.expiredIdempotencyKeys)
+                eventLog.absorb(delta.events)
+            }
+            shared.onStartOver = { [unowned self] loaded in startOver(from: loaded) }
+            // A progress event coalesced for later is numbered in a turn, as every event is.
+            eventLog.changesInTurn = { [unowned shared] change in
+                if shared.isOpen { change() } else { shared.defer(change) }
+            }
+        }
+        // Another replica's changes come with their events, numbered where they were made.
+        engine.addObserver { [unowned eventLog, unowned engine] events in
+            if !engine.isAbsorbing { eventLog.record(events) }
+        }
         eventWrites = try LoopCheck(loop: loop) { [unowned eventLog] in eventLog.flushPending() }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
@@ -148,7 +176,8 @@ public final class TaskloopApplication {
             // The store's threads end before anything they point at goes away (a port in use
             // crashed the exit now and then when they outlived the application).
             idempotency.close()
-            durable?.close()
+            sqlite?.close()
+            sqlite = nil
             durable = nil
             eventWrites?.close()
             eventWrites = nil
@@ -187,13 +216,21 @@ public final class TaskloopApplication {
             leaseCalls.answerAll()
             eventLog.finishAll()
             _ = scheduler.schedule(after: grace) { [weak self] in
-                if self?.durable != nil { self?.engine.suspendForShutdown() }
+                if let shared = self?.shared, let engine = self?.engine {
+                    shared.defer { engine.suspendForShutdown() }
+                } else if self?.durable != nil {
+                    self?.engine.suspendForShutdown()
+                }
                 self?.execExecutor?.killAll()
                 _ = self?.scheduler?.schedule(after: 500) { [weak self] in self?.execExecutor?.abandonOutput() }
             }
         }
         finishStopping()
     }
+
+    static let sharedDatabaseUnavailable = APIProblem(
+        .serviceUnavailable, detail: "The shared database cannot be reached; this replica serves again once it can.",
+        code: "database_unavailable", headers: ["Retry-After": "1"])
 
     static let storageUnavailable = APIProblem(
         .serviceUnavailable, detail: "The server cannot write to its storage; the change was not made durable. Try again later.",
@@ -222,6 +259,7 @@ public final class TaskloopApplication {
             throw error
         }
         self.durable = durable
+        sqlite = durable
         logger.info("restored from \(configuration.dataDirectory)", metadata: [
             "tasks": "\(loaded.tasks.count)", "unfinished": "\(engine.unfinishedCount)", "durability": "\(configuration.durability)",
         ])
@@ -230,10 +268,88 @@ public final class TaskloopApplication {
         return loaded
     }
 
+    /// Joins the replicas on the shared database: connects, migrates, registers, and fills the
+    /// engine with everything the database holds (what other replicas run stays theirs). The
+    /// loop runs for it before the server listens. Returns the rest of what was loaded.
+    private func openShared(_ settings: SharedDatabaseSettings, engine: Engine,
+                            scheduler: LoopScheduler) throws -> (StoredState, [SharedEvent]) {
+        var journalSettings = PostgresJournal.Settings(url: settings.url, replica: settings.replica)
+        journalSettings.leaseMilliseconds = settings.leaseMilliseconds
+        journalSettings.loadedEvents = configuration.eventBufferSize
+        let journal = PostgresJournal(loop: loop, settings: journalSettings)
+        var outcome: Result<PostgresJournal.Loaded, PGError>?
+        journal.open { outcome = $0 }
+        loop.run { outcome != nil }
+        let loaded: PostgresJournal.Loaded
+        switch outcome! {
+        case .success(let value): loaded = value
+        case .failure(let error):
+            journal.close {}
+            loop.run { true }
+            throw SharedDatabaseError(reason: "the shared database at \(Self.redacted(settings.url)) cannot be used: \(error)")
+        }
+        var everything = SharedChanges()
+        everything.tasks = loaded.state.tasks
+        everything.workflows = loaded.state.workflows
+        everything.queues = loaded.state.queues
+        engine.absorb(everything)
+        let shared = SharedState(journal: journal, engine: engine, loop: loop, scheduler: scheduler, logger: logger, turn: loaded.turn)
+        engine.gate = shared
+        engine.addObserver { events in shared.record(events) }
+        self.shared = shared
+        durable = shared
+        shared.start()
+        logger.info("joined the replicas on \(Self.redacted(settings.url))", metadata: [
+            "replica": "\(settings.replica)", "tasks": "\(loaded.state.tasks.count)", "turn": "\(loaded.turn)",
+        ])
+        var rest = loaded.state
+        rest.tasks = []
+        return (rest, loaded.events)
+    }
+
+    /// The database's state replaces this replica's (its connection failed, or other replicas
+    /// took it for gone): tasks, keys and events as committed; what was not committed goes.
+    private func startOver(from loaded: PostgresJournal.Loaded) {
+        var everything = SharedChanges()
+        everything.tasks = loaded.state.tasks
+        everything.workflows = loaded.state.workflows
+        everything.queues = loaded.state.queues
+        let kept = Set(loaded.state.tasks.map(\.id))
+        everything.evictedTasks = engine.allTaskKeys.filter { !kept.contains($0.id) }
+        let keptWorkflows = Set(loaded.state.workflows.map(\.id))
+        everything.evictedWorkflows = engine.allWorkflowIDs.filter { !keptWorkflows.contains($0) }
+        engine.absorb(everything)
+        idempotency.absorb(loaded.state.idempotencyKeys, expired: [])
+        eventLog.discardUnpublished()
+        eventLog.absorb(loaded.events)
+    }
+
+    /// A database URL without its password, for logs and errors.
+    static func redacted(_ url: String) -> String {
+        guard let at = url.firstIndex(of: "@"), let scheme = url.firstRange(of: "://"), scheme.upperBound < at else { return url }
+        let credentials = url[scheme.upperBound..<at]
+        guard let colon = credentials.firstIndex(of: ":") else { return url }
+        return String(url[..<colon]) + ":***" + String(url[at...])
+    }
+
     private func finishStopping() {
-        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, durable == nil || engine.runningHereCount == 0,
+        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0,
+              durable == nil || (shared != nil ? engine.runningLocallyCount : engine.runningHereCount) == 0,
               let completion = stopCompletion else { return }
         stopCompletion = nil
+        if let shared {
+            // The last turn hands back what still ran; then the replica leaves the database.
+            self.shared = nil
+            shared.close { [unowned self] in
+                durable = nil
+                finishClosing(completion)
+            }
+            return
+        }
+        finishClosing(completion)
+    }
+
+    private func finishClosing(_ completion: @escaping () -> Void) {
         server = nil
         // Webhook attempts end unrecorded (they are made again after a restart), then cancelling
         // has removed every transfer; this frees curl's connection cache and handles.
@@ -242,7 +358,8 @@ public final class TaskloopApplication {
         httpClient = nil
         // What the last turns changed is written before the process may end.
         idempotency?.close()
-        durable?.close()
+        sqlite?.close()
+        sqlite = nil
         durable = nil
         finishProcessTrees(execRan: execExecutor != nil, orphanReaper: orphanReaper)
         orphanReaper = nil
@@ -265,7 +382,7 @@ public final class TaskloopApplication {
         if !request.method.isGeneralPurpose {
             return reply.send(Router<Route>.notImplemented(request.method).response())
         }
-        if durable?.isFailing == true && request.method != .GET && request.method != .HEAD {
+        if sqlite?.isFailing == true && request.method != .GET && request.method != .HEAD {
             return reply.send(Self.storageUnavailable.response())
         }
         if let authToken, found?.isPublic != true {
@@ -279,6 +396,21 @@ public final class TaskloopApplication {
             return reply.send(Router<Route>.problem(for: match, request)!.response())
         }
         request.parameters = parameters
+        if let shared, route.usesState, !shared.isOpen {
+            guard !shared.isFailing else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
+            let refuse = { reply.send(Self.sharedDatabaseUnavailable.response()) }
+            let request = request
+            if request.method == .GET || request.method == .HEAD {
+                shared.whenCaughtUp({ [unowned self] in run(route, request, reply) }, refuse: refuse)
+            } else {
+                shared.inNextTurn({ [unowned self] in run(route, request, reply) }, refuse: refuse)
+            }
+            return
+        }
+        run(route, request, reply)
+    }
+
+    private func run(_ route: Route, _ request: HTTPRequest, _ reply: Reply) {
         do {
             try route.handler(request, reply)
         } catch {
@@ -312,7 +444,8 @@ public final class TaskloopApplication {
                 ])
             }
             if to.isTerminal {
-                metrics.taskFinished(task)
+                // Each replica counts what it finished; another replica's ends wake waiters here.
+                if !engine.isAbsorbing { metrics.taskFinished(task) }
                 waiters.finished(task.id)
             }
         }
@@ -406,4 +539,10 @@ struct Reply {
     func onPeerEnded(_ observer: @escaping () -> Void) {
         responder.onPeerEnded(observer)
     }
+}
+
+/// The shared database could not be joined at start.
+struct SharedDatabaseError: Error, CustomStringConvertible {
+    let reason: String
+    var description: String { reason }
 }

@@ -75,7 +75,7 @@ final class Webhooks {
     private let settings: WebhookSettings
     private let logger: Logger
     /// With a store: deliveries are written through it and wait for their batch to commit.
-    private let durable: DurableState?
+    private let durable: Journal?
     private(set) var hooks: [String: Hook] = [:]
     /// New deliveries in the order they were made, until their batch commits.
     private var awaitingCommit = Deque<Delivery>()
@@ -83,7 +83,7 @@ final class Webhooks {
     /// Attempts by outcome, for the metrics.
     private(set) var attempts: [String: Int] = ["delivered": 0, "failed": 0, "retrying": 0]
 
-    init(client: HTTPClient, scheduler: EngineScheduler, settings: WebhookSettings, durable: DurableState?, logger: Logger) {
+    init(client: HTTPClient, scheduler: EngineScheduler, settings: WebhookSettings, durable: Journal?, logger: Logger) {
         self.client = client
         self.scheduler = scheduler
         self.settings = settings

@@ -130,14 +130,17 @@ public final class PostgresJournal {
 
     private func register(_ completion: @escaping (Result<Void, PGError>) -> Void) {
         connection.execute([PGQuery(
-            "INSERT INTO taskloop.replicas (name, started_at, expires_at) VALUES ($1, now(), now() + $2 * interval '1 millisecond')",
+            // A replica restarting under its name takes its row back; what it ran before is
+            // interrupted in its first turn.
+            "INSERT INTO taskloop.replicas (name, started_at, expires_at) VALUES ($1, now(), now() + $2 * interval '1 millisecond') "
+                + "ON CONFLICT (name) DO UPDATE SET started_at = excluded.started_at, expires_at = excluded.expires_at",
             [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) { result in completion(result.map { _ in () }) }
     }
 
     /// Everything, read in one snapshot.
     public func loadEverything(_ completion: @escaping (Result<Loaded, PGError>) -> Void) {
         let events = PGQuery(
-            "SELECT seq, type, time, task, workflow, queue, data FROM (SELECT * FROM taskloop.events ORDER BY seq DESC LIMIT $1) newest ORDER BY seq",
+            "SELECT seq, type, time, task, workflow, queue, ends_task, data FROM (SELECT * FROM taskloop.events ORDER BY seq DESC LIMIT $1) newest ORDER BY seq",
             [.int(settings.loadedEvents)], binaryResults: true)
         connection.execute([
             PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
@@ -307,7 +310,7 @@ public final class PostgresJournal {
             PGQuery("SELECT owner, record FROM taskloop.webhook_deliveries WHERE turn > $1 ORDER BY event_seq, id", [since],
                     binaryResults: true),
             PGQuery("SELECT kind, key FROM taskloop.removals WHERE turn > $1 ORDER BY turn", [since], binaryResults: true),
-            PGQuery("SELECT seq, type, time, task, workflow, queue, data FROM taskloop.events WHERE turn > $1 ORDER BY seq", [since],
+            PGQuery("SELECT seq, type, time, task, workflow, queue, ends_task, data FROM taskloop.events WHERE turn > $1 ORDER BY seq", [since],
                     binaryResults: true),
         ]
     }
@@ -407,7 +410,7 @@ public final class PostgresJournal {
         (0..<rows.rowCount).map { row in
             SharedEvent(seq: UInt64(rows.int(row, 0) ?? 0), type: rows.text(row, 1) ?? "", time: rows.int(row, 2) ?? 0,
                         task: rows.text(row, 3).flatMap { TaskID($0) }, workflow: rows.text(row, 4).flatMap { TaskID($0) },
-                        queue: rows.text(row, 5), data: rows.bytes(row, 6) ?? [])
+                        queue: rows.text(row, 5), endsTask: rows.bool(row, 6) ?? false, data: rows.bytes(row, 7) ?? [])
         }
     }
 }

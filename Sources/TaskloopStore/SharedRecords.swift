@@ -10,15 +10,19 @@ public struct SharedEvent: Sendable, Equatable {
     public var task: TaskID?
     public var workflow: TaskID?
     public var queue: String?
+    /// A task's terminal state (its own stream ends with it).
+    public var endsTask: Bool
     public var data: [UInt8]
 
-    public init(seq: UInt64, type: String, time: Int64, task: TaskID?, workflow: TaskID?, queue: String?, data: [UInt8]) {
+    public init(seq: UInt64, type: String, time: Int64, task: TaskID?, workflow: TaskID?, queue: String?, endsTask: Bool = false,
+                data: [UInt8]) {
         self.seq = seq
         self.type = type
         self.time = time
         self.task = task
         self.workflow = workflow
         self.queue = queue
+        self.endsTask = endsTask
         self.data = data
     }
 }

@@ -49,7 +49,7 @@ enum SharedSchema {
             "CREATE INDEX removals_turn ON taskloop.removals (turn)",
             """
             CREATE TABLE taskloop.events (seq bigint PRIMARY KEY, turn bigint NOT NULL, type text NOT NULL, time bigint NOT NULL,
-                task text, workflow text, queue text, data bytea NOT NULL)
+                task text, workflow text, queue text, ends_task boolean NOT NULL, data bytea NOT NULL)
             """,
             "CREATE INDEX events_turn ON taskloop.events (turn)",
             """
@@ -113,7 +113,8 @@ enum SharedSchema {
     static let deleteDelivery = PGStatement("delete_delivery", "DELETE FROM taskloop.webhook_deliveries WHERE id = $1")
     static let addRemoval = PGStatement("add_removal", "INSERT INTO taskloop.removals (turn, kind, key) VALUES ($1, $2, $3)")
     static let insertEvent = PGStatement("insert_event", """
-        INSERT INTO taskloop.events (seq, turn, type, time, task, workflow, queue, data) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        INSERT INTO taskloop.events (seq, turn, type, time, task, workflow, queue, ends_task, data)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
         """)
 
     /// The statements that write `batch` as turn `turn`. Deliveries written here are attempted by
@@ -179,6 +180,6 @@ enum SharedSchema {
     static func insert(_ event: SharedEvent, turn: UInt64) -> PGQuery {
         PGQuery(insertEvent, [.int(Int64(event.seq)), .int(Int64(turn)), .text(event.type), .int(event.time),
                               .optional(event.task?.description), .optional(event.workflow?.description), .optional(event.queue),
-                              .bytes(event.data)])
+                              .bool(event.endsTask), .bytes(event.data)])
     }
 }

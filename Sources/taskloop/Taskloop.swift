@@ -94,6 +94,15 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Where the database and its lock live (not touched with --durability memory). [env: TASKLOOP_DATA_DIR]")
     var dataDir: String = Environment.string("DATA_DIR") ?? "taskloop-data"
 
+    @Option(help: "PostgreSQL shared by several replicas (postgres://user:password@host:port/database), instead of the embedded store in --data-dir. [env: TASKLOOP_DATABASE_URL]")
+    var databaseURL: String? = Environment.string("DATABASE_URL")
+
+    @Option(help: "This replica's name among those sharing --database-url; unique among them, kept across its restarts. Default: the host name and process id. [env: TASKLOOP_REPLICA_NAME]")
+    var replicaName: String? = Environment.string("REPLICA_NAME")
+
+    @Option(help: "Seconds a replica that stops renewing its lease is waited for before the others take over what it ran, 1...600. [env: TASKLOOP_REPLICA_LEASE_SECONDS]")
+    var replicaLeaseSeconds: Double = Environment.double("REPLICA_LEASE_SECONDS") ?? 10
+
     @Option(help: "Seconds an Idempotency-Key names what its first request created. [env: TASKLOOP_IDEMPOTENCY_TTL_SECONDS]")
     var idempotencyTTLSeconds: Int = Environment.int("IDEMPOTENCY_TTL_SECONDS") ?? 86_400
 
@@ -165,6 +174,18 @@ struct Taskloop: ParsableCommand {
         guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("--log-format must be text or json") }
         guard Durability(rawValue: durability) != nil else { throw ValidationError("--durability must be full, normal or memory") }
         guard !dataDir.isEmpty else { throw ValidationError("--data-dir must name a directory") }
+        if let databaseURL {
+            guard !databaseURL.isEmpty else { throw ValidationError("--database-url must not be empty") }
+            guard durability != "memory" else {
+                throw ValidationError("--durability memory cannot be used with --database-url: replicas share their state through it")
+            }
+        }
+        if let replicaName {
+            guard (1...64).contains(replicaName.utf8.count), replicaName.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+                throw ValidationError("--replica-name must be 1 to 64 visible ASCII characters")
+            }
+        }
+        guard (1...600).contains(replicaLeaseSeconds) else { throw ValidationError("--replica-lease-seconds must be 1...600") }
         guard (1...31_536_000).contains(idempotencyTTLSeconds) else {
             throw ValidationError("--idempotency-ttl-seconds must be 1...31536000")
         }
@@ -220,6 +241,11 @@ struct Taskloop: ParsableCommand {
         configuration.engine.cancelGraceMilliseconds = configuration.shutdownGraceMilliseconds
         configuration.durability = Durability(rawValue: durability)!
         configuration.dataDirectory = dataDir
+        if let databaseURL {
+            var settings = SharedDatabaseSettings(url: databaseURL, replica: replicaName ?? Self.defaultReplicaName())
+            settings.leaseMilliseconds = UInt64(replicaLeaseSeconds * 1_000)
+            configuration.sharedDatabase = settings
+        }
         configuration.idempotencyTTLMilliseconds = Int64(idempotencyTTLSeconds) * 1_000
         configuration.maxLeaseWaitMilliseconds = UInt64(maxLeaseWaitSeconds * 1_000)
         configuration.eventBufferSize = eventBuffer
@@ -251,6 +277,15 @@ struct Taskloop: ParsableCommand {
                               started: "taskloop listening on http://\(address)") { finished in application.stop(completion: finished) }
         logSink.flush()
         print("taskloop stopped")
+    }
+}
+
+extension Taskloop {
+    /// The host's name and this process's id: unique among replicas on their hosts.
+    static func defaultReplicaName() -> String {
+        var name = [CChar](repeating: 0, count: 256)
+        gethostname(&name, name.count - 1)
+        return "\(String(cString: name))-\(getpid())"
     }
 }
 

@@ -211,7 +211,7 @@ import TaskloopTestSupport
         var service = try ServiceHarness(configure)
         var client = try service.client()
         let kept = try DurabilityTests.id(try client.submit(#"{"kind":"noop","name":"kept"}"#))
-        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: 0) }
+        service.onLoop { application in (application.sqlite?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: 0) }
         let big = String(repeating: "x", count: 200_000)
         let refused = try client.call("POST", "/tasks", json: #"{"kind":"noop","metadata":{"blob":"\#(big)"}}"#)
         #expect(refused.status == 503 && refused.json["code"] as? String == "storage_unavailable")
@@ -219,7 +219,7 @@ import TaskloopTestSupport
         #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop"}"#).status == 503, "changes are refused")
         #expect(try client.call("GET", "/tasks/\(kept)").status == 200, "reads go on")
         #expect(try client.call("GET", "/healthz").status == 200)
-        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: nil) }
+        service.onLoop { application in (application.sqlite?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: nil) }
         var accepted: String?
         try pollUntil("the service to accept changes again", timeout: 10, every: 50_000) {
             let response = try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"after"}"#)

@@ -225,11 +225,11 @@ import TaskloopTestSupport
         let stream = try EventStreamTests.Stream(port: service.port, "/events?types=task.created")
         _ = try client.submit(#"{"kind":"noop","name":"before"}"#)
         #expect(try stream.waitFor(1).count == 1)
-        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: 0) }
+        service.onLoop { application in (application.sqlite?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: 0) }
         let big = String(repeating: "x", count: 200_000)
         #expect(try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"big","metadata":{"blob":"\#(big)"}}"#).status == 503)
         #expect(try stream.connection.staysSilent(for: 0.5), "no event for a change that is not on disk")
-        service.onLoop { application in (application.durable?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: nil) }
+        service.onLoop { application in (application.sqlite?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: nil) }
         let events = try stream.waitFor(2, timeout: 10)
         #expect((events[1].data["task"] as? [String: Any])?["name"] as? String == "big")
         #expect(events.map(\.id) == [events[0].id, events[0].id.map { $0 + 4 }], "numbered when it happened, in order")

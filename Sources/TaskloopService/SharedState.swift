@@ -1,0 +1,406 @@
+import Logging
+import TaskloopEngine
+import TaskloopLoop
+import TaskloopPostgres
+import TaskloopStore
+
+/// One replica's side of the shared database (docs/SCALING.md, "turns"): every change this
+/// replica makes happens inside a turn, and every answer, event and webhook that shows a
+/// change leaves after the turn that made it has committed.
+///
+/// - Changing requests, timers and executors' reports wait (`defer`, the engine's gate) for
+///   the next turn. A turn: take the turn lock, absorb what other replicas committed since this
+///   replica's last turn, take over what replicas found gone ran, run everything that waited,
+///   write the turn's changes and events, commit. Work that arrives meanwhile waits for the
+///   next turn; turns of one replica follow one another.
+/// - Reads wait for a catch-up (`whenCaughtUp`): what was committed before the read arrived is
+///   absorbed first, so a replica never answers from behind a change another has acknowledged.
+///   A read that arrives while a turn is being opened rides with that turn instead.
+/// - Each turn's `NOTIFY` wakes the other replicas, which catch up at once: their long polls,
+///   event streams and lease calls see the change without polling.
+/// - The replica renews its lease every quarter of its length; when the renewal says another
+///   replica's lease ran out, a turn takes over what that replica ran. When it says this
+///   replica was taken for gone, or the database cannot be reached or fails a turn, the
+///   replica stops serving (503) and starts over from the database once it can.
+///
+/// Threading: loop thread only.
+final class SharedState: Journal, EngineGate {
+    private(set) var journal: PostgresJournal
+    private unowned let engine: Engine
+    private let loop: EventLoop
+    private let scheduler: EngineScheduler
+    private let logger: Logger
+    private var builder = StoreBatchBuilder()
+    /// The last turn absorbed or made.
+    private(set) var applied: UInt64 = 0
+
+    // The gate.
+    private(set) var isOpen = false
+    /// Work for the next turn, and how to refuse it if the replica starts over first (a
+    /// request's 503; nothing for the engine's own work, which the database's state replaces).
+    private var deferred: [(run: () -> Void, refuse: (() -> Void)?)] = []
+    private var readers: [(run: () -> Void, refuse: () -> Void)] = []
+    /// After starting over: attempts still marked as this replica's are run by nothing here.
+    private var reclaimsOwnAttempts = false
+
+    private enum Phase {
+        case idle
+        /// Waiting for the turn lock and what others committed.
+        case opening
+        case committing
+        case catchingUp
+        /// The database is out of reach, or this replica must start over.
+        case recovering
+    }
+    private var phase = Phase.idle
+    private var wantsTurn = false
+
+    /// Turns committed by this replica, and waiters on them (as DurableState's batches).
+    private var sent = 0
+    private var answered = 0
+    private var waiting: [(batch: Int, action: (Bool) -> Void)] = []
+    var onCommitted: ((Int) -> Void)?
+    var eventSequence: (() -> UInt64)?
+    var currentKey: ((String) -> IdempotencyRecord?)?
+    /// Distributes what other replicas committed (to idempotency keys, events, webhooks).
+    var onAbsorbed: ((SharedDelta) -> Void)?
+    /// The events numbered for a batch, rendered.
+    var eventsOfBatch: ((Int) -> [SharedEvent])?
+    /// Told when this replica starts over from the database (`loaded`): it must drop what it
+    /// had not committed.
+    var onStartOver: ((PostgresJournal.Loaded) -> Void)?
+    private var leaseRenewal: ScheduledAction?
+    private var closing: (() -> Void)?
+
+    init(journal: PostgresJournal, engine: Engine, loop: EventLoop, scheduler: EngineScheduler, logger: Logger, turn: UInt64) {
+        self.journal = journal
+        self.engine = engine
+        self.loop = loop
+        self.scheduler = scheduler
+        self.logger = logger
+        applied = turn
+        listen(to: journal)
+    }
+
+    private func listen(to journal: PostgresJournal) {
+        journal.onTurnCommitted = { [unowned self] turn in
+            if turn > applied { catchUp() }
+        }
+        journal.onLost = { [unowned self] error in lose(error) }
+    }
+
+    /// Starts renewing the lease, and takes a first turn: what the start found to do, and the
+    /// attempts a previous process of this name ran, which nothing here runs now.
+    func start() {
+        reclaimsOwnAttempts = true
+        renewLease()
+        scheduleTurn()
+    }
+
+    // MARK: the gate
+
+    func `defer`(_ work: @escaping () -> Void) {
+        deferred.append((work, nil))
+        scheduleTurn()
+    }
+
+    /// Runs a changing request in the next turn; `refuse` answers it if that turn never comes.
+    func inNextTurn(_ run: @escaping () -> Void, refuse: @escaping () -> Void) {
+        deferred.append((run, refuse))
+        scheduleTurn()
+    }
+
+    /// Runs `read` once what was committed before now has been absorbed.
+    func whenCaughtUp(_ read: @escaping () -> Void, refuse: @escaping () -> Void) {
+        readers.append((read, refuse))
+        switch phase {
+        case .idle: catchUp()
+        case .opening, .committing, .catchingUp, .recovering: break
+        }
+    }
+
+    private func scheduleTurn() {
+        guard phase == .idle, closing == nil || !deferred.isEmpty || !builder.isEmpty else {
+            wantsTurn = true
+            return
+        }
+        openTurn()
+    }
+
+    // MARK: turns
+
+    private func openTurn() {
+        phase = .opening
+        wantsTurn = false
+        let readersNow = readers
+        readers = []
+        journal.beginTurn(after: applied) { [unowned self] result in
+            switch result {
+            case .failure(let error):
+                readers = readersNow + readers
+                lose(error)
+            case .success(nil):
+                readers = readersNow + readers
+                startOver(reason: "it fell behind the database's retained history")
+            case .success(let delta?):
+                absorb(delta)
+                runTurn(gone: delta.goneReplicas, readers: readersNow)
+            }
+        }
+    }
+
+    private func runTurn(gone: [String], readers readersNow: [(run: () -> Void, refuse: () -> Void)]) {
+        isOpen = true
+        engine.dispatchWaiting()
+        for name in gone {
+            let count = engine.interruptAttempts(of: name)
+            logger.warning("replica \(name) is gone; its attempts were interrupted", metadata: ["attempts": "\(count)"])
+        }
+        if reclaimsOwnAttempts {
+            reclaimsOwnAttempts = false
+            engine.interruptAttempts(of: journal.settings.replica)
+        }
+        while !deferred.isEmpty {
+            let work = deferred
+            deferred = []
+            for item in work { item.run() }
+        }
+        for read in readersNow { read.run() }
+        isOpen = false
+        commit(gone: gone)
+    }
+
+    private func commit(gone: [String]) {
+        let number = sent + 1
+        let batch = builder.take(from: engine)
+        let events = eventsOfBatch?(number) ?? []
+        guard !batch.isEmpty || !events.isEmpty || !gone.isEmpty else {
+            phase = .committing
+            journal.abandonTurn { [unowned self] in turnEnded() }
+            return
+        }
+        sent = number
+        phase = .committing
+        journal.commitTurn(applied + 1, batch, events: events, eventSequence: eventSequence?() ?? 0, goneReplicas: gone) {
+            [unowned self] result in
+            switch result {
+            case .success:
+                applied += 1
+                answer(through: number, committed: true)
+                onCommitted?(number)
+                turnEnded()
+            case .failure(let error):
+                answer(through: number, committed: false)
+                lose(error)
+            }
+        }
+    }
+
+    private func turnEnded() {
+        phase = .idle
+        if let closing, deferred.isEmpty, builder.isEmpty {
+            self.closing = nil
+            return finishClosing(closing)
+        }
+        if wantsTurn || !deferred.isEmpty || !builder.isEmpty {
+            openTurn()
+        } else if !readers.isEmpty {
+            catchUp()
+        }
+    }
+
+    // MARK: catching up
+
+    private func catchUp() {
+        guard phase == .idle else { return }
+        phase = .catchingUp
+        let readersNow = readers
+        readers = []
+        journal.catchUp(after: applied) { [unowned self] result in
+            switch result {
+            case .failure(let error):
+                readers = readersNow + readers
+                lose(error)
+            case .success(let delta):
+                if journal.needsReload {
+                    readers = readersNow + readers
+                    return startOver(reason: "it fell behind the database's retained history")
+                }
+                if let delta { absorb(delta) }
+                for read in readersNow { read.run() }
+                phase = .idle
+                if !deferred.isEmpty || wantsTurn || !builder.isEmpty || closing != nil {
+                    turnEnded()
+                } else if !readers.isEmpty {
+                    catchUp()
+                }
+            }
+        }
+    }
+
+    private func absorb(_ delta: SharedDelta) {
+        applied = delta.turn
+        guard !delta.isEmpty else { return }
+        engine.absorb(delta.changes)
+        onAbsorbed?(delta)
+        // Work absorbed records made startable (room in a queue, a lease call waiting) is
+        // started in a turn.
+        if engine.hasWorkToStart { wantsTurn = true }
+    }
+
+    // MARK: the lease
+
+    private func renewLease() {
+        leaseRenewal = scheduler.schedule(after: journal.settings.leaseMilliseconds / 4) { [weak self] in
+            guard let self, phase != .recovering else { return }
+            journal.renewLease { [weak self] result in
+                guard let self else { return }
+                switch result {
+                case .failure(let error) where error.sqlState == PostgresJournal.replicaGone:
+                    startOver(reason: "other replicas took it for gone")
+                case .failure(let error):
+                    lose(error)
+                case .success:
+                    journal.anyReplicaGone { [weak self] result in
+                        if case .success(true) = result { self?.scheduleTurnForTakeover() }
+                    }
+                    renewLease()
+                }
+            }
+        }
+    }
+
+    private func scheduleTurnForTakeover() {
+        wantsTurn = true
+        if phase == .idle { openTurn() }
+    }
+
+    // MARK: failing and starting over
+
+    var isFailing: Bool { phase == .recovering }
+
+    private func lose(_ error: PGError) {
+        guard phase != .recovering, closing == nil else { return }
+        logger.error("the shared database failed; serving 503 until it is back", metadata: ["error": "\(error)"])
+        startOver(reason: "\(error)")
+    }
+
+    /// Drops what was not committed and loads everything again from a new connection, retrying
+    /// every second until the database answers.
+    private func startOver(reason: String) {
+        phase = .recovering
+        isOpen = false
+        leaseRenewal?.cancel()
+        leaseRenewal = nil
+        // What waited on a turn that will not commit is refused; what waits for the next turn
+        // is refused too: the replica does not know what the database holds until it reloads.
+        answer(through: sent, committed: false)
+        builder = StoreBatchBuilder()
+        let refused = deferred.compactMap(\.refuse) + readers.map(\.refuse)
+        deferred = []
+        readers = []
+        for refuse in refused { refuse() }
+        logger.warning("starting over from the shared database", metadata: ["reason": "\(reason)"])
+        reconnect()
+    }
+
+    private func reconnect() {
+        let fresh = PostgresJournal(loop: loop, settings: journal.settings)
+        journal.onLost = nil
+        journal.onTurnCommitted = nil
+        journal = fresh
+        listen(to: fresh)
+        fresh.open { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure(let error):
+                logger.debug("the shared database is still out of reach", metadata: ["error": "\(error)"])
+                _ = scheduler.schedule(after: 1_000) { [weak self] in self?.reconnect() }
+            case .success(let loaded):
+                onStartOver?(loaded)
+                applied = loaded.turn
+                reclaimsOwnAttempts = true
+                phase = .idle
+                logger.info("serving again from the shared database", metadata: ["turn": "\(applied)"])
+                renewLease()
+                scheduleTurn()
+            }
+        }
+    }
+
+    // MARK: Journal
+
+    func record(_ events: [EngineEvent]) {
+        guard !engine.isAbsorbing else { return }
+        builder.add(events)
+    }
+
+    func record(_ key: IdempotencyRecord) { builder.add(key) }
+
+    func expire(_ keys: [String]) {
+        builder.expire(keys)
+        scheduleTurn()
+    }
+
+    func record(_ webhook: WebhookRecord) { builder.write(webhook) }
+
+    func delete(webhook id: String) { builder.delete(webhook: id) }
+
+    /// A delivery's outcome may come between turns (its transfer ended): it goes with the next.
+    func record(_ delivery: DeliveryRecord) {
+        builder.write(delivery)
+        if !isOpen { scheduleTurn() }
+    }
+
+    func delete(deliveries ids: [String]) {
+        builder.delete(deliveries: ids)
+        if !isOpen { scheduleTurn() }
+    }
+
+    var pendingBatch: Int? {
+        let target = builder.isEmpty && !isOpen ? sent : sent + 1
+        return answered < target ? target : nil
+    }
+
+    var isCaughtUp: Bool { builder.isEmpty && answered == sent }
+
+    func whenDurable(_ action: @escaping (Bool) -> Void) {
+        let target = builder.isEmpty ? sent : sent + 1
+        guard answered < target else { return action(true) }
+        waiting.append((target, action))
+    }
+
+    private func answer(through number: Int, committed: Bool) {
+        answered = max(answered, number)
+        let due = waiting.filter { $0.batch <= number }
+        waiting.removeAll { $0.batch <= number }
+        for entry in due { entry.action(committed) }
+    }
+
+    /// Commits what is left, gives this replica's row up, and closes the connections.
+    func close(_ completion: @escaping () -> Void) {
+        leaseRenewal?.cancel()
+        leaseRenewal = nil
+        closing = completion
+        switch phase {
+        case .idle:
+            if deferred.isEmpty && builder.isEmpty {
+                closing = nil
+                finishClosing(completion)
+            } else {
+                openTurn()
+            }
+        case .recovering:
+            closing = nil
+            finishClosing(completion)
+        case .opening, .committing, .catchingUp:
+            break
+        }
+    }
+
+    private func finishClosing(_ completion: @escaping () -> Void) {
+        phase = .recovering
+        journal.onLost = nil
+        journal.close(completion)
+    }
+}

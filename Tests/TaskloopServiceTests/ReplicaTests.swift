@@ -1,0 +1,68 @@
+import Foundation
+import Testing
+@testable import TaskloopService
+import TaskloopTestSupport
+
+/// Several replicas on one PostgreSQL (a throwaway cluster), each a whole service on a loop of
+/// its own: they behave as one service.
+@Suite struct ReplicaTests {
+    /// `count` replicas sharing a new database.
+    static func replicas(_ count: Int, configure: @escaping (inout ServiceConfiguration) -> Void = { _ in }) throws
+        -> [ServiceHarness] {
+        let url = try PostgresCluster.shared().makeDatabase()
+        return try (0..<count).map { index in
+            try ServiceHarness { configuration in
+                configuration.sharedDatabase = SharedDatabaseSettings(url: url, replica: "r\(index)")
+                configure(&configuration)
+            }
+        }
+    }
+
+    @Test func aTaskSubmittedOnOneReplicaIsSeenWaitedForAndCancelledOnTheOthers() throws {
+        let replicas = try Self.replicas(3)
+        let clients = try replicas.map { try $0.client() }
+        let task = try clients[0].submit(#"{"kind":"sleep","params":{"duration_ms":300}}"#)
+        let id = try #require(task["id"] as? String)
+        // Seen at once elsewhere: a read catches up with what was committed before it.
+        let seen = try clients[1].call("GET", "/tasks/\(id)")
+        #expect(seen.status == 200 && ["queued", "running"].contains(seen.json["state"] as? String))
+        // Waited for on a third: its wait wakes when the replica running it commits the end.
+        let waited = try clients[2].call("GET", "/tasks/\(id)?wait=10", timeout: 15)
+        #expect(waited.json["state"] as? String == "succeeded")
+
+        let long = try clients[0].submit(#"{"kind":"sleep","params":{"duration_ms":60000}}"#)
+        let longID = try #require(long["id"] as? String)
+        _ = try clients[0].waitForState(longID, "running")
+        let cancel = try clients[1].call("DELETE", "/tasks/\(longID)")
+        #expect(cancel.status == 202 && cancel.json["cancel_requested"] as? Bool == true)
+        // The replica running it hears of the cancellation and stops the sleep.
+        let cancelled = try clients[2].call("GET", "/tasks/\(longID)?wait=10", timeout: 15)
+        #expect(cancelled.json["state"] as? String == "cancelled")
+        for replica in replicas { try replica.stop() }
+    }
+
+    @Test func aQueuesLimitHoldsAcrossReplicasAndEveryTaskRunsOnce() throws {
+        let replicas = try Self.replicas(3)
+        let clients = try replicas.map { try $0.client() }
+        #expect(try clients[0].call("PATCH", "/queues/limited", json: #"{"max_concurrency":2}"#).status == 200)
+        var ids: [String] = []
+        for index in 0..<12 {
+            let task = try clients[index % 3].submit(#"{"kind":"sleep","queue":"limited","params":{"duration_ms":50}}"#)
+            ids.append(task["id"] as! String)
+        }
+        var most = 0
+        try pollUntil("every task to finish", timeout: 30, every: 5_000) {
+            let queue = try clients[ids.count % 3].call("GET", "/queues/limited").json
+            let counts = queue["counts"] as? [String: Any] ?? [:]
+            most = max(most, counts["running"] as? Int ?? 0)
+            return counts["succeeded"] as? Int == 12
+        }
+        #expect(most <= 2)
+        // Each ran once: one attempt, and the replicas together started twelve attempts.
+        for id in ids {
+            let task = try clients[1].task(id)
+            #expect(task["attempt"] as? Int == 1 && task["state"] as? String == "succeeded")
+        }
+        for replica in replicas { try replica.stop() }
+    }
+}
