@@ -44,6 +44,8 @@ test: deps
 	TASKLOOP_FUZZ_SECONDS=$(FUZZ_SECONDS) $(SWIFT) test --skip-build
 	# The service's suites keep state durably (`full`, as the binary does); once more in memory.
 	TASKLOOP_TEST_DURABILITY=memory $(SWIFT) test --skip-build --filter TaskloopServiceTests
+	# And through three replicas sharing a throwaway PostgreSQL: every call goes to the next one.
+	TASKLOOP_TEST_REPLICAS=3 $(SWIFT) test --skip-build --filter TaskloopServiceTests
 	bash scripts/check-openapi.sh
 	bash scripts/check-ui.sh
 	bash scripts/check-container.sh

@@ -24,7 +24,11 @@ extension Engine {
             if !record.cancelRequested {
                 record.cancelRequested = true
                 emit(.cancelRequested(record))
-                armCancelGrace(on: record, after: record.run?.stopGraceMilliseconds ?? configuration.cancelGraceMilliseconds)
+                // An attempt another replica runs is stopped there, within its own grace (which
+                // only that replica knows); if that replica is gone, taking its attempts over ends it.
+                if record.runner == nil {
+                    armCancelGrace(on: record, after: record.run?.stopGraceMilliseconds ?? configuration.cancelGraceMilliseconds)
+                }
                 record.run?.requestStop()
             }
             return record.state == .cancelled ? .cancelled : .cancelRequested

@@ -397,7 +397,8 @@ extension Engine {
                 record.run = TaskRun(link: link, record: record)
             }
         case .succeeded, .failed, .cancelled:
-            if let from, !from.isTerminal { record.queue.finishHistory.record(at: record.finishedAt ?? wallClock) }
+            // New here and already ended (made and finished in one turn elsewhere) counts too.
+            if from.map({ !$0.isTerminal }) ?? true { record.queue.finishHistory.record(at: record.finishedAt ?? wallClock) }
         }
     }
 

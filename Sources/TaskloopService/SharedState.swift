@@ -54,6 +54,9 @@ final class SharedState: Journal, EngineGate {
     }
     private var phase = Phase.idle
     private var wantsTurn = false
+    /// The newest turn another replica announced: caught up with once this replica is idle
+    /// (a notice that comes while a turn or a catch-up is under way is not lost).
+    private var announced: UInt64 = 0
 
     /// Turns committed by this replica, and waiters on them (as DurableState's batches).
     private var sent = 0
@@ -66,6 +69,8 @@ final class SharedState: Journal, EngineGate {
     var onAbsorbed: ((SharedDelta) -> Void)?
     /// The events numbered for a batch, rendered.
     var eventsOfBatch: ((Int) -> [SharedEvent])?
+    /// Told each replica found gone, in the turn that takes over what it ran.
+    var onReplicaGone: ((String) -> Void)?
     /// Told when this replica starts over from the database (`loaded`): it must drop what it
     /// had not committed.
     var onStartOver: ((PostgresJournal.Loaded) -> Void)?
@@ -84,7 +89,8 @@ final class SharedState: Journal, EngineGate {
 
     private func listen(to journal: PostgresJournal) {
         journal.onTurnCommitted = { [unowned self] turn in
-            if turn > applied { catchUp() }
+            announced = max(announced, turn)
+            if turn > applied && phase == .idle { catchUp() }
         }
         journal.onLost = { [unowned self] error in lose(error) }
     }
@@ -154,6 +160,7 @@ final class SharedState: Journal, EngineGate {
         engine.dispatchWaiting()
         for name in gone {
             let count = engine.interruptAttempts(of: name)
+            onReplicaGone?(name)
             logger.warning("replica \(name) is gone; its attempts were interrupted", metadata: ["attempts": "\(count)"])
         }
         if reclaimsOwnAttempts {
@@ -204,7 +211,7 @@ final class SharedState: Journal, EngineGate {
         }
         if wantsTurn || !deferred.isEmpty || !builder.isEmpty {
             openTurn()
-        } else if !readers.isEmpty {
+        } else if !readers.isEmpty || announced > applied {
             catchUp()
         }
     }
@@ -231,7 +238,7 @@ final class SharedState: Journal, EngineGate {
                 phase = .idle
                 if !deferred.isEmpty || wantsTurn || !builder.isEmpty || closing != nil {
                     turnEnded()
-                } else if !readers.isEmpty {
+                } else if !readers.isEmpty || announced > applied {
                     catchUp()
                 }
             }

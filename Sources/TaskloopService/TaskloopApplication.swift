@@ -96,10 +96,12 @@ public final class TaskloopApplication {
         leaseCalls = LeaseCalls(engine: engine, scheduler: scheduler) { [unowned self] in metrics }
         var restored = StoredState()
         var sharedEvents: [SharedEvent] = []
+        var deliveryOwners: [String: String] = [:]
         if configuration.durability != .memory || configuration.sharedDatabase != nil {
             do {
                 if let settings = configuration.sharedDatabase {
-                    (restored, sharedEvents) = try openShared(settings, engine: engine, scheduler: scheduler)
+                    let loaded = try openShared(settings, engine: engine, scheduler: scheduler)
+                    (restored, sharedEvents, deliveryOwners) = (loaded.state, loaded.events, loaded.deliveryOwners)
                 } else {
                     restored = try openStore(engine: engine, scheduler: scheduler)
                 }
@@ -127,7 +129,8 @@ public final class TaskloopApplication {
         let webhooks = Webhooks(client: httpClient, scheduler: scheduler, settings: configuration.webhooks, durable: durable,
                                 logger: logger)
         self.webhooks = webhooks
-        webhooks.restore(restored.webhooks, restored.deliveries)
+        webhooks.restore(restored.webhooks, restored.deliveries, owners: deliveryOwners,
+                         replica: configuration.sharedDatabase?.replica)
         eventLog.onNumbered = { [unowned webhooks] event in webhooks.numbered(event) }
         if let durable {
             eventLog.batchOfNextChange = { [unowned durable] in durable.pendingBatch }
@@ -139,10 +142,13 @@ public final class TaskloopApplication {
         }
         if let shared {
             shared.eventsOfBatch = { [unowned eventLog] number in eventLog.sharedEvents(ofBatch: number) }
-            shared.onAbsorbed = { [unowned idempotency, unowned eventLog] delta in
+            let replica = shared.journal.settings.replica
+            shared.onAbsorbed = { [unowned idempotency, unowned eventLog, unowned webhooks] delta in
                 idempotency.absorb(delta.idempotencyKeys, expired: delta.expiredIdempotencyKeys)
+                webhooks.absorb(delta, replica: replica)
                 eventLog.absorb(delta.events)
             }
+            shared.onReplicaGone = { [unowned webhooks] name in webhooks.takeOver(from: name) }
             shared.onStartOver = { [unowned self] loaded in startOver(from: loaded) }
             // A progress event coalesced for later is numbered in a turn, as every event is.
             eventLog.changesInTurn = { [unowned shared] change in
@@ -272,7 +278,7 @@ public final class TaskloopApplication {
     /// engine with everything the database holds (what other replicas run stays theirs). The
     /// loop runs for it before the server listens. Returns the rest of what was loaded.
     private func openShared(_ settings: SharedDatabaseSettings, engine: Engine,
-                            scheduler: LoopScheduler) throws -> (StoredState, [SharedEvent]) {
+                            scheduler: LoopScheduler) throws -> PostgresJournal.Loaded {
         var journalSettings = PostgresJournal.Settings(url: settings.url, replica: settings.replica)
         journalSettings.leaseMilliseconds = settings.leaseMilliseconds
         journalSettings.loadedEvents = configuration.eventBufferSize
@@ -302,9 +308,9 @@ public final class TaskloopApplication {
         logger.info("joined the replicas on \(Self.redacted(settings.url))", metadata: [
             "replica": "\(settings.replica)", "tasks": "\(loaded.state.tasks.count)", "turn": "\(loaded.turn)",
         ])
-        var rest = loaded.state
-        rest.tasks = []
-        return (rest, loaded.events)
+        var rest = loaded
+        rest.state.tasks = []
+        return rest
     }
 
     /// The database's state replaces this replica's (its connection failed, or other replicas
@@ -320,6 +326,8 @@ public final class TaskloopApplication {
         everything.evictedWorkflows = engine.allWorkflowIDs.filter { !keptWorkflows.contains($0) }
         engine.absorb(everything)
         idempotency.absorb(loaded.state.idempotencyKeys, expired: [])
+        webhooks.replaceAll(loaded.state.webhooks, loaded.state.deliveries, owners: loaded.deliveryOwners,
+                            replica: configuration.sharedDatabase?.replica ?? "")
         eventLog.discardUnpublished()
         eventLog.absorb(loaded.events)
     }

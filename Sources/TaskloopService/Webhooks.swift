@@ -37,6 +37,8 @@ final class Webhooks {
         fileprivate var inFlight = 0
         /// Finished deliveries, oldest first.
         fileprivate(set) var finished = Deque<DeliveryRecord>()
+        /// With replicas: unfinished deliveries other replicas attempt, and which one.
+        fileprivate var others: [String: (record: DeliveryRecord, owner: String)] = [:]
 
         fileprivate init(record: WebhookRecord, url: HTTPURL, key: [UInt8]) {
             self.record = record
@@ -128,7 +130,7 @@ final class Webhooks {
 
     /// Its deliveries, newest event first.
     func deliveries(of hook: Hook, limit: Int) -> [DeliveryRecord] {
-        let all = hook.pending.values.map(\.record) + hook.finished
+        let all = hook.pending.values.map(\.record) + hook.others.values.map(\.record) + hook.finished
         return Array(all.sorted { ($0.eventSeq, $0.id) > ($1.eventSeq, $1.id) }.prefix(limit))
     }
 
@@ -308,12 +310,17 @@ final class Webhooks {
         hook.record.enabled = false
         durable?.record(hook.record)
         logger.warning("webhook disabled: its receiver answered 410 Gone", metadata: ["webhook": "\(hook.record.id)"])
+        giveUpPending(of: hook, error: "webhook_disabled: the receiver answered 410 Gone to another delivery.")
+    }
+
+    /// Its waiting deliveries fail with `error` (those in flight end by their answer).
+    private func giveUpPending(of hook: Hook, error: String) {
         hook.due.removeAll()
         for delivery in hook.pending.values where delivery.transfer == nil {
             delivery.stop()
             var record = delivery.record
             record.state = .failed
-            record.error = "webhook_disabled: the receiver answered 410 Gone to another delivery."
+            record.error = error
             finish(record, of: hook)
         }
     }
@@ -321,32 +328,108 @@ final class Webhooks {
     // MARK: restart and shutdown
 
     /// What the store kept: webhooks, and their deliveries, pending ones resuming on their
-    /// schedule (at once when it is past).
-    func restore(_ webhooks: [WebhookRecord], _ deliveries: [DeliveryRecord]) {
-        for record in webhooks {
-            guard let url = try? HTTPURL(record.url), record.secret.hasPrefix("whsec_"),
-                  let key = Base64.decode(String(record.secret.dropFirst(6))) else {
-                logger.error("a stored webhook cannot be used and is skipped", metadata: ["webhook": "\(record.id)"])
-                continue
-            }
-            hooks[record.id] = Hook(record: record, url: url, key: key)
-        }
-        let now = scheduler.wallClock
+    /// schedule (at once when it is past). With replicas, `owners` says which replica attempts
+    /// each delivery; this one resumes only its own (`replica`).
+    func restore(_ webhooks: [WebhookRecord], _ deliveries: [DeliveryRecord], owners: [String: String] = [:],
+                 replica: String? = nil) {
+        for record in webhooks { adopt(record) }
         for record in deliveries {
             guard let hook = hooks[record.webhook] else { continue }
             guard record.state == .pending else {
                 hook.finished.append(record)
                 continue
             }
-            let delivery = Delivery(record, batch: 0)
-            hook.pending[record.id] = delivery
-            let wait = (record.nextAttemptAt ?? now) - now
-            if wait <= 0 { hook.due.append(delivery) } else { retry(delivery, of: hook, after: UInt64(wait)) }
+            if let owner = owners[record.id], owner != replica {
+                hook.others[record.id] = (record, owner)
+                continue
+            }
+            resume(record, of: hook)
         }
         for hook in hooks.values {
             trimLog(of: hook)
             pump(hook)
         }
+    }
+
+    /// A webhook record as kept; false when it cannot be used (a damaged row).
+    @discardableResult
+    private func adopt(_ record: WebhookRecord) -> Bool {
+        guard let url = try? HTTPURL(record.url), record.secret.hasPrefix("whsec_"),
+              let key = Base64.decode(String(record.secret.dropFirst(6))) else {
+            logger.error("a stored webhook cannot be used and is skipped", metadata: ["webhook": "\(record.id)"])
+            return false
+        }
+        hooks[record.id] = Hook(record: record, url: url, key: key)
+        return true
+    }
+
+    /// A pending delivery this replica attempts, on its schedule.
+    private func resume(_ record: DeliveryRecord, of hook: Hook) {
+        let delivery = Delivery(record, batch: 0)
+        hook.pending[record.id] = delivery
+        let wait = (record.nextAttemptAt ?? scheduler.wallClock) - scheduler.wallClock
+        if wait <= 0 { hook.due.append(delivery) } else { retry(delivery, of: hook, after: UInt64(wait)) }
+    }
+
+    // MARK: several replicas
+
+    /// Webhooks and deliveries other replicas committed. Each replica attempts the deliveries
+    /// of the events it numbered; the others' are kept here for the delivery log.
+    func absorb(_ delta: SharedDelta, replica: String) {
+        for id in delta.deletedWebhooks {
+            guard let hook = hooks.removeValue(forKey: id) else { continue }
+            for delivery in hook.pending.values { delivery.stop() }
+        }
+        for record in delta.webhooks {
+            if let hook = hooks[record.id] {
+                let disabled = hook.record.enabled && !record.enabled
+                hook.record = record
+                if disabled { giveUpPending(of: hook, error: "webhook_disabled: the receiver answered 410 Gone to another delivery.") }
+            } else {
+                adopt(record)
+            }
+        }
+        for id in delta.deletedDeliveries {
+            for hook in hooks.values {
+                hook.others.removeValue(forKey: id)
+                hook.finished.removeAll { $0.id == id }
+            }
+        }
+        for (record, owner) in delta.deliveries {
+            guard let hook = hooks[record.webhook], owner != replica else { continue }
+            // Another replica took it over (this one was taken for gone): it stops here.
+            if let mine = hook.pending.removeValue(forKey: record.id) { mine.stop() }
+            if record.state == .pending {
+                hook.others[record.id] = (record, owner)
+            } else {
+                hook.others.removeValue(forKey: record.id)
+                hook.finished.removeAll { $0.id == record.id }
+                hook.finished.append(record)
+                // Its owner trims the log in the database; here the copy is only kept in step.
+                while hook.finished.count > settings.deliveryLog { hook.finished.removeFirst() }
+            }
+        }
+    }
+
+    /// Replica `gone` will attempt nothing more: its unfinished deliveries are this replica's
+    /// now (written so in this turn), on their schedule.
+    func takeOver(from gone: String) {
+        for hook in hooks.values {
+            let adopted = hook.others.values.filter { $0.owner == gone }.map(\.record)
+            for record in adopted {
+                hook.others.removeValue(forKey: record.id)
+                durable?.record(record)
+                resume(record, of: hook)
+            }
+            if !adopted.isEmpty { pump(hook) }
+        }
+    }
+
+    /// Starting over from the database: every webhook and delivery as it holds them.
+    func replaceAll(_ webhooks: [WebhookRecord], _ deliveries: [DeliveryRecord], owners: [String: String], replica: String) {
+        close()
+        hooks = [:]
+        restore(webhooks, deliveries, owners: owners, replica: replica)
     }
 
     /// Ends every attempt and timer; what was pending stays so in the store, for the next start.

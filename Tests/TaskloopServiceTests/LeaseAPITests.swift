@@ -177,9 +177,8 @@ import TaskloopTestSupport
         #expect(try client.call("POST", "/tasks/\(task)/heartbeat", json: #"{"lease_token":"\#(first)"}"#).status == 409)
         let failed = try client.waitForState(task, "failed")
         #expect((failed["error"] as? [String: Any])?["code"] as? String == "lease_expired")
-        let metrics = try client.call("GET", "/metrics").text
-        #expect(metrics.contains(#"taskloop_leases_expired_total{queue="gpu"} 2"#))
-        #expect(metrics.contains(#"taskloop_leases_poisoned_total{queue="gpu"} 1"#))
+        #expect(try service.metric(#"taskloop_leases_expired_total{queue="gpu"}"#) == 2)
+        #expect(try service.metric(#"taskloop_leases_poisoned_total{queue="gpu"}"#) == 1)
     }
 
     /// 1,000 tasks, 8 lessees on their own connections, leasing and completing as fast as they

@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 import Logging
 import TaskloopHTTP
 import TaskloopLoop
@@ -13,9 +14,15 @@ import TaskloopTestSupport
 /// It keeps state as the binary does by default, `full`, in a data dir of its own (removed
 /// when it stops); `TASKLOOP_TEST_DURABILITY=memory` (or `normal`) runs the same tests in
 /// that mode, and a test may set its own.
+///
+/// `TASKLOOP_TEST_REPLICAS=3` runs the same tests through three replicas sharing a new
+/// PostgreSQL database (a throwaway cluster): `client()` sends each call to the next replica
+/// in turn, so every test of the contract crosses replicas. Tests that choose their own
+/// durability or data dir are about the embedded store, and keep one server.
 final class ServiceHarness: @unchecked Sendable {
     static let defaultDurability: Durability = ProcessInfo.processInfo.environment["TASKLOOP_TEST_DURABILITY"]
         .flatMap(Durability.init(rawValue:)) ?? .full
+    static let replicaCount = ProcessInfo.processInfo.environment["TASKLOOP_TEST_REPLICAS"].flatMap { Int($0) } ?? 1
 
     let loop: EventLoop
     let port: Int
@@ -24,8 +31,14 @@ final class ServiceHarness: @unchecked Sendable {
     private let application: LoopBound<TaskloopApplication>
     private let thread: LoopThread
     private let stopped = Locked(false)
+    /// The other replicas (with `TASKLOOP_TEST_REPLICAS`), started with the same configuration.
+    private(set) var peers: [ServiceHarness] = []
 
-    init(logHandler: LogHandler? = nil, _ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
+    /// Every replica's port, this one's first.
+    var ports: [Int] { [port] + peers.map(\.port) }
+
+    init(logHandler: LogHandler? = nil, replicas: Int = ServiceHarness.replicaCount,
+         _ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
         var configuration = ServiceConfiguration()
         dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("taskloop-harness-\(UUID())").path
         configuration.durability = Self.defaultDurability
@@ -34,6 +47,11 @@ final class ServiceHarness: @unchecked Sendable {
         configuration.http.port = 0
         configuration.shutdownGraceMilliseconds = 2_000
         configure(&configuration)
+        let replicated = replicas > 1 && configuration.sharedDatabase == nil && configuration.durability == Self.defaultDurability
+            && configuration.dataDirectory == dataDirectory
+        if replicated {
+            configuration.sharedDatabase = SharedDatabaseSettings(url: try PostgresCluster.shared().makeDatabase(), replica: "r0")
+        }
         let loop = try EventLoop()
         var logger = logHandler.map { handler in Logger(label: "test") { _ in handler } } ?? Logger(label: "test")
         if logHandler == nil { logger.logLevel = .critical }
@@ -42,6 +60,16 @@ final class ServiceHarness: @unchecked Sendable {
         self.loop = loop
         self.application = LoopBound(application, loop: loop)
         thread = LoopThread(loop, name: "service-loop")
+        if replicated, let shared = configuration.sharedDatabase {
+            let base = configuration
+            peers = try (1..<replicas).map { index in
+                try ServiceHarness(logHandler: logHandler, replicas: 1) { peer in
+                    peer = base
+                    peer.http.port = 0
+                    peer.sharedDatabase = SharedDatabaseSettings(url: shared.url, replica: "r\(index)")
+                }
+            }
+        }
     }
 
     deinit {
@@ -49,6 +77,7 @@ final class ServiceHarness: @unchecked Sendable {
     }
 
     func stop(timeout: Double = 10) throws {
+        for peer in peers { try peer.stop(timeout: timeout) }
         stopped.withLock { $0 = true }
         let application = self.application
         let loop = self.loop
@@ -57,7 +86,21 @@ final class ServiceHarness: @unchecked Sendable {
         try thread.waitForExit(timeout: timeout, what: "service to stop")
     }
 
-    func client() throws -> APIClient { try APIClient(port: port) }
+    /// A metric's value summed over the replicas (each counts what it did); nil when no replica
+    /// has the series. `series` is the name with its labels, as the exposition writes it.
+    func metric(_ series: String) throws -> Double? {
+        var total: Double?
+        for port in ports {
+            let text = try APIClient(port: port).call("GET", "/metrics").text
+            for line in text.split(separator: "\n") where line.hasPrefix(series + " ") {
+                total = (total ?? 0) + (Double(line.dropFirst(series.count + 1)) ?? 0)
+            }
+        }
+        return total
+    }
+
+    /// A client of the service: with replicas, each call goes to the next one in turn.
+    func client() throws -> APIClient { try APIClient(ports: ports) }
 
     /// Runs `body` on the loop thread with the application and returns its result.
     func onLoop<T: Sendable>(_ body: @escaping @Sendable (TaskloopApplication) -> T) -> T {
@@ -72,17 +115,29 @@ final class ServiceHarness: @unchecked Sendable {
     }
 }
 
-/// A keep-alive JSON client over a raw socket; one thread at a time.
+/// A keep-alive JSON client over a raw socket; one thread at a time. Given several replicas'
+/// ports, it keeps a connection to each and sends each call to the next.
 final class APIClient: @unchecked Sendable {
-    private let connection: RawClient
+    private let connections: [RawClient]
+    private var next = 0
 
     init(port: Int) throws {
-        connection = try RawClient(port: port)
+        connections = [try RawClient(port: port)]
+    }
+
+    init(ports: [Int]) throws {
+        connections = try ports.map { try RawClient(port: $0) }
+    }
+
+    private var connection: RawClient {
+        defer { next = (next + 1) % connections.count }
+        return connections[next]
     }
 
     @discardableResult
     func call(_ method: String, _ path: String, json: String? = nil, contentType: String = "application/json",
               headers extra: [String: String] = [:], timeout: Double = 5) throws -> RawResponse {
+        let connection = self.connection
         var request = "\(method) \(path) HTTP/1.1\r\nHost: test\r\n"
         for (name, value) in extra { request += "\(name): \(value)\r\n" }
         let body = Array((json ?? "").utf8)
@@ -115,6 +170,18 @@ final class APIClient: @unchecked Sendable {
             return task["state"] as? String == state
         }
         return task
+    }
+
+    /// A cancellation that stops its task at once (an executor that confirms as it is asked):
+    /// 200 `cancelled`; through replicas, the one asked may not be the one running it, and
+    /// answers 202 `cancel_requested` until the other has stopped it.
+    func expectCancelled(_ cancel: RawResponse, _ id: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        if ServiceHarness.replicaCount > 1 && cancel.status == 202 {
+            #expect(cancel.json["cancel_requested"] as? Bool == true, sourceLocation: sourceLocation)
+            _ = try waitForState(id, "cancelled")
+        } else {
+            #expect(cancel.status == 200 && cancel.json["state"] as? String == "cancelled", sourceLocation: sourceLocation)
+        }
     }
 
     /// Waits until the workflow is no longer running and returns it.

@@ -126,7 +126,8 @@ import TaskloopTestSupport
             ((try client.task(task))["progress"] as? [String: Any])?["message"] as? String == "line 40"
         }
         let elapsed = Date().timeIntervalSince(started)
-        let metrics = try client.call("GET", "/metrics").text
+        // The metrics of the server the worker reports to (each replica counts its own).
+        let metrics = try APIClient(port: service.port).call("GET", "/metrics").text
         let reports = metrics.split(separator: "\n").filter {
             $0.hasPrefix("taskloop_http_requests_total") && $0.contains(#"route="/tasks/{id}/progress""#)
         }.compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
