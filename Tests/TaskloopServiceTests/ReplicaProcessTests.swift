@@ -1,0 +1,113 @@
+import Foundation
+import Testing
+import TaskloopTestSupport
+
+/// Replicas as users run them: the built binary, several processes on one PostgreSQL, one
+/// killed with SIGKILL under load, and the database itself crashed and restarted underneath.
+@Suite(.serialized) struct ReplicaProcessTests {
+    typealias RunningBinary = BinaryTests.RunningBinary
+
+    /// A replica of the binary on `url`, listening on a free port; its client.
+    static func replica(_ name: String, _ url: String, extra: [String] = []) throws -> (RunningBinary, APIClient, Int) {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--database-url", url, "--replica-name", name,
+                                                   "--replica-lease-seconds", "2", "--log-level", "warning"] + extra)
+        let line = try binary.waitForLine(containing: "listening on", timeout: 30)
+        let port = try #require(BinaryTests.port(from: line))
+        return (binary, try APIClient(port: port), port)
+    }
+
+    /// Nothing acknowledged is lost when a replica dies mid-stream, and what it ran is taken
+    /// over by the others once its lease runs out, under the retry policy.
+    @Test func aReplicaKilledUnderLoadLosesNothingAcknowledgedAndItsAttemptsAreTakenOver() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        var replicas = try ["r0", "r1", "r2"].map { try Self.replica($0, url) }
+        let victim = replicas[0]
+        #expect(try victim.1.call("PATCH", "/queues/long", json: #"{"max_concurrency":10}"#).status == 200)
+        // Long sleeps submitted to the victim run on it: the turn that takes them starts them.
+        var longIDs: [String] = []
+        for _ in 0..<3 {
+            let task = try victim.1.submit(#"{"kind":"sleep","queue":"long","params":{"duration_ms":600000},"retry":{"max_attempts":2,"backoff_ms":0}}"#)
+            longIDs.append(task["id"] as! String)
+        }
+        for id in longIDs { _ = try victim.1.waitForState(id, "running") }
+
+        // Submissions stream to every replica from three threads; the victim dies among them.
+        let acknowledged = Locked<[String]>([])
+        let stop = Locked(false)
+        let threads = (0..<3).map { index in
+            let port = replicas[index].2
+            let thread = Thread {
+                guard let client = try? APIClient(port: port) else { return }
+                while !stop.value {
+                    guard let answer = try? client.call("POST", "/tasks", json: #"{"kind":"noop"}"#, timeout: 5) else { return }
+                    if answer.status == 201, let id = answer.json["id"] as? String { acknowledged.withLock { $0.append(id) } }
+                }
+            }
+            thread.start()
+            return thread
+        }
+        try pollUntil("a few hundred acknowledged submissions", timeout: 30) { acknowledged.value.count >= 300 }
+        kill(victim.0.process.processIdentifier, SIGKILL)
+        _ = try victim.0.waitForExit()
+        let atKill = acknowledged.value.count
+        try pollUntil("more acknowledged by the survivors", timeout: 30) { acknowledged.value.count >= atKill + 300 }
+        stop.withLock { $0 = true }
+        _ = threads
+        replicas.removeFirst()
+
+        // Every acknowledged task is there, on both survivors, and ran.
+        let survivors = replicas.map(\.1)
+        for (index, id) in acknowledged.value.enumerated() {
+            let task = try survivors[index % 2].call("GET", "/tasks/\(id)?wait=10", timeout: 15)
+            #expect(task.status == 200 && task.json["state"] as? String == "succeeded", "task \(id): \(task.status) \(task.text)")
+        }
+        // The victim's sleeps were interrupted when its lease ran out and run again elsewhere.
+        for id in longIDs {
+            var task: [String: Any] = [:]
+            try pollUntil("task \(id)'s second attempt", timeout: 30, every: 20_000) {
+                task = try survivors[0].task(id)
+                return task["attempt"] as? Int == 2 && task["state"] as? String == "running"
+            }
+            #expect((task["error"] as? [String: Any])?["code"] as? String == "interrupted")
+        }
+        let queue = try survivors[1].call("GET", "/queues/long").json
+        #expect((queue["counts"] as? [String: Any])?["running"] as? Int == 3)
+        for replica in replicas { #expect(try replica.0.stop() == 0) }
+    }
+
+    /// While the database is down every replica answers 503 (reads too: it cannot know what it
+    /// missed); once the database is back they serve again by themselves, state intact.
+    @Test func aDatabaseRestartedUnderneathMakesReplicas503ThenTheyRecoverAlone() throws {
+        let cluster = try PostgresCluster.start()
+        let replicas = try ["a", "b"].map { try Self.replica($0, cluster.url) }
+        let before = try replicas[0].1.submit(#"{"kind":"noop","name":"before"}"#)
+        let beforeID = try #require(before["id"] as? String)
+        try cluster.kill()
+        for replica in replicas {
+            try pollUntil("503 from a replica while the database is down", timeout: 15, every: 50_000) {
+                let answer = try replica.1.call("POST", "/tasks", json: #"{"kind":"noop"}"#)
+                if answer.status == 503 {
+                    #expect(answer.json["code"] as? String == "database_unavailable")
+                    #expect(answer.headers.contains { $0.0.lowercased() == "retry-after" && $0.1 == "1" })
+                }
+                return answer.status == 503
+            }
+            #expect(try replica.1.call("GET", "/tasks/\(beforeID)").status == 503)
+            #expect(try replica.1.call("GET", "/healthz").status == 200, "the process itself is fine")
+        }
+        try cluster.restart()
+        for replica in replicas {
+            var created: [String: Any] = [:]
+            try pollUntil("the replica to serve again", timeout: 30, every: 100_000) {
+                let answer = try replica.1.call("POST", "/tasks", json: #"{"kind":"noop","name":"after"}"#)
+                if answer.status == 201 { created = answer.json }
+                return answer.status == 201
+            }
+            let id = try #require(created["id"] as? String)
+            #expect(try replica.1.call("GET", "/tasks/\(id)?wait=5").json["state"] as? String == "succeeded")
+            #expect(try replica.1.task(beforeID)["state"] as? String == "succeeded")
+        }
+        for replica in replicas { #expect(try replica.0.stop() == 0) }
+        try cluster.stop()
+    }
+}
