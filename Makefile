@@ -5,7 +5,7 @@ SWIFT ?= swift
 HOST ?= 127.0.0.1
 PORT ?= 8080
 BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config
-BENCH_PACKAGES := wrk util-linux gcc chromium chromium-driver
+BENCH_PACKAGES := wrk util-linux gcc chromium chromium-driver postgresql
 TEST_PACKAGES := curl jq openssl tmux postgresql
 FUZZ_SECONDS ?= 20
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -59,6 +59,7 @@ bench: bench-deps
 	bash Benchmarks/leases/run.sh
 	bash Benchmarks/events/run.sh
 	bash Benchmarks/ui/run.sh
+	bash Benchmarks/replicas/run.sh
 
 clean:
 	rm -rf .build

@@ -5,7 +5,7 @@ swift build -c release --product taskloop >/dev/null
 binary="$(swift build -c release --show-bin-path)/taskloop"
 source scripts/serve-in-background.sh
 work=$(mktemp -d)
-trap 'kill -TERM "${serve_in_background_pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
+at_exit 'rm -rf "$work"'
 
 stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
 

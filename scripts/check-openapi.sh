@@ -5,7 +5,10 @@
 # requests refused and invalid ones accepted; methods a path does not take; resources that
 # vanish after being created. scripts/schemathesis.toml narrows two checks for the operations
 # where they are wrong about this API, and says why.
-# SCHEMATHESIS_EXAMPLES (default 40) and SCHEMATHESIS_SEED (default 1) tune the run.
+# Then it runs the same again through three replicas sharing a throwaway PostgreSQL
+# (scripts/postgres-cluster.sh), behind a round-robin proxy (scripts/round-robin-proxy.py): a
+# resource made on one replica is read, changed and deleted through the others.
+# SCHEMATHESIS_EXAMPLES (default 40) and SCHEMATHESIS_SEED (default 1) tune both runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(scripts/python-tools.sh)
@@ -18,13 +21,37 @@ source scripts/serve-in-background.sh
 # Webhooks the fuzzer makes up are sent nowhere internal either, and few: at most 20.
 # Lease calls wait at most 2 s: the fuzzer may make `default` a workers queue and then ask for
 # kinds nobody submits, at wait_s up to 60, a thousand times.
-serve_in_background "$BIN" --port 0 --log-level warning --max-unfinished-tasks 1000000 --http-deny-private \
-    --max-lease-wait-seconds 2 --max-webhooks 20 --data-dir "$(mktemp -d)"
+SERVER_FLAGS=(--port 0 --log-level warning --max-unfinished-tasks 1000000 --http-deny-private
+    --max-lease-wait-seconds 2 --max-webhooks 20)
+run_schemathesis() { # URL REPORT_DIR
+    "$VENV/bin/schemathesis" --config-file scripts/schemathesis.toml run openapi.yaml --url "$1" \
+        --max-examples "${SCHEMATHESIS_EXAMPLES:-40}" --seed "${SCHEMATHESIS_SEED:-1}" \
+        --request-timeout 61 --no-color --report-dir "$2"
+}
 
-"$VENV/bin/schemathesis" --config-file scripts/schemathesis.toml run openapi.yaml --url "$url" \
-    --max-examples "${SCHEMATHESIS_EXAMPLES:-40}" --seed "${SCHEMATHESIS_SEED:-1}" \
-    --request-timeout 61 --no-color --report-dir .build/schemathesis-report
-
+serve_in_background "$BIN" "${SERVER_FLAGS[@]}" --data-dir "$(mktemp -d)"
+run_schemathesis "$url" .build/schemathesis-report
 kill -TERM "$server"
 wait "$server"
 echo "openapi.yaml: valid, and the running server conforms to it under every check"
+
+# Three replicas on one PostgreSQL, each new connection to the next (see the proxy). The
+# cluster lives in a directory the postgres user can reach; it is stopped and removed at exit,
+# once the replicas have ended, however the script ends.
+tmp=$(mktemp -d)
+chmod 755 "$tmp"
+at_exit '[ ! -f "$tmp/pg/data/postmaster.pid" ] || scripts/postgres-cluster.sh stop "$tmp/pg"; rm -rf "$tmp"'
+pg_port=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+database_url=$(scripts/postgres-cluster.sh start "$tmp/pg" "$pg_port")
+replicas=() replica_urls=()
+for name in r0 r1 r2; do
+    serve_in_background "$BIN" "${SERVER_FLAGS[@]}" --database-url "$database_url" --replica-name "$name"
+    replicas+=("$server") replica_urls+=("$url")
+done
+serve_in_background "$VENV/bin/python" scripts/round-robin-proxy.py "${replica_urls[@]}"
+proxy=$server
+run_schemathesis "$url" .build/schemathesis-report-replicas
+kill -TERM "$proxy" "${replicas[@]}"
+for pid in "$proxy" "${replicas[@]}"; do wait "$pid"; done
+scripts/postgres-cluster.sh stop "$tmp/pg"
+echo "openapi.yaml: three replicas on one PostgreSQL, behind a round-robin proxy, conform to it too"

@@ -9,7 +9,8 @@
 #                                        stop the cluster and remove DIR (a test process that
 #                                        crashes or is killed leaves nothing running)
 # Trust authentication on loopback only; fsync off (a throwaway cluster never outlives its
-# machine), synchronous_commit on. Run as root, the server runs as the postgres user.
+# machine; POSTGRES_FSYNC=on keeps it, for benchmarks), synchronous_commit on. Run as root,
+# the server runs as the postgres user.
 set -euo pipefail
 bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -x "$bin/initdb" ] || { echo "PostgreSQL is not installed (apt-get install postgresql)" >&2; exit 1; }
@@ -29,8 +30,8 @@ start)
 port = $port
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$dir'
-fsync = off
-full_page_writes = off
+fsync = ${POSTGRES_FSYNC:-off}
+full_page_writes = ${POSTGRES_FSYNC:-off}
 max_connections = 200
 CONF
     "$0" restart "$dir"

@@ -51,7 +51,9 @@ enum SharedSchema {
             CREATE TABLE taskloop.events (seq bigint PRIMARY KEY, turn bigint NOT NULL, type text NOT NULL, time bigint NOT NULL,
                 task text, workflow text, queue text, ends_task boolean NOT NULL, data bytea NOT NULL)
             """,
-            "CREATE INDEX events_turn ON taskloop.events (turn)",
+            // (turn, seq): a delta reads its events in order by this index alone; ordered by seq,
+            // the planner walks the primary key through every older event instead.
+            "CREATE INDEX events_turn ON taskloop.events (turn, seq)",
             """
             CREATE TABLE taskloop.replicas (name text PRIMARY KEY, started_at timestamptz NOT NULL,
                 expires_at timestamptz NOT NULL)
@@ -75,10 +77,6 @@ enum SharedSchema {
     static let trimEvents = "DELETE FROM taskloop.events WHERE turn < $1"
     static let moveHorizon = "UPDATE taskloop.state SET horizon = $1"
 
-    static let upsertTask = PGStatement("upsert_task", """
-        INSERT INTO taskloop.tasks (sequence, id, turn, record) VALUES ($1, $2, $3, $4)
-        ON CONFLICT (sequence) DO UPDATE SET turn = excluded.turn, record = excluded.record
-        """)
     static let deleteTask = PGStatement("delete_task", "DELETE FROM taskloop.tasks WHERE sequence = $1")
     static let upsertWorkflow = PGStatement("upsert_workflow", """
         INSERT INTO taskloop.workflows (id, turn, record) VALUES ($1, $2, $3)
@@ -112,10 +110,6 @@ enum SharedSchema {
         """)
     static let deleteDelivery = PGStatement("delete_delivery", "DELETE FROM taskloop.webhook_deliveries WHERE id = $1")
     static let addRemoval = PGStatement("add_removal", "INSERT INTO taskloop.removals (turn, kind, key) VALUES ($1, $2, $3)")
-    static let insertEvent = PGStatement("insert_event", """
-        INSERT INTO taskloop.events (seq, turn, type, time, task, workflow, queue, ends_task, data)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-        """)
 
     /// The statements that write `batch` as turn `turn`. Deliveries written here are attempted by
     /// `replica` unless the batch says otherwise (`deliveryOwners`).
@@ -126,9 +120,18 @@ enum SharedSchema {
         func removal(_ kind: Removal, _ key: String) {
             queries.append(PGQuery(addRemoval, [turnValue, .int(kind.rawValue), .text(key)]))
         }
-        for task in batch.tasks {
-            queries.append(PGQuery(upsertTask, [.int(Int64(task.sequence)), .text(task.id.description), turnValue,
-                                                .bytes(writer.record(of: task))]))
+        // Tasks in statements of many rows: a busy turn writes hundreds, and a statement per row
+        // costs the database more than the rows do.
+        for chunk in stride(from: 0, to: batch.tasks.count, by: 1_000) {
+            let rows = batch.tasks[chunk..<min(chunk + 1_000, batch.tasks.count)]
+            var values: [PGValue] = []
+            values.reserveCapacity(rows.count * 4)
+            for task in rows {
+                values += [.int(Int64(task.sequence)), .text(task.id.description), turnValue, .bytes(writer.record(of: task))]
+            }
+            queries.append(PGQuery(
+                "INSERT INTO taskloop.tasks (sequence, id, turn, record) VALUES \(placeholders(rows: rows.count, columns: 4)) "
+                    + "ON CONFLICT (sequence) DO UPDATE SET turn = excluded.turn, record = excluded.record", values))
         }
         for key in batch.evictedTasks {
             queries.append(PGQuery(deleteTask, [.int(Int64(key.sequence))]))
@@ -177,9 +180,34 @@ enum SharedSchema {
         return queries
     }
 
-    static func insert(_ event: SharedEvent, turn: UInt64) -> PGQuery {
-        PGQuery(insertEvent, [.int(Int64(event.seq)), .int(Int64(turn)), .text(event.type), .int(event.time),
-                              .optional(event.task?.description), .optional(event.workflow?.description), .optional(event.queue),
-                              .bool(event.endsTask), .bytes(event.data)])
+    /// The events of a turn, in statements of many rows.
+    static func insert(_ events: [SharedEvent], turn: UInt64) -> [PGQuery] {
+        stride(from: 0, to: events.count, by: 500).map { chunk in
+            let rows = events[chunk..<min(chunk + 500, events.count)]
+            var values: [PGValue] = []
+            values.reserveCapacity(rows.count * 9)
+            for event in rows {
+                values += [.int(Int64(event.seq)), .int(Int64(turn)), .text(event.type), .int(event.time),
+                           .optional(event.task?.description), .optional(event.workflow?.description), .optional(event.queue),
+                           .bool(event.endsTask), .bytes(event.data)]
+            }
+            return PGQuery("INSERT INTO taskloop.events (seq, turn, type, time, task, workflow, queue, ends_task, data) VALUES "
+                           + placeholders(rows: rows.count, columns: 9), values)
+        }
+    }
+
+    /// `($1, $2), ($3, $4)` for two rows of two columns.
+    static func placeholders(rows: Int, columns: Int) -> String {
+        var text = ""
+        text.reserveCapacity(rows * columns * 5)
+        for row in 0..<rows {
+            text += row == 0 ? "(" : ", ("
+            for column in 0..<columns {
+                if column > 0 { text += ", " }
+                text += "$\(row * columns + column + 1)"
+            }
+            text += ")"
+        }
+        return text
     }
 }

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Replicas benchmark: POST /tasks and lease+complete cycles per second with 1, 2 and 3
+# replicas of the release build sharing one PostgreSQL (fsync on, synchronous_commit on),
+# against one server on its embedded SQLite store (--durability full), all measured in one
+# run on this machine. The load is the same in total: 12 connections, split evenly over the
+# replicas (one wrk per replica, their rates summed). Also printed: where the CPU went
+# (replicas, PostgreSQL, everything else: wrk and the rest of the machine).
+#   BENCH_DURATION  seconds of wrk per measurement (default 5)
+#   BENCH_ROUNDS    rounds (default 3); medians are reported
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+duration=${BENCH_DURATION:-5}
+rounds=${BENCH_ROUNDS:-3}
+connections=12
+source Benchmarks/release-server.sh
+pg_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+chmod 755 "$work"
+database=$(POSTGRES_FSYNC=on bash scripts/postgres-cluster.sh start "$work/pg" "$pg_port")
+# Stopped before the scratch dir it lives in goes (at_exit runs the last registered first).
+at_exit 'bash scripts/postgres-cluster.sh stop "$work/pg" 2>/dev/null'
+common=(--port 0 --max-unfinished-tasks 10000000 --max-retained-tasks 100000 --log-level warning)
+
+urls=()
+pids=()
+start() { # sqlite | replicas N, each on a database of its own
+    urls=()
+    pids=()
+    if [ "$1" = sqlite ]; then
+        serve_in_background "$binary" "${common[@]}" --durability full --data-dir "$work/sqlite-$RANDOM"
+        urls+=("$url"); pids+=("$server")
+        return
+    fi
+    local name="bench_$RANDOM$RANDOM"
+    psql -q "$database" -c "CREATE DATABASE $name"
+    for index in $(seq 1 "$2"); do
+        serve_in_background "$binary" "${common[@]}" --database-url "${database%/*}/$name" --replica-name "r$index"
+        urls+=("$url"); pids+=("$server")
+    done
+}
+
+stop_all() { for pid in "${pids[@]}"; do stop "$pid"; done; }
+
+cpu_of() { # pids...: user + system seconds
+    local total=0
+    for pid in "$@"; do
+        [ -r "/proc/$pid/stat" ] || continue
+        total=$(awk -v t="$total" -v ticks="$(getconf CLK_TCK)" '{print t + ($14 + $15) / ticks}' "/proc/$pid/stat")
+    done
+    echo "$total"
+}
+postgres_pids() { pgrep -u postgres -f "postgres" || true; }
+machine_cpu() { awk '/^cpu / {print ($2 + $3 + $4 + $7 + $8) / '"$(getconf CLK_TCK)"'}' /proc/stat; }
+
+# Runs wrk with `script` on every replica at once (connections split evenly); prints the
+# summed requests/s and the CPU shares: replicas, PostgreSQL, the rest.
+measure() { # script
+    local each=$((connections / ${#urls[@]})) index=0 files=() wrks=()
+    local before_replicas before_pg before_all
+    before_replicas=$(cpu_of "${pids[@]}"); before_pg=$(cpu_of $(postgres_pids)); before_all=$(machine_cpu)
+    for target in "${urls[@]}"; do
+        files+=("$work/wrk-$index")
+        wrk -t1 -c"$each" -d"${duration}s" -s "Benchmarks/leases/$1" "$target" >"$work/wrk-$index" &
+        wrks+=($!)
+        index=$((index + 1))
+    done
+    wait "${wrks[@]}"
+    local replicas pg all
+    replicas=$(python3 -c "print($(cpu_of "${pids[@]}") - $before_replicas)")
+    pg=$(python3 -c "print($(cpu_of $(postgres_pids)) - $before_pg)")
+    all=$(python3 -c "print($(machine_cpu) - $before_all)")
+    for file in "${files[@]}"; do
+        if grep -q -e "Non-2xx" -e "unexpected answer" "$file"; then echo "$1: refused requests" >&2; cat "$file" >&2; exit 1; fi
+    done
+    local rate
+    rate=$(cat "${files[@]}" | awk '/Requests\/sec/ {sum += $2} END {print sum}')
+    echo "$rate $replicas $pg $all"
+}
+
+# A paused workers queue filled with `count` noops on the first replica, then opened.
+fill() { # count
+    curl -fsS -X PATCH "${urls[0]}/queues/bench" -H 'Content-Type: application/json' \
+        -d '{"dispatch":"workers","max_concurrency":64,"paused":true}' >/dev/null
+    python3 - "${urls[0]}" "$1" <<'PY'
+import http.client, json, sys, urllib.parse
+url, count = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2])
+connection = http.client.HTTPConnection(url.hostname, url.port)
+body = json.dumps({"tasks": [{"key": f"t{i}", "kind": "noop", "queue": "bench"} for i in range(1000)]})
+for _ in range(count // 1000):
+    connection.request("POST", "/workflows", body, {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    answer.read()
+    assert answer.status == 201, answer.status
+PY
+    curl -fsS -X PATCH "${urls[0]}/queues/bench" -H 'Content-Type: application/json' -d '{"paused":false}' >/dev/null
+}
+
+echo "replicas on PostgreSQL vs one server on SQLite: $connections connections in all, wrk -d${duration}s, $rounds rounds"
+lines=""
+for round in $(seq 1 "$rounds"); do
+    for setup in "sqlite 1" "replicas 1" "replicas 2" "replicas 3"; do
+        set -- $setup
+        start "$1" "$2"
+        submits=$(measure submit.lua)
+        fill "$(python3 -c "print(int(min(400_000, max(10_000, float('${submits%% *}') * $duration * 1.5)) // 1000 * 1000))")"
+        cycles=$(measure lease.lua)
+        stop_all
+        lines="$lines$round $1 $2 $submits $cycles"$'\n'
+    done
+done
+printf '%s' "$lines" | python3 -c '
+import collections, statistics, sys
+rows = collections.defaultdict(list)
+for line in sys.stdin:
+    f = line.split()
+    if f: rows[(f[1], int(f[2]))].append(list(map(float, f[3:])))
+median = statistics.median
+reference = None
+for key in (("sqlite", 1), ("replicas", 1), ("replicas", 2), ("replicas", 3)):
+    r = rows[key]
+    submits, cycles = median(x[0] for x in r), median(x[4] / 2 for x in r)
+    def shares(base):
+        total = median(x[base + 3] for x in r) or 1
+        return f"replicas {median(x[base + 1] for x in r) / total:4.0%}, PostgreSQL {median(x[base + 2] for x in r) / total:4.0%}"
+    if reference is None: reference = (submits, cycles)
+    name = "SQLite, one server" if key[0] == "sqlite" else f"PostgreSQL, {key[1]} replica" + ("s" if key[1] > 1 else "")
+    print(f"  {name:24} POST /tasks {submits:7.0f}/s ({submits / reference[0]:.2f}x; CPU {shares(0)})   "
+          f"lease+complete {cycles:7.0f}/s ({cycles / reference[1]:.2f}x; CPU {shares(4)})")
+'
