@@ -287,7 +287,13 @@ final class SharedState: Journal, EngineGate {
     var isFailing: Bool { phase == .recovering }
 
     private func lose(_ error: PGError) {
-        guard phase != .recovering, closing == nil else { return }
+        if let closing {
+            // Stopping: what was not committed stays so; the process ends as after a crash.
+            self.closing = nil
+            logger.error("the shared database failed while stopping", metadata: ["error": "\(error)"])
+            return finishClosing(closing)
+        }
+        guard phase != .recovering else { return }
         logger.error("the shared database failed; serving 503 until it is back", metadata: ["error": "\(error)"])
         startOver(reason: "\(error)")
     }

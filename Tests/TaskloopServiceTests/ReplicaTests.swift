@@ -65,4 +65,50 @@ import TaskloopTestSupport
         }
         for replica in replicas { try replica.stop() }
     }
+
+    /// Workers lease from all three replicas at once, six lessees on their own connections:
+    /// every task is granted once, to one lessee, and completed once.
+    @Test func leasesUnderContentionGrantEachTaskOnce() throws {
+        let replicas = try Self.replicas(3)
+        let setup = try replicas[0].client()
+        try LeaseAPITests.workersQueue(setup, "contended", concurrency: 16)
+        let body = "{\"tasks\":[" + (0..<300).map { #"{"key":"t\#($0)","kind":"noop","queue":"contended"}"# }
+            .joined(separator: ",") + "]}"
+        #expect(try setup.call("POST", "/workflows", json: body).status == 201)
+        let grants = Locked<[String]>([])
+        let failures = Locked<[String]>([])
+        let lessees = (0..<6).map { index in
+            let port = replicas[index % 3].port
+            let thread = Thread {
+                do {
+                    let client = try APIClient(port: port)
+                    while true {
+                        let leased = try LeaseAPITests.lease(client, "contended", #"{"worker":"w\#(index)","max_tasks":4,"wait_s":1}"#,
+                                                                timeout: 10)
+                        if leased.isEmpty { break }
+                        for task in leased {
+                            let id = try LeaseAPITests.id(task)
+                            grants.withLock { $0.append(id) }
+                            let done = try client.call("POST", "/tasks/\(id)/complete",
+                                                       json: #"{"lease_token":"\#(try LeaseAPITests.token(task))"}"#)
+                            if done.status != 200 { failures.withLock { $0.append("\(id): \(done.status) \(done.text)") } }
+                        }
+                    }
+                } catch {
+                    failures.withLock { $0.append("lessee \(index): \(error)") }
+                }
+            }
+            thread.start()
+            return thread
+        }
+        // A lessee stops once a second passes with nothing left to lease.
+        try pollUntil("300 grants", timeout: 60, every: 10_000) { grants.value.count >= 300 }
+        #expect(failures.value.isEmpty, "\(failures.value.prefix(5))")
+        #expect(grants.value.count == 300 && Set(grants.value).count == 300, "each task granted once")
+        try pollUntil("every task to succeed", timeout: 20, every: 10_000) {
+            (try setup.call("GET", "/queues/contended").json["counts"] as? [String: Any])?["succeeded"] as? Int == 300
+        }
+        _ = lessees
+        for replica in replicas { try replica.stop() }
+    }
 }
