@@ -65,13 +65,32 @@ enum SharedSchema {
         case task = 0, workflow, queue, idempotencyKey, webhook, delivery
     }
 
-    static let takeTurnLock = "SELECT pg_advisory_xact_lock(\(turnLock))"
-    static let readState = "SELECT turn, event_seq FROM taskloop.state"
+    /// What changed after turn $1, table by table (the order `PostgresJournal` reads them in).
+    /// No ORDER BY that another index could serve: a delta is a few rows found by `turn`
+    /// (the engine orders tasks itself).
+    static let deltaReads = [
+        PGStatement("delta_tasks", "SELECT sequence, record FROM taskloop.tasks WHERE turn > $1"),
+        PGStatement("delta_workflows", "SELECT id, record FROM taskloop.workflows WHERE turn > $1"),
+        PGStatement("delta_queues", "SELECT name, max_concurrency, paused, dispatch FROM taskloop.queues WHERE turn > $1"),
+        PGStatement("delta_keys",
+                    "SELECT key, request_hash, status, resource, expires_at FROM taskloop.idempotency_keys WHERE turn > $1"),
+        PGStatement("delta_webhooks", "SELECT record FROM taskloop.webhooks WHERE turn > $1"),
+        PGStatement("delta_deliveries",
+                    "SELECT owner, record FROM taskloop.webhook_deliveries WHERE turn > $1 ORDER BY turn, event_seq, id"),
+        PGStatement("delta_removals", "SELECT kind, key FROM taskloop.removals WHERE turn > $1 ORDER BY turn"),
+        PGStatement("delta_events",
+                    "SELECT seq, type, time, task, workflow, queue, ends_task, data FROM taskloop.events WHERE turn > $1 ORDER BY turn, seq"),
+    ]
+
+    static let takeTurnLock = PGStatement("take_turn_lock", "SELECT pg_advisory_xact_lock(\(turnLock))")
+    static let readState = PGStatement("read_state", "SELECT turn, event_seq FROM taskloop.state")
     /// The oldest turn whose removals and events are still kept.
-    static let horizon = "SELECT horizon FROM taskloop.state"
-    static let goneReplicas = "SELECT name FROM taskloop.replicas WHERE expires_at < now() AND name <> $1 ORDER BY name"
-    static let forgetReplica = "DELETE FROM taskloop.replicas WHERE name = $1 AND expires_at < now()"
-    static let renewLease = "UPDATE taskloop.replicas SET expires_at = now() + $2 * interval '1 millisecond' WHERE name = $1"
+    static let horizon = PGStatement("horizon", "SELECT horizon FROM taskloop.state")
+    static let goneReplicas = PGStatement(
+        "gone_replicas", "SELECT name FROM taskloop.replicas WHERE expires_at < now() AND name <> $1 ORDER BY name")
+    static let forgetReplica = PGStatement("forget_replica", "DELETE FROM taskloop.replicas WHERE name = $1 AND expires_at < now()")
+    static let renewLease = PGStatement(
+        "renew_lease", "UPDATE taskloop.replicas SET expires_at = now() + $2 * interval '1 millisecond' WHERE name = $1")
     static let advance = PGStatement("advance", "UPDATE taskloop.state SET turn = $1, event_seq = $2")
     static let trimRemovals = "DELETE FROM taskloop.removals WHERE turn < $1"
     static let trimEvents = "DELETE FROM taskloop.events WHERE turn < $1"
