@@ -42,9 +42,14 @@ extension TaskloopApplication {
     func routes() -> [Route] {
         [
             Route(.GET, "/healthz", [200], isPublic: true, usesState: false) { [unowned self] _, reply in
-                reply.send(isDraining
-                    ? APIProblem(.serviceUnavailable, detail: "The server is shutting down.").response()
-                    : .json(.ok, Array(#"{"status":"ok"}"#.utf8)))
+                if isDraining {
+                    reply.send(APIProblem(.serviceUnavailable, detail: "The server is shutting down.").response())
+                } else if shared?.isFailing == true {
+                    // A load balancer sends the work to a replica that can reach the database.
+                    reply.send(Self.sharedDatabaseUnavailable.response())
+                } else {
+                    reply.send(.json(.ok, Array(#"{"status":"ok"}"#.utf8)))
+                }
             },
             Route(.GET, "/openapi.yaml", [200], usesState: false) { _, reply in
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: PackageResources.openapi_yaml))
