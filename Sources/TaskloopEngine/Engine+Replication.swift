@@ -233,9 +233,18 @@ extension Engine {
         for key in changes.evictedTasks {
             guard let record = tasks[key.id] else { continue }
             if !record.state.isTerminal {
-                // Forgotten elsewhere while unfinished here: only if records were lost; file it as ended.
+                // Unfinished here, gone from the database: this replica made it in a turn that
+                // never committed (it is starting over). Its work stops; it is filed as ended.
                 detach(record)
                 unlink(record)
+                record.attemptTimer?.cancel()
+                record.attemptTimer = nil
+                record.graceTimer?.cancel()
+                record.graceTimer = nil
+                if let run = record.run {
+                    record.run = nil
+                    run.requestStop()
+                }
                 record.state = .cancelled
                 attach(record, wallClock: wallClock)
             }

@@ -358,6 +358,22 @@ final class ReplicaCluster {
         #expect(cluster.disagreements(with: cluster.replicas[0]).isEmpty)
     }
 
+    /// Starting over from the database: a task this replica made in a turn that never committed
+    /// is not there; its attempt stops and the task goes.
+    @Test func aTaskTheDatabaseNeverGotStopsAndGoesWhenAReplicaStartsOver() throws {
+        let cluster = ReplicaCluster(count: 1)
+        let replica = cluster.replicas[0]
+        let id = try cluster.turn(0) { try $0.engine.submit(TaskSpec(kind: "manual")).id }
+        cluster.log.removeAll()
+        let run = replica.manual.runs[0]
+        var lost = SharedChanges()
+        lost.evictedTasks = [StoredTaskKey(id: id, sequence: replica.engine.task(id)!.sequence)]
+        replica.engine.absorb(lost)
+        #expect(replica.engine.task(id) == nil && run.stopRequested && !run.isCurrent)
+        #expect(replica.engine.unfinishedCount == 0 && replica.engine.queue(named: "default").counts.total == 0)
+        #expect(replica.violations.isEmpty, "\(replica.violations)")
+    }
+
     @Test func timersOfAReplicaWaitForItsTurn() throws {
         let cluster = ReplicaCluster(count: 2)
         let id = try cluster.turn(0) {
