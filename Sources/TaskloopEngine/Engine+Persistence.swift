@@ -60,22 +60,7 @@ extension Engine {
             let wallClock = scheduler.wallClock
             var retainedByFinish: [TaskRecord] = []
             for (saved, executor) in zip(ordered, executorsByTask) {
-                let spec = TaskSpec(kind: saved.kind, params: saved.params, name: saved.name, queue: saved.queue,
-                                    priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
-                                    timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata)
-                let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
-                                        queue: queue(named: saved.queue), dependencies: saved.dependencies,
-                                        createdAt: saved.createdAt)
-                record.state = saved.state
-                record.cancelRequested = saved.cancelRequested
-                record.attempt = saved.attempt
-                record.startedAt = saved.startedAt
-                record.finishedAt = saved.finishedAt
-                record.result = saved.result
-                record.error = saved.error
-                record.progress = saved.progress
-                record.notBefore = saved.notBefore
-                record.releasedBy = saved.releasedBy
+                let record = makeRecord(from: saved, executor: executor)
                 record.queue.count(saved.state, 1)
                 tasks.append(record)
                 ids.continueAfter(saved.id)
@@ -87,15 +72,7 @@ extension Engine {
                     unfinishedCount += 1
                 }
             }
-            for saved in savedWorkflows {
-                let workflow = WorkflowRecord(id: saved.id, name: saved.name, createdAt: saved.createdAt)
-                let members = saved.keys.compactMap { key in tasks[key.id].map { (key.key, $0) } }
-                guard !members.isEmpty else { continue }
-                workflow.attach(members)
-                for (_, record) in members { record.workflow = workflow }
-                workflows[workflow.id] = workflow
-                ids.continueAfter(saved.id)
-            }
+            for saved in savedWorkflows { makeWorkflow(from: saved) }
             let unfinished = ordered.compactMap { saved in saved.state.isTerminal ? nil : tasks[saved.id] }
             // Dependencies first, so that what happens next (interruptions, cascades) reaches
             // every dependent; a dependency no longer kept had finished and been released.
@@ -138,6 +115,30 @@ extension Engine {
             dispatching = wasDispatching
             dispatch()
         }
+    }
+
+    /// A task as a store kept it (or another replica wrote it), not yet in the table.
+    func makeRecord(from saved: TaskSnapshot, executor: TaskExecutor) -> TaskRecord {
+        let spec = TaskSpec(kind: saved.kind, params: saved.params, name: saved.name, queue: saved.queue,
+                            priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
+                            timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata)
+        let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
+                                queue: queue(named: saved.queue), dependencies: saved.dependencies, createdAt: saved.createdAt)
+        copy(saved, into: record)
+        return record
+    }
+
+    /// A workflow as kept, over the tasks of it the table holds (none left: nil, not made).
+    @discardableResult
+    func makeWorkflow(from saved: WorkflowSnapshot) -> WorkflowRecord? {
+        let members = saved.keys.compactMap { key in tasks[key.id].map { (key.key, $0) } }
+        guard !members.isEmpty else { return nil }
+        let workflow = WorkflowRecord(id: saved.id, name: saved.name, createdAt: saved.createdAt)
+        workflow.attach(members)
+        for (_, record) in members { record.workflow = workflow }
+        workflows[workflow.id] = workflow
+        ids.continueAfter(saved.id)
+        return workflow
     }
 
     /// The server is stopping and keeps its state: nothing starts any more; what runs may

@@ -212,14 +212,7 @@ extension Engine {
             }
         }
         for saved in changes.workflows where workflows[saved.id] == nil {
-            let workflow = WorkflowRecord(id: saved.id, name: saved.name, createdAt: saved.createdAt)
-            let members = saved.keys.compactMap { key in tasks[key.id].map { (key.key, $0) } }
-            guard !members.isEmpty else { continue }
-            workflow.attach(members)
-            for (_, record) in members { record.workflow = workflow }
-            workflows[workflow.id] = workflow
-            ids.continueAfter(saved.id)
-            emit(.workflowSubmitted(workflow))
+            if let workflow = makeWorkflow(from: saved) { emit(.workflowSubmitted(workflow)) }
         }
         for (record, from, saved, progressed) in changed {
             follow(record, from: from, saved: saved, progressed: progressed, wallClock: wallClock)
@@ -237,14 +230,7 @@ extension Engine {
                 // never committed (it is starting over). Its work stops; it is filed as ended.
                 detach(record)
                 unlink(record)
-                record.attemptTimer?.cancel()
-                record.attemptTimer = nil
-                record.graceTimer?.cancel()
-                record.graceTimer = nil
-                if let run = record.run {
-                    record.run = nil
-                    run.requestStop()
-                }
+                dropAttempt(of: record)
                 record.state = .cancelled
                 attach(record, wallClock: wallClock)
             }
@@ -306,13 +292,7 @@ extension Engine {
     private func newRecord(from saved: TaskSnapshot, wallClock: Int64) -> TaskRecord {
         // Replicas run the same kinds; one that does not know a kind holds its tasks all the
         // same (another replica runs them), under an executor that refuses to start them.
-        let executor = executor(of: saved.kind) ?? UnknownKindExecutor()
-        let spec = TaskSpec(kind: saved.kind, params: saved.params, name: saved.name, queue: saved.queue,
-                            priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
-                            timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata)
-        let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
-                                queue: queue(named: saved.queue), dependencies: saved.dependencies, createdAt: saved.createdAt)
-        copy(saved, into: record)
+        let record = makeRecord(from: saved, executor: executor(of: saved.kind) ?? UnknownKindExecutor())
         tasks.append(record)
         ids.continueAfter(saved.id)
         sequence = max(sequence, saved.sequence)
@@ -320,7 +300,7 @@ extension Engine {
         return record
     }
 
-    private func copy(_ saved: TaskSnapshot, into record: TaskRecord) {
+    func copy(_ saved: TaskSnapshot, into record: TaskRecord) {
         record.state = saved.state
         record.cancelRequested = saved.cancelRequested
         record.attempt = saved.attempt
@@ -377,14 +357,7 @@ extension Engine {
             }
             return
         }
-        record.attemptTimer?.cancel()
-        record.attemptTimer = nil
-        record.graceTimer?.cancel()
-        record.graceTimer = nil
-        if let run = record.run {
-            record.run = nil
-            run.requestStop()
-        }
+        dropAttempt(of: record)
         record.runner = nil
         switch record.state {
         case .pending:

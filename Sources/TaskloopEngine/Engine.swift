@@ -255,6 +255,19 @@ public final class Engine {
         }
     }
 
+    /// Ends what the current attempt holds: its timers, and its work (asked to stop; a later
+    /// report from it is ignored).
+    func dropAttempt(of record: TaskRecord) {
+        record.attemptTimer?.cancel()
+        record.attemptTimer = nil
+        record.graceTimer?.cancel()
+        record.graceTimer = nil
+        if let run = record.run {
+            record.run = nil
+            run.requestStop()
+        }
+    }
+
     // MARK: the one place states change
 
     func transition(_ record: TaskRecord, to state: TaskState) {
@@ -285,14 +298,7 @@ public final class Engine {
                         cascade: inout [(dependent: TaskRecord, error: TaskError)]) {
         guard !record.state.isTerminal else { return }
         let wasRunning = record.state == .running
-        record.attemptTimer?.cancel()
-        record.graceTimer?.cancel()
-        record.attemptTimer = nil
-        record.graceTimer = nil
-        if let run = record.run {
-            record.run = nil
-            run.requestStop()
-        }
+        dropAttempt(of: record)
         record.notBefore = nil
         if record.lease != nil { endLease(of: record) }
         record.result = result
