@@ -12,3 +12,22 @@ stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
 server_cpu_seconds() {
     awk -v ticks="$(getconf CLK_TCK)" '{print ($14 + $15) / ticks}' "/proc/$server/stat"
 }
+
+# A paused workers queue `bench` at URL filled with COUNT noops (workflows of 1,000), then
+# opened: what the lease benchmarks lease from.
+fill_workers_queue() { # url count
+    curl -fsS -X PATCH "$1/queues/bench" -H 'Content-Type: application/json' \
+        -d '{"dispatch":"workers","max_concurrency":64,"paused":true}' >/dev/null
+    python3 - "$1" "$2" <<'PY'
+import http.client, json, sys, urllib.parse
+url, count = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2])
+connection = http.client.HTTPConnection(url.hostname, url.port)
+body = json.dumps({"tasks": [{"key": f"t{i}", "kind": "noop", "queue": "bench"} for i in range(1000)]})
+for _ in range(count // 1000):
+    connection.request("POST", "/workflows", body, {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    answer.read()
+    assert answer.status == 201, answer.status
+PY
+    curl -fsS -X PATCH "$1/queues/bench" -H 'Content-Type: application/json' -d '{"paused":false}' >/dev/null
+}

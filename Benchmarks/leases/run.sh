@@ -17,24 +17,7 @@ start() { # mode round
         --max-unfinished-tasks 10000000 --max-retained-tasks 100000 --log-level warning
 }
 
-# Enough queued tasks for the whole run: workflows of 1,000 noops, while the queue is paused
-# (a paused workers queue leases nothing).
-fill() { # count
-    curl -fsS -X PATCH "$url/queues/bench" -H 'Content-Type: application/json' \
-        -d '{"dispatch":"workers","max_concurrency":64,"paused":true}' >/dev/null
-    python3 - "$url" "$1" <<'PY'
-import http.client, json, sys, urllib.parse
-url, count = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2])
-connection = http.client.HTTPConnection(url.hostname, url.port)
-body = json.dumps({"tasks": [{"key": f"t{i}", "kind": "noop", "queue": "bench"} for i in range(1000)]})
-for _ in range(count // 1000):
-    connection.request("POST", "/workflows", body, {"Content-Type": "application/json"})
-    answer = connection.getresponse()
-    answer.read()
-    assert answer.status == 201, answer.status
-PY
-    curl -fsS -X PATCH "$url/queues/bench" -H 'Content-Type: application/json' -d '{"paused":false}' >/dev/null
-}
+fill() { fill_workers_queue "$url" "$1"; }
 
 # Prints requests/s and the server's CPU time per request in microseconds (from /proc: wrk
 # shares the machine, so the rate alone also counts what the client's Lua costs).

@@ -77,23 +77,7 @@ measure() { # script
     echo "$rate $replicas $pg $all"
 }
 
-# A paused workers queue filled with `count` noops on the first replica, then opened.
-fill() { # count
-    curl -fsS -X PATCH "${urls[0]}/queues/bench" -H 'Content-Type: application/json' \
-        -d '{"dispatch":"workers","max_concurrency":64,"paused":true}' >/dev/null
-    python3 - "${urls[0]}" "$1" <<'PY'
-import http.client, json, sys, urllib.parse
-url, count = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2])
-connection = http.client.HTTPConnection(url.hostname, url.port)
-body = json.dumps({"tasks": [{"key": f"t{i}", "kind": "noop", "queue": "bench"} for i in range(1000)]})
-for _ in range(count // 1000):
-    connection.request("POST", "/workflows", body, {"Content-Type": "application/json"})
-    answer = connection.getresponse()
-    answer.read()
-    assert answer.status == 201, answer.status
-PY
-    curl -fsS -X PATCH "${urls[0]}/queues/bench" -H 'Content-Type: application/json' -d '{"paused":false}' >/dev/null
-}
+fill() { fill_workers_queue "${urls[0]}" "$1"; }
 
 echo "replicas on PostgreSQL vs one server on SQLite: $connections connections in all, wrk -d${duration}s, $rounds rounds"
 lines=""
