@@ -8,11 +8,7 @@ import TaskloopTestSupport
 /// clock. Every event and every step is checked against the engine's invariants. Each seed is
 /// independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that one).
 @Suite struct EnginePropertyTests {
-    static let seeds: [UInt64] = {
-        if let one = ProcessInfo.processInfo.environment["TASKLOOP_ENGINE_SEED"].flatMap({ UInt64($0) }) { return [one] }
-        let count = Int(ProcessInfo.processInfo.environment["TASKLOOP_ENGINE_SEEDS"] ?? "") ?? 200
-        return (1...UInt64(count)).map { 0xE17E_0000 + $0 }
-    }()
+    static let seeds = propertySeeds(base: 0xE17E_0000, count: 200)
 
     @Test func invariantsHoldForRandomWorkloads() {
         for seed in Self.seeds {

@@ -144,11 +144,7 @@ final class ReplicaCluster {
 }
 
 @Suite struct ReplicationTests {
-    static let seeds: [UInt64] = {
-        if let one = ProcessInfo.processInfo.environment["TASKLOOP_ENGINE_SEED"].flatMap({ UInt64($0) }) { return [one] }
-        let count = Int(ProcessInfo.processInfo.environment["TASKLOOP_ENGINE_SEEDS"] ?? "") ?? 40
-        return (1...UInt64(count)).map { 0x5EA1_0000 + $0 }
-    }()
+    static let seeds = propertySeeds(base: 0x5EA1_0000, count: 40)
 
     /// Random workloads over three replicas: submissions, workflows, cancels, retries, queue
     /// changes, reports, time passing, and now and then a replica that is declared gone.

@@ -1,3 +1,4 @@
+import Foundation
 /// A small, fast, seedable generator (SplitMix64), so randomized tests replay from a seed.
 public struct SplitMix64: RandomNumberGenerator {
     private var state: UInt64
@@ -16,4 +17,13 @@ public struct SplitMix64: RandomNumberGenerator {
     public mutating func below(_ bound: Int) -> Int {
         bound <= 1 ? 0 : Int(next() % UInt64(bound))
     }
+}
+
+/// The seeds of a property test: `TASKLOOP_ENGINE_SEED=<n>` runs just that one (a failure
+/// names it), `TASKLOOP_ENGINE_SEEDS=<count>` runs that many instead of `count`.
+public func propertySeeds(base: UInt64, count: Int) -> [UInt64] {
+    let environment = ProcessInfo.processInfo.environment
+    if let one = environment["TASKLOOP_ENGINE_SEED"].flatMap({ UInt64($0) }) { return [one] }
+    let count = Int(environment["TASKLOOP_ENGINE_SEEDS"] ?? "") ?? count
+    return (1...UInt64(count)).map { base + $0 }
 }
