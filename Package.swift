@@ -80,7 +80,7 @@ let package = Package(
         ),
         // PostgreSQL on the loop: libpq's asynchronous API in pipeline mode, its socket watched
         // by libuv.
-        .target(name: "TaskloopPostgres", dependencies: ["CLibPQ", "CLibUV", "TaskloopLoop"]),
+        .target(name: "TaskloopPostgres", dependencies: ["CLibPQ", "TaskloopLoop"]),
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
         // schema and its migrations; PostgreSQL shared by replicas, on the loop.
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres"]),

@@ -23,7 +23,7 @@ public final class HTTPClient {
     public let loop: EventLoop
     private var multi: UnsafeMutableRawPointer?
     private let timer: LoopTimer
-    private var sockets: [curl_socket_t: WatchedSocket] = [:]
+    private var sockets: [curl_socket_t: SocketPoll] = [:]
     private var transfers: [ObjectIdentifier: HTTPTransfer] = [:]
     /// Depth of calls into curl that may call us back.
     private var insideCurl = 0
@@ -206,22 +206,26 @@ public final class HTTPClient {
             sockets.removeValue(forKey: socket)?.close()
             return 0
         }
-        var events: Int32 = 0
-        if what == CURL_POLL_IN || what == CURL_POLL_INOUT { events |= Int32(UV_READABLE.rawValue) }
-        if what == CURL_POLL_OUT || what == CURL_POLL_INOUT { events |= Int32(UV_WRITABLE.rawValue) }
-        let watched: WatchedSocket
+        let watched: SocketPoll
         if let existing = sockets[socket] {
             watched = existing
         } else {
             do {
-                watched = try WatchedSocket(client: self, socket: socket)
+                watched = try SocketPoll(loop: loop, socket: socket) { [unowned self] status, readable, writable in
+                    var flags: Int32 = 0
+                    if status < 0 { flags |= CURL_CSELECT_ERR }
+                    if readable { flags |= CURL_CSELECT_IN }
+                    if writable { flags |= CURL_CSELECT_OUT }
+                    socketAction(socket, flags)
+                }
             } catch {
                 // curl fails the transfers on this socket.
                 return -1
             }
             sockets[socket] = watched
         }
-        return watched.start(events) ? 0 : -1
+        return watched.start(readable: what == CURL_POLL_IN || what == CURL_POLL_INOUT,
+                             writable: what == CURL_POLL_OUT || what == CURL_POLL_INOUT) ? 0 : -1
     }
 
     fileprivate func timerChanged(_ milliseconds: Int) {
@@ -234,42 +238,6 @@ public final class HTTPClient {
             }
         }
     }
-}
-
-/// One socket curl asked us to watch, with its `uv_poll` handle (freed in its close callback).
-private final class WatchedSocket {
-    let socket: curl_socket_t
-    unowned let client: HTTPClient
-    private let handle: UnsafeMutablePointer<uv_poll_t>
-
-    init(client: HTTPClient, socket: curl_socket_t) throws(UVError) {
-        self.client = client
-        self.socket = socket
-        handle = try UVHandle.make(uv_poll_t.self, "uv_poll_init_socket") { uv_poll_init_socket(client.loop.uvLoop, $0, socket) }
-        UVHandle.adopt(handle, owner: self)
-    }
-
-    func start(_ events: Int32) -> Bool {
-        uv_poll_start(handle, events, socketReady) == 0
-    }
-
-    /// Stops watching now (curl may close the descriptor right after); the handle is freed later.
-    func close() {
-        uv_poll_stop(handle)
-        UVHandle.close(handle)
-    }
-
-    fileprivate func ready(status: Int32, events: Int32) {
-        var flags: Int32 = 0
-        if status < 0 { flags |= CURL_CSELECT_ERR }
-        if events & Int32(UV_READABLE.rawValue) != 0 { flags |= CURL_CSELECT_IN }
-        if events & Int32(UV_WRITABLE.rawValue) != 0 { flags |= CURL_CSELECT_OUT }
-        client.socketAction(socket, flags)
-    }
-}
-
-private let socketReady: uv_poll_cb = { handle, status, events in
-    UVHandle.owner(handle, as: WatchedSocket.self).ready(status: status, events: events)
 }
 
 private let curlSocketChanged: curl_socket_callback = { _, socket, what, client, _ in

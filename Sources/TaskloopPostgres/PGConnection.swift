@@ -1,5 +1,4 @@
 import CLibPQ
-import CLibUV
 import TaskloopLoop
 
 /// One PostgreSQL connection driven by the loop: libpq's asynchronous API in pipeline mode,
@@ -15,7 +14,7 @@ import TaskloopLoop
 /// Lifecycle: `connect`, then `execute` any number of times, then `close` (or the server goes
 /// away: every batch in flight fails with `connectionLost`, `onClosed` is called once, and the
 /// connection is done; the owner makes a new one). The `uv_poll` handle is freed in its close
-/// callback; the libpq connection when this object goes.
+/// callback (`SocketPoll`); the libpq connection when this object goes.
 ///
 /// Threading: the loop's thread only, callbacks included.
 public final class PGConnection {
@@ -26,7 +25,7 @@ public final class PGConnection {
     public var onClosed: ((PGError) -> Void)?
 
     private var connection: OpaquePointer?
-    private var poll: Poll?
+    private var poll: SocketPoll?
     private var connecting: ((Result<Void, PGError>) -> Void)?
     private var connectTimer: LoopTimer?
     /// What the server still owes, in order: one entry per query sent, then the batch's sync.
@@ -133,18 +132,17 @@ public final class PGConnection {
             poll?.close()
             poll = nil
             do {
-                poll = try Poll(connection: self, socket: socket)
+                poll = try SocketPoll(loop: loop, socket: socket) { [unowned self] status, readable, writable in
+                    socketReady(status: status, readable: readable, writable: writable)
+                }
             } catch {
                 return lose(PGError(message: "\(error)", isConnectionLost: true))
             }
         }
-        var events: Int32 = 0
-        if readable { events |= Int32(UV_READABLE.rawValue) }
-        if writable { events |= Int32(UV_WRITABLE.rawValue) }
-        poll?.start(events)
+        poll?.start(readable: readable, writable: writable)
     }
 
-    fileprivate func socketReady(status: Int32, readable: Bool, writable: Bool) {
+    private func socketReady(status: Int32, readable: Bool, writable: Bool) {
         if connecting != nil { return continueConnecting(status: PQconnectPoll(connection)) }
         guard !isClosed else { return }
         if writable { flush() }
@@ -349,39 +347,6 @@ public final class PGConnection {
         guard let connection, let text = PQerrorMessage(connection) else { return "unknown libpq error" }
         return String(cString: text).trimmingTrailingNewlines()
     }
-}
-
-/// The `uv_poll` on a connection's socket (freed in its close callback).
-private final class Poll {
-    let socket: Int32
-    unowned let connection: PGConnection
-    private let handle: UnsafeMutablePointer<uv_poll_t>
-
-    init(connection: PGConnection, socket: Int32) throws(UVError) {
-        self.connection = connection
-        self.socket = socket
-        handle = try UVHandle.make(uv_poll_t.self, "uv_poll_init_socket") { uv_poll_init_socket(connection.loop.uvLoop, $0, socket) }
-        UVHandle.adopt(handle, owner: self)
-    }
-
-    func start(_ events: Int32) {
-        uv_poll_start(handle, events, pollReady)
-    }
-
-    /// Stops watching now (libpq may close the descriptor right after); freed later.
-    func close() {
-        uv_poll_stop(handle)
-        UVHandle.close(handle)
-    }
-
-    fileprivate func ready(status: Int32, events: Int32) {
-        connection.socketReady(status: status, readable: events & Int32(UV_READABLE.rawValue) != 0,
-                               writable: events & Int32(UV_WRITABLE.rawValue) != 0)
-    }
-}
-
-private let pollReady: uv_poll_cb = { handle, status, events in
-    UVHandle.owner(handle, as: Poll.self).ready(status: status, events: events)
 }
 
 extension String {
