@@ -36,6 +36,22 @@ final class ServiceMetrics {
     private var droppedLogLinesCounted = 0
     private var leaseCollectors: [String: LeaseCollectors] = [:]
     private let leaseLatency: ValueHistogram
+    /// With replicas: this replica's turns and catch-ups, and whether it can reach the database.
+    private var replica: ReplicaCollectors?
+
+    private final class ReplicaCollectors {
+        let turns: Counter, catchUps: Counter, takeovers: Counter
+        let turnTime: ValueHistogram
+        let databaseUp: Gauge
+        var counted = SharedState.Counts()
+        init(turns: Counter, catchUps: Counter, takeovers: Counter, turnTime: ValueHistogram, databaseUp: Gauge) {
+            self.turns = turns
+            self.catchUps = catchUps
+            self.takeovers = takeovers
+            self.turnTime = turnTime
+            self.databaseUp = databaseUp
+        }
+    }
 
     /// Two label values (kind and state): a struct, not a joined string, so a lookup on the
     /// per-task path allocates nothing.
@@ -120,6 +136,28 @@ final class ServiceMetrics {
             }
             routeCollectors.append(collectors)
         }
+    }
+
+    /// The replica's series, from the first scrape on (at zero) when it has a shared database.
+    func replicaSeries() {
+        guard replica == nil else { return }
+        replica = ReplicaCollectors(
+            turns: registry.makeCounter(descriptor: Self.name("replica_turns", "total", "Turns this replica committed on the shared database.")),
+            catchUps: registry.makeCounter(descriptor: Self.name(
+                "replica_catch_ups", "total", "Reads of what other replicas committed, outside this replica's turns.")),
+            takeovers: registry.makeCounter(descriptor: Self.name(
+                "replica_takeovers", "total", "Replicas found gone whose attempts this replica interrupted.")),
+            turnTime: registry.makeValueHistogram(
+                descriptor: Self.name("replica_turn", "seconds",
+                                      "Time from asking for a turn (waiting for the turn lock included) to its commit."),
+                buckets: Self.latencyBuckets),
+            databaseUp: registry.makeGauge(descriptor: Self.name(
+                "replica_database_up", "", "1 while this replica serves from the shared database, 0 while it cannot reach it.")))
+    }
+
+    /// A turn of this replica committed after `seconds`.
+    func turnCommitted(seconds: Double) {
+        replica?.turnTime.record(seconds)
     }
 
     private static func name(_ metric: String, _ unit: String, _ help: String) -> MetricNameDescriptor {
@@ -262,7 +300,15 @@ final class ServiceMetrics {
 
     /// The text exposition, with the state gauges brought up to date first.
     func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
-                webhooks: Webhooks, droppedLogLines dropped: Int) -> [UInt8] {
+                webhooks: Webhooks, droppedLogLines dropped: Int, shared: SharedState? = nil) -> [UInt8] {
+        if let shared, let replica {
+            let counts = shared.counts
+            replica.turns.increment(by: Int64(counts.turns - replica.counted.turns))
+            replica.catchUps.increment(by: Int64(counts.catchUps - replica.counted.catchUps))
+            replica.takeovers.increment(by: Int64(counts.takeovers - replica.counted.takeovers))
+            replica.counted = counts
+            replica.databaseUp.set(Double(shared.isFailing ? 0 : 1))
+        }
         for (name, queue) in engine.queues {
             let gauges = taskGauges[name] ?? TaskState.allCases.map { state in
                 registry.makeGauge(

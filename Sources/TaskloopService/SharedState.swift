@@ -77,6 +77,16 @@ final class SharedState: Journal, EngineGate {
     private var leaseRenewal: ScheduledAction?
     private var closing: (() -> Void)?
 
+    /// What this replica did, for the metrics.
+    struct Counts {
+        var turns = 0, catchUps = 0, takeovers = 0
+    }
+    private(set) var counts = Counts()
+    /// Told each committed turn's time, from asking for it to its commit, in seconds.
+    var onTurnCommitted: ((Double) -> Void)?
+    /// When the turn under way was asked for (monotonic ms).
+    private var turnAskedAt: UInt64 = 0
+
     init(journal: PostgresJournal, engine: Engine, loop: EventLoop, scheduler: EngineScheduler, logger: Logger, turn: UInt64) {
         self.journal = journal
         self.engine = engine
@@ -137,6 +147,7 @@ final class SharedState: Journal, EngineGate {
 
     private func openTurn() {
         phase = .opening
+        turnAskedAt = scheduler.now
         wantsTurn = false
         let readersNow = readers
         readers = []
@@ -160,6 +171,7 @@ final class SharedState: Journal, EngineGate {
         engine.dispatchWaiting()
         for name in gone {
             let count = engine.interruptAttempts(of: name)
+            counts.takeovers += 1
             onReplicaGone?(name)
             logger.warning("replica \(name) is gone; its attempts were interrupted", metadata: ["attempts": "\(count)"])
         }
@@ -193,6 +205,8 @@ final class SharedState: Journal, EngineGate {
             switch result {
             case .success:
                 applied += 1
+                counts.turns += 1
+                onTurnCommitted?(Double(scheduler.now &- turnAskedAt) / 1_000)
                 answer(through: number, committed: true)
                 onCommitted?(number)
                 turnEnded()
@@ -221,6 +235,7 @@ final class SharedState: Journal, EngineGate {
     private func catchUp() {
         guard phase == .idle else { return }
         phase = .catchingUp
+        counts.catchUps += 1
         let readersNow = readers
         readers = []
         journal.catchUp(after: applied) { [unowned self] result in

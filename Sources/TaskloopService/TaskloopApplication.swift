@@ -162,6 +162,10 @@ public final class TaskloopApplication {
         eventWrites = try LoopCheck(loop: loop) { [unowned eventLog] in eventLog.flushPending() }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
+        if let shared {
+            metrics.replicaSeries()
+            shared.onTurnCommitted = { [unowned self] seconds in metrics.turnCommitted(seconds: seconds) }
+        }
         router = makeRouter(routes)
         let server = HTTPServer(loop: loop, configuration: configuration.http) { [unowned self] request, responder in
             handle(request, responder)
@@ -467,7 +471,7 @@ public final class TaskloopApplication {
     func renderMetrics() -> [UInt8] {
         metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count,
                        transfers: activeTransfers, eventStreams: eventLog.subscriberCount, webhooks: webhooks,
-                       droppedLogLines: configuration.logSink?.dropped ?? 0)
+                       droppedLogLines: configuration.logSink?.dropped ?? 0, shared: shared)
     }
 
     /// The task as JSON, or 404 if it is gone.

@@ -95,6 +95,7 @@ import TaskloopTestSupport
             }
             #expect(try replica.1.call("GET", "/tasks/\(beforeID)").status == 503)
             #expect(try replica.1.call("GET", "/healthz").status == 503, "a load balancer looks elsewhere")
+            #expect(try replica.1.call("GET", "/metrics").text.contains("taskloop_replica_database_up 0"))
         }
         try cluster.restart()
         for replica in replicas {
@@ -107,6 +108,7 @@ import TaskloopTestSupport
             let id = try #require(created["id"] as? String)
             #expect(try replica.1.call("GET", "/tasks/\(id)?wait=5").json["state"] as? String == "succeeded")
             #expect(try replica.1.task(beforeID)["state"] as? String == "succeeded")
+            #expect(try replica.1.call("GET", "/metrics").text.contains("taskloop_replica_database_up 1"))
         }
         for replica in replicas { #expect(try replica.0.stop() == 0) }
         try cluster.stop()

@@ -38,6 +38,12 @@ import TaskloopTestSupport
         // The replica running it hears of the cancellation and stops the sleep.
         let cancelled = try clients[2].call("GET", "/tasks/\(longID)?wait=10", timeout: 15)
         #expect(cancelled.json["state"] as? String == "cancelled")
+        // Each replica counts its own turns and catch-ups; the one that took the submissions
+        // committed turns, and its turns' times are in the histogram.
+        let metrics = try clients[0].call("GET", "/metrics").text
+        let turns = metrics.split(separator: "\n").first { $0.hasPrefix("taskloop_replica_turns_total ") }
+        #expect((turns?.split(separator: " ").last.flatMap { Double($0) } ?? 0) >= 2, "\(turns ?? "no turns line")")
+        #expect(metrics.contains("taskloop_replica_turn_seconds_count") && metrics.contains("taskloop_replica_database_up 1"))
         for replica in replicas { try replica.stop() }
     }
 
