@@ -8,15 +8,8 @@ import TaskloopTestSupport
 /// clock. Every event and every step is checked against the engine's invariants. Each seed is
 /// independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that one).
 @Suite struct EnginePropertyTests {
-    static let seeds = propertySeeds(base: 0xE17E_0000, count: 200)
-
     @Test func invariantsHoldForRandomWorkloads() {
-        for seed in Self.seeds {
-            if let failure = Self.run(seed: seed) {
-                Issue.record("seed \(seed) (TASKLOOP_ENGINE_SEED=\(seed)): \(failure)")
-                return
-            }
-        }
+        if let failure = firstPropertyFailure(base: 0xE17E_0000, count: 200, Self.run) { Issue.record(Comment(rawValue: failure)) }
     }
 
     static func run(seed: UInt64) -> String? {

@@ -144,17 +144,10 @@ final class ReplicaCluster {
 }
 
 @Suite struct ReplicationTests {
-    static let seeds = propertySeeds(base: 0x5EA1_0000, count: 40)
-
     /// Random workloads over three replicas: submissions, workflows, cancels, retries, queue
     /// changes, reports, time passing, and now and then a replica that is declared gone.
     @Test func everyReplicaHoldsWhatTheTurnsMade() {
-        for seed in Self.seeds {
-            if let failure = Self.run(seed: seed) {
-                Issue.record("seed \(seed) (TASKLOOP_ENGINE_SEED=\(seed)): \(failure)")
-                return
-            }
-        }
+        if let failure = firstPropertyFailure(base: 0x5EA1_0000, count: 40, Self.run) { Issue.record(Comment(rawValue: failure)) }
     }
 
     static func run(seed: UInt64) -> String? {

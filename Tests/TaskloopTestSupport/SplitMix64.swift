@@ -27,3 +27,12 @@ public func propertySeeds(base: UInt64, count: Int) -> [UInt64] {
     let count = Int(environment["TASKLOOP_ENGINE_SEEDS"] ?? "") ?? count
     return (1...UInt64(count)).map { base + $0 }
 }
+
+/// Runs a property test's `run` for each seed (`propertySeeds`) until one fails; that failure,
+/// naming its seed so that it can be run alone, or nil.
+public func firstPropertyFailure(base: UInt64, count: Int, _ run: (UInt64) -> String?) -> String? {
+    for seed in propertySeeds(base: base, count: count) {
+        if let failure = run(seed) { return "seed \(seed) (TASKLOOP_ENGINE_SEED=\(seed)): \(failure)" }
+    }
+    return nil
+}
