@@ -141,7 +141,9 @@ public final class ServerClient {
         let call = ServerCall()
         call.completion = completion
         var headers = [HTTPHeaderField("Accept", "application/json")] + extra
-        if body != nil { headers.append(HTTPHeaderField("Content-Type", "application/json")) }
+        // Also without a body: libcurl would declare a bodiless POST a form, which the server
+        // refuses (a form is what another site's page can send).
+        if body != nil || method == "POST" { headers.append(HTTPHeaderField("Content-Type", "application/json")) }
         let request: HTTPClientRequest
         switch makeRequest(method, path, headers: headers, body: body) {
         case .failure(let reason): return failLater(call, reason)

@@ -91,6 +91,8 @@ extension Engine {
                     if let saved = savedLeases[record.id] {
                         resumeLease(of: record, Lease(token: saved.token, worker: saved.worker, grantedAt: saved.grantedAt,
                                                       milliseconds: saved.milliseconds, expiresAt: saved.expiresAt))
+                    } else if record.executor.runsOutsideTheProcess {
+                        resumeOutside(record)
                     } else {
                         interrupt(record)
                     }
@@ -150,19 +152,26 @@ extension Engine {
     /// Tasks running now, in every queue.
     public var runningCount: Int { queues.values.reduce(0) { $0 + $1.counts[.running] } }
 
-    /// Tasks running in this process: not those workers hold under leases.
-    public var runningHereCount: Int { runningCount - leasedCount }
+    /// Attempts whose work is in this process: not another replica's, not a worker's under a
+    /// lease, not an `external` task's (its worker reports from outside).
+    public var runningHereCount: Int {
+        tasks.entries.count { record in
+            guard let record, record.state == .running else { return false }
+            return record.runner == nil && record.lease == nil && !record.executor.runsOutsideTheProcess
+        }
+    }
 
     /// The server is stopping and keeps its state: nothing starts any more, and every task
     /// running here is stopped and put back in `queued` with its attempt not consumed, to run
-    /// again after the restart (leased tasks keep their leases: their workers go on). Returns
-    /// how many were running here.
+    /// again after the restart (leased and `external` tasks go on: their workers are not in
+    /// this process). Returns how many were running here.
     @discardableResult
     public func suspendForShutdown() -> Int {
         settling {
             halted = true
             var suspended = 0
-            for case let record? in tasks.entries where record.state == .running && record.lease == nil {
+            for case let record? in tasks.entries
+            where record.state == .running && record.lease == nil && !record.executor.runsOutsideTheProcess {
                 // A cancellation under way completes; only work nobody stopped runs again.
                 if record.cancelRequested {
                     finish(record, as: .cancelled, error: .cancelled)
@@ -181,6 +190,23 @@ extension Engine {
             }
             return suspended
         }
+    }
+
+    /// After a restart: an `external` task's worker was never in the process, and may still be
+    /// at it. The task goes on running with its progress; its timeout counts from its start
+    /// (a later attempt's start is not kept: it gets the whole timeout again).
+    func resumeOutside(_ record: TaskRecord) {
+        if record.cancelRequested {
+            finish(record, as: .cancelled, error: .cancelled)
+            return
+        }
+        let run = TaskRun(link: link, record: record)
+        record.run = run
+        if let timeout = record.timeoutMilliseconds {
+            let elapsed = record.attempt == 1 ? max(0, scheduler.wallClock - (record.startedAt ?? scheduler.wallClock)) : 0
+            armTimeout(timeout, for: run, on: record, after: UInt64(max(0, Int64(clamping: timeout) - elapsed)))
+        }
+        record.executor.start(run)
     }
 
     /// A task restored as `running` has no attempt: the process that ran it is gone.

@@ -260,11 +260,6 @@ extension Engine {
         }
     }
 
-    /// Attempts this process runs itself (not another replica's, not a worker's under lease).
-    public var runningLocallyCount: Int {
-        tasks.entries.count { $0.map { $0.state == .running && $0.runner == nil && $0.lease == nil } ?? false }
-    }
-
     /// Every task's key and every workflow's id (for starting over from a database).
     public var allTaskKeys: [StoredTaskKey] { tasks.entries.compactMap { $0.map { StoredTaskKey(id: $0.id, sequence: $0.sequence) } } }
     public var allWorkflowIDs: [TaskID] { Array(workflows.keys) }

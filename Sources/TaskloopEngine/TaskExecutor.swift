@@ -24,9 +24,15 @@ public protocol TaskExecutor: AnyObject {
     /// With several replicas: another replica took a report on `run`, an attempt this process
     /// runs (a worker's progress on an `external` task reached a replica other than this one).
     func reportedElsewhere(_ run: TaskRun)
+
+    /// The work is done by someone outside this process, who reports it (`external`): a
+    /// shutdown neither waits for it nor stops it, and a restart finds it still running.
+    var runsOutsideTheProcess: Bool { get }
 }
 
 extension TaskExecutor {
+    public var runsOutsideTheProcess: Bool { false }
+
     /// Work that lives only in this process died with it: nothing to stop.
     public func stopInterrupted(_ id: TaskID) {}
 

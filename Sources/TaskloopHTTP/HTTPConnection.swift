@@ -13,9 +13,21 @@ protocol HTTPTransport: AnyObject {
     func closeNow()
 }
 
+/// What the server's admission check decides on a request head, before its body is read.
+public enum HTTPAdmission {
+    case admit
+    /// Admitted; its answer, whatever it is, carries these fields too (CORS, say).
+    case admitAnswering(with: HTTPHeaders)
+    /// Answered with this and the connection closed: the body is never read, nor buffered, and
+    /// no `100 Continue` invites it.
+    case refuse(HTTPResponse)
+}
+
 /// Settings shared by every connection of one server. Loop thread only.
 final class HTTPConnectionContext {
     let handler: (consuming HTTPRequest, HTTPResponder) -> Void
+    /// Runs on each request head; it may annotate the request (say, with its route's parameters).
+    let admission: ((inout HTTPRequest) -> HTTPAdmission)?
     let parserLimits: HTTPParserLimits
     let timeouts: HTTPConnectionStateMachine.Timeouts
     /// Stop parsing and reading while more than this many response bytes wait for the peer...
@@ -28,11 +40,13 @@ final class HTTPConnectionContext {
     let dateCache = HTTPDateCache()
 
     init(
-        handler: @escaping (consuming HTTPRequest, HTTPResponder) -> Void, parserLimits: HTTPParserLimits,
+        handler: @escaping (consuming HTTPRequest, HTTPResponder) -> Void,
+        admission: ((inout HTTPRequest) -> HTTPAdmission)? = nil, parserLimits: HTTPParserLimits,
         timeouts: HTTPConnectionStateMachine.Timeouts, outputHighWater: Int, maxPendingInput: Int,
         clock: @escaping () -> UInt64
     ) {
         self.handler = handler
+        self.admission = admission
         self.parserLimits = parserLimits
         self.timeouts = timeouts
         self.outputHighWater = outputHighWater
@@ -72,6 +86,8 @@ final class HTTPConnection {
     private var streaming = false
     /// The stream's body is chunked (an HTTP/1.1 client), else it ends with the connection.
     private var streamChunked = false
+    /// Fields the admission check added to the current request's answer.
+    private var answerFields: HTTPHeaders?
 
     init(context: HTTPConnectionContext, transport: HTTPTransport) {
         self.context = context
@@ -179,6 +195,16 @@ final class HTTPConnection {
                 return bytes.count
             case .head(let expectsContinue):
                 machine.headReceived(now: context.clock())
+                answerFields = nil
+                if let admission = context.admission {
+                    switch parser.withHead(admission) {
+                    case .admit: break
+                    case .admitAnswering(let fields): answerFields = fields
+                    case .refuse(let response):
+                        sendFinal(response, withBody: parser.withHead { $0.method != .HEAD })
+                        return bytes.count
+                    }
+                }
                 if expectsContinue {
                     output.append(contentsOf: HTTPResponseEncoder.continueResponse)
                     flush()
@@ -256,7 +282,7 @@ final class HTTPConnection {
         guard isOpen(sequence), !streaming else { return }
         let keepAlive = machine.responseKeepsAlive && !response.headers.containsToken("close", in: "Connection")
         HTTPResponseEncoder.appendHead(
-            status: response.status, headers: response.headers, contentLength: response.body.count,
+            status: response.status, headers: withAnswerFields(response.headers), contentLength: response.body.count,
             keepAlive: keepAlive, http10Client: answeringHTTP10,
             dateLine: context.dateCache.currentHeaderLine(), to: &output)
         if !answeringHead && response.status.code >= 200 && response.status.code != 204 && response.status.code != 304 {
@@ -276,7 +302,7 @@ final class HTTPConnection {
         streaming = true
         streamChunked = !answeringHTTP10
         HTTPResponseEncoder.appendHead(
-            status: status, headers: headers, contentLength: nil, keepAlive: streamChunked && machine.responseKeepsAlive,
+            status: status, headers: withAnswerFields(headers), contentLength: nil, keepAlive: streamChunked && machine.responseKeepsAlive,
             http10Client: answeringHTTP10, dateLine: context.dateCache.currentHeaderLine(), to: &output)
         flush()
         return true
@@ -330,13 +356,24 @@ final class HTTPConnection {
         }
     }
 
+    private func withAnswerFields(_ headers: HTTPHeaders) -> HTTPHeaders {
+        guard let answerFields else { return headers }
+        var merged = headers
+        for field in answerFields { merged.add(field.name, field.value) }
+        return merged
+    }
+
     private func sendFinalError(_ problem: HTTPProblem) {
+        sendFinal(problem.response())
+    }
+
+    /// Answers and closes, reading nothing more of what the client sends.
+    private func sendFinal(_ response: HTTPResponse, withBody: Bool = true) {
         machine.beginClosing()
-        let response = problem.response()
         HTTPResponseEncoder.appendHead(
             status: response.status, headers: response.headers, contentLength: response.body.count,
             keepAlive: false, http10Client: false, dateLine: context.dateCache.currentHeaderLine(), to: &output)
-        output.append(contentsOf: response.body)
+        if withBody { output.append(contentsOf: response.body) }
         pendingInput = []
         flush()
         transport?.close(linger: true)

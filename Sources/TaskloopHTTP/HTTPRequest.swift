@@ -14,6 +14,9 @@ public struct HTTPRequest: Sendable {
     public var body: [UInt8]
     /// Values of `{name}` segments of the matched route; filled by the router.
     public var parameters: PathParameters = PathParameters()
+    /// The route an admission check already found for this request, in its owner's numbering
+    /// (so the handler need not match it again); -1 when none did.
+    public var matchedRoute = -1
 
     public struct QueryItem: Sendable, Equatable {
         public var name: String

@@ -15,8 +15,9 @@ public struct HTTPParserLimits: Sendable {
 
 /// Node's http_parser behind a small event interface: bytes in, events out.
 ///
-/// `parse` stops after a request head (so the caller can answer `Expect: 100-continue` or refuse
-/// before the body is read) and after each complete request (so pipelined requests are handled
+/// `parse` stops after a request head, which is then a request without its body (`withHead`), so
+/// the caller can decide on it (a token, a Host) and refuse before a byte of the body is read or
+/// buffered, or answer `Expect: 100-continue`; and it stops after each complete request (so pipelined requests are handled
 /// strictly one at a time). Unconsumed bytes are the caller's to offer again. After `.failure`
 /// the parser is finished: the connection answers the status and closes.
 ///
@@ -57,6 +58,9 @@ final class HTTPRequestParser {
 
     private enum Expectation { case none, continueFirst, other }
     private var body: [UInt8] = []
+    /// The head's `Content-Length`, reserved once the first body bytes arrive (not before: a
+    /// head that is refused must cost nothing).
+    private var declaredBodyLength = 0
     private var pending: Event?
     private var completed: HTTPRequest?
     private var limitFailure: (HTTPStatus, String)?
@@ -140,6 +144,11 @@ final class HTTPRequestParser {
         "The request head (request line and header fields) is larger than \(limits.maxHeaderBytes) bytes."
     }
 
+    /// The request announced by `.head`, its body still to come: for checks of the head alone.
+    func withHead<Result>(_ inspect: (inout HTTPRequest) -> Result) -> Result {
+        inspect(&completed!)
+    }
+
     /// Moves out the request announced by `.request`, without copying it.
     func takeRequest() -> HTTPRequest {
         defer { completed = nil }
@@ -203,6 +212,8 @@ final class HTTPRequestParser {
         expect = .none
         readingValue = false
         body = []
+        declaredBodyLength = 0
+        completed = nil
         return 0
     }
 
@@ -284,7 +295,25 @@ final class HTTPRequestParser {
             let hasBody = isChunked || (declaredLength != UInt64.max && declaredLength > 0)
             expectsContinue = hasBody && parser.pointee.http_minor >= 1
         }
-        if declaredLength != UInt64.max { body.reserveCapacity(Int(declaredLength)) }
+        if declaredLength != UInt64.max { declaredBodyLength = Int(declaredLength) }
+        let method = unknownMethod ?? HTTPMethod(code: parser.pointee.method)
+        unknownMethod = nil
+        if method == .CONNECT {
+            return fail(.notImplemented, "CONNECT is not implemented: this server is not a proxy.")
+        }
+        let version = HTTPVersion(major: parser.pointee.http_major, minor: parser.pointee.http_minor)
+        do {
+            let parts = try url.withUnsafeBufferPointer { bytes throws(RequestTargetError) in
+                try RequestTarget(bytes: bytes)
+            }
+            completed = HTTPRequest(method: method, parts: parts, version: version, headers: headers, body: [])
+            url.removeAll(keepingCapacity: true)
+            // A chunked body's trailer fields are read into a section of their own, not the
+            // request's (which would copy it), and are dropped: nothing here reads trailers.
+            headers = HTTPHeaders()
+        } catch {
+            return fail(.badRequest, error.detail)
+        }
         return pause(with: .head(expectsContinue: expectsContinue))
     }
 
@@ -292,29 +321,16 @@ final class HTTPRequestParser {
         guard body.count + data.count <= limits.maxBodyBytes else {
             return fail(.contentTooLarge, "The request body is larger than \(limits.maxBodyBytes) bytes.")
         }
+        if body.isEmpty && declaredBodyLength > data.count { body.reserveCapacity(declaredBodyLength) }
         body.append(contentsOf: data)
         return 0
     }
 
     fileprivate func messageComplete() -> Int32 {
-        let method = unknownMethod ?? HTTPMethod(code: parser.pointee.method)
-        unknownMethod = nil
-        if method == .CONNECT {
-            return fail(.notImplemented, "CONNECT is not implemented: this server is not a proxy.")
-        }
-        let version = HTTPVersion(major: parser.pointee.http_major, minor: parser.pointee.http_minor)
         let keepAlive = http_should_keep_alive(parser) != 0 && parser.pointee.upgrade == 0
-        do {
-            let parts = try url.withUnsafeBufferPointer { bytes throws(RequestTargetError) in
-                try RequestTarget(bytes: bytes)
-            }
-            completed = HTTPRequest(method: method, parts: parts, version: version, headers: headers, body: body)
-            body = []
-            url.removeAll(keepingCapacity: true)
-            return pause(with: .request(keepAlive: keepAlive))
-        } catch {
-            return fail(.badRequest, error.detail)
-        }
+        completed!.body = body
+        body = []
+        return pause(with: .request(keepAlive: keepAlive))
     }
 
     private func pause(with event: Event) -> Int32 {

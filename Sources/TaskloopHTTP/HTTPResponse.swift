@@ -77,6 +77,7 @@ public struct HTTPProblem: HTTPResponseError, Equatable {
         case 414: "target_too_long"
         case 415: "unsupported_media_type"
         case 417: "expectation_failed"
+        case 421: "misdirected_request"
         case 422: "invalid"
         case 429: "too_many_requests"
         case 431: "headers_too_large"

@@ -32,14 +32,17 @@ public final class HTTPServer {
         public var connectionsRefused = 0
     }
 
+    /// `admission` sees each request head before its body is read and may refuse it there
+    /// (see `HTTPAdmission`); `handler` gets each admitted, complete request.
     public init(
         loop: EventLoop, configuration: HTTPServerConfiguration,
+        admission: ((inout HTTPRequest) -> HTTPAdmission)? = nil,
         handler: @escaping (consuming HTTPRequest, HTTPResponder) -> Void
     ) {
         self.loop = loop
         self.configuration = configuration
         context = HTTPConnectionContext(
-            handler: handler, parserLimits: configuration.parserLimits,
+            handler: handler, admission: admission, parserLimits: configuration.parserLimits,
             timeouts: .init(headerMilliseconds: configuration.headerTimeoutMilliseconds,
                             bodyMilliseconds: configuration.bodyTimeoutMilliseconds,
                             idleMilliseconds: configuration.idleTimeoutMilliseconds),

@@ -14,6 +14,7 @@ public struct HTTPStatus: Hashable, Sendable, CustomStringConvertible {
     public static let ok = HTTPStatus(code: 200)
     public static let created = HTTPStatus(code: 201)
     public static let accepted = HTTPStatus(code: 202)
+    public static let noContent = HTTPStatus(code: 204)
     public static let badRequest = HTTPStatus(code: 400)
     public static let unauthorized = HTTPStatus(code: 401)
     public static let forbidden = HTTPStatus(code: 403)
@@ -25,6 +26,7 @@ public struct HTTPStatus: Hashable, Sendable, CustomStringConvertible {
     public static let uriTooLong = HTTPStatus(code: 414)
     public static let unsupportedMediaType = HTTPStatus(code: 415)
     public static let expectationFailed = HTTPStatus(code: 417)
+    public static let misdirectedRequest = HTTPStatus(code: 421)
     public static let unprocessableContent = HTTPStatus(code: 422)
     public static let tooManyRequests = HTTPStatus(code: 429)
     public static let requestHeaderFieldsTooLarge = HTTPStatus(code: 431)
@@ -42,7 +44,7 @@ public struct HTTPStatus: Hashable, Sendable, CustomStringConvertible {
         405: "Method Not Allowed", 406: "Not Acceptable", 408: "Request Timeout", 409: "Conflict",
         410: "Gone", 411: "Length Required", 412: "Precondition Failed", 413: "Content Too Large",
         414: "URI Too Long", 415: "Unsupported Media Type", 416: "Range Not Satisfiable",
-        417: "Expectation Failed", 422: "Unprocessable Content", 425: "Too Early",
+        417: "Expectation Failed", 421: "Misdirected Request", 422: "Unprocessable Content", 425: "Too Early",
         426: "Upgrade Required", 428: "Precondition Required", 429: "Too Many Requests",
         431: "Request Header Fields Too Large",
         500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",

@@ -25,7 +25,17 @@ final class TCPConnection: HTTPTransport, UVHandleClosing {
         /// Write side closed; reading and discarding until EOF or `deadline`.
         case lingering(deadline: UInt64)
         case closed
+
+        var acceptsWrites: Bool {
+            switch self {
+            case .open, .flushing: true
+            case .shuttingDown, .lingering, .closed: false
+            }
+        }
     }
+
+    /// The most one `uv_buf_t` carries here (its length is a UInt32).
+    static let largestWrite = 1 << 30
 
     private var stream: UnsafeMutablePointer<uv_stream_t> {
         UnsafeMutableRawPointer(handle).assumingMemoryBound(to: uv_stream_t.self)
@@ -58,11 +68,18 @@ final class TCPConnection: HTTPTransport, UVHandleClosing {
     // MARK: HTTPTransport
 
     func write(_ bytes: UnsafeRawBufferPointer) {
-        switch closeState {
-        case .open, .flushing: break
-        case .shuttingDown, .lingering, .closed: return
-        }
+        guard closeState.acceptsWrites else { return }
         guard let base = bytes.baseAddress, bytes.count > 0 else { return }
+        // libuv's buffers count in UInt32: larger answers go out in pieces.
+        if bytes.count > Self.largestWrite {
+            var offset = 0
+            while offset < bytes.count, closeState.acceptsWrites {
+                let end = min(offset + Self.largestWrite, bytes.count)
+                write(UnsafeRawBufferPointer(rebasing: bytes[offset..<end]))
+                offset = end
+            }
+            return
+        }
         var sent = 0
         if queuedBytes == 0 {
             var buffer = uv_buf_init(UnsafeMutablePointer(mutating: base.assumingMemoryBound(to: CChar.self)),

@@ -30,6 +30,15 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
     }
 
     /// The IP address in network order: 4 bytes, or 16 for IPv6.
+    /// 127.0.0.0/8, ::1, or an IPv4 loopback address mapped into IPv6: reachable from this
+    /// machine only.
+    package var isLoopback: Bool {
+        let bytes = addressBytes
+        if bytes.count == 4 { return bytes[0] == 127 }
+        if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xff && bytes[11] == 0xff { return bytes[12] == 127 }
+        return bytes[0..<15].allSatisfy { $0 == 0 } && bytes[15] == 1
+    }
+
     package var addressBytes: [UInt8] {
         withSockAddr { address in
             if isIPv6 {

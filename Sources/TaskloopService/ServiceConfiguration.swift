@@ -7,8 +7,16 @@ public struct ServiceConfiguration: Sendable {
     public var http = HTTPServerConfiguration()
     public var engine = EngineConfiguration()
     public var shutdownGraceMilliseconds: UInt64 = 10_000
-    /// When set, every endpoint but `GET /healthz` requires `Authorization: Bearer <token>`.
+    /// When set, every endpoint but `GET /healthz` and the dashboard's files requires
+    /// `Authorization: Bearer <token>` (`--auth-token`, an admin token).
     public var authToken: String?
+    /// `--auth-token-file`: tokens with roles, one per line, re-read by `reloadTokens()`.
+    public var authTokenFile: String?
+    /// `--allowed-hosts`: Host names answered besides the loopback ones (without a token, no
+    /// other is); `name`, `name:port` or `*.domain`.
+    public var allowedHosts: [String] = []
+    /// `--allowed-origins`: web origins whose pages may call the API (CORS), `https://app.example`.
+    public var allowedOrigins: [String] = []
     /// Whether `exec` tasks may be submitted (they run with the server user's rights).
     public var allowExec = false
     /// Whether the process becomes a child subreaper (process-wide, for good), so what `exec`

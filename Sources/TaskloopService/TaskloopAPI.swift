@@ -15,6 +15,8 @@ final class Route {
     let answers: [Int]
     /// Served without a bearer token even when the server has one.
     let isPublic: Bool
+    /// The least a token must be allowed to call it: reads for GET, the worker's reports, else admin.
+    let role: AccessRole
     /// Reads or changes tasks, queues, webhooks or events: with replicas it waits for a
     /// catch-up (reads) or a turn (changes). The page, the spec, health and metrics do not.
     let usesState: Bool
@@ -22,20 +24,25 @@ final class Route {
     /// The route's place in the route table, which is where the metrics keep its collectors.
     fileprivate(set) var index = -1
 
-    init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], isPublic: Bool = false, usesState: Bool = true,
-         _ handler: @escaping ServiceHandler) {
+    init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], isPublic: Bool = false, forWorkers: Bool = false,
+         usesState: Bool = true, _ handler: @escaping ServiceHandler) {
         self.method = method
         self.pattern = pattern
+        var answers = answers
+        // Another site's page, or a token whose role falls short; a POST may be a form.
+        if method.changesState && !answers.contains(403) { answers.append(403) }
+        if method == .POST && !answers.contains(415) { answers.append(415) }
         self.answers = answers
         self.isPublic = isPublic
+        role = method == .GET ? .read : forWorkers ? .worker : .admin
         self.usesState = usesState
         self.handler = handler
     }
 
     /// What the HTTP layer and access control may answer any request: malformed, slow, too
-    /// large (body, target, head), no token (with --auth-token), too many connections or
-    /// shutting down.
-    static let anyRequest = [400, 401, 408, 413, 414, 431, 503]
+    /// large (body, target, head), no token (with a token configured), a Host that is not
+    /// answered (421), too many connections or shutting down.
+    static let anyRequest = [400, 401, 408, 413, 414, 421, 431, 503]
 }
 
 extension TaskloopApplication {
@@ -79,13 +86,13 @@ extension TaskloopApplication {
                 let outcome = try engine.cancel(task.id)
                 reply.send(.json(outcome == .cancelled ? .ok : .accepted, Representation.task(task)))
             },
-            Route(.POST, "/tasks/{id}/progress", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/progress", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
                 try reportProgress(request, reply)
             },
-            Route(.POST, "/tasks/{id}/complete", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/complete", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
                 try reportCompletion(request, reply)
             },
-            Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
                 try reportFailure(request, reply)
             },
             Route(.POST, "/tasks/{id}/retry", [200, 404, 409, 429]) { [unowned self] request, reply in
@@ -94,10 +101,10 @@ extension TaskloopApplication {
                 try engine.retryTask(task.id)
                 reply.send(.json(.ok, Representation.task(task)))
             },
-            Route(.POST, "/tasks/{id}/heartbeat", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/heartbeat", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
                 try heartbeat(request, reply)
             },
-            Route(.POST, "/tasks/{id}/release", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/release", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
                 try release(request, reply)
             },
             Route(.POST, "/workflows", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitWorkflow(request, reply) },
@@ -138,7 +145,7 @@ extension TaskloopApplication {
             Route(.GET, "/webhooks/{id}/deliveries", [200, 400, 404]) { [unowned self] request, reply in
                 try listDeliveries(request, reply)
             },
-            Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422]) { [unowned self] request, reply in
+            Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
                 try lease(request, reply)
             },
             Route(.POST, "/queues/{name}/cancel", [200, 404]) { [unowned self] request, reply in

@@ -1,3 +1,4 @@
+import Dispatch
 import Glibc
 import Logging
 import TaskloopEngine
@@ -48,7 +49,10 @@ public final class TaskloopApplication {
     private(set) var isDraining = false
     private var serverClosed = false
     private var stopCompletion: (() -> Void)?
-    private let authToken: [UInt8]?
+    /// Tokens, hosts and origins; decided on each request's head (`admit`).
+    private var access: AccessPolicy
+    /// The routes by their index, for requests the admission check already routed.
+    private(set) var routeTable: [Route] = []
     /// Each request is logged at debug; known once, at start.
     private let logsRequests: Bool
     private(set) var metrics: ServiceMetrics!
@@ -63,12 +67,48 @@ public final class TaskloopApplication {
         self.loop = loop
         self.configuration = configuration
         self.logger = logger
-        authToken = configuration.authToken.map { Array($0.utf8) }
+        access = AccessPolicy(tokens: [], allowedHosts: configuration.allowedHosts.map { $0.lowercased() },
+                              allowedOrigins: configuration.allowedOrigins.map { $0.lowercased() })
         logsRequests = logger.logLevel <= .debug
+    }
+
+    /// The tokens of `--auth-token` and `--auth-token-file`; throws naming what is wrong.
+    static func tokens(flag: String?, file: String?) throws(AccessError) -> [AccessToken] {
+        var tokens: [AccessToken] = []
+        if let flag {
+            do { tokens.append(try AccessToken(flag)) } catch { throw AccessError("--auth-token: \(error.reason)") }
+        }
+        if let file { tokens += try AccessToken.readFile(file) }
+        return tokens
+    }
+
+    /// Reads the token file again (SIGHUP), off the loop, and uses its tokens from the next
+    /// request on; a file that cannot be read or parsed leaves the tokens as they were.
+    /// `completion` runs on the loop with nil, or why nothing changed.
+    public func reloadTokens(completion: @escaping (String?) -> Void = { _ in }) {
+        guard let file = configuration.authTokenFile else { return completion("no --auth-token-file to re-read") }
+        let flag = configuration.authToken
+        let bound = LoopBound((application: self, completion: completion), loop: loop)
+        DispatchQueue.global().async {
+            let result = Result { () throws(AccessError) in try TaskloopApplication.tokens(flag: flag, file: file) }
+            _ = bound.loop.execute {
+                let (application, completion) = bound.value
+                switch result {
+                case .success(let tokens):
+                    application.access.tokens = tokens
+                    application.logger.notice("auth tokens re-read", metadata: ["tokens": "\(tokens.count)"])
+                    completion(nil)
+                case .failure(let error):
+                    application.logger.error("auth tokens not re-read; the previous ones stay", metadata: ["reason": "\(error.reason)"])
+                    completion(error.reason)
+                }
+            }
+        }
     }
 
     /// Builds the engine on the loop's clock and binds; returns the bound address.
     public func start() throws -> SocketAddress {
+        access.tokens = try Self.tokens(flag: configuration.authToken, file: configuration.authTokenFile)
         let scheduler = try LoopScheduler(loop: loop)
         self.scheduler = scheduler
         let httpClient: HTTPClient
@@ -167,7 +207,10 @@ public final class TaskloopApplication {
             shared.onTurnCommitted = { [unowned self] seconds in metrics.turnCommitted(seconds: seconds) }
         }
         router = makeRouter(routes)
-        let server = HTTPServer(loop: loop, configuration: configuration.http) { [unowned self] request, responder in
+        routeTable = routes
+        let server = HTTPServer(loop: loop, configuration: configuration.http, admission: { [unowned self] request in
+            admit(&request)
+        }) { [unowned self] request, responder in
             handle(request, responder)
         }
         do {
@@ -346,7 +389,7 @@ public final class TaskloopApplication {
 
     private func finishStopping() {
         guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0,
-              durable == nil || (shared != nil ? engine.runningLocallyCount : engine.runningHereCount) == 0,
+              durable == nil || engine.runningHereCount == 0,
               let completion = stopCompletion else { return }
         stopCompletion = nil
         if let shared {
@@ -384,30 +427,49 @@ public final class TaskloopApplication {
 
     // MARK: requests
 
+    /// Decides on a request's head, before its body is read: routes it (the handler then uses
+    /// that route) and asks the access policy. A refusal closes the connection unread.
+    private func admit(_ request: inout HTTPRequest) -> HTTPAdmission {
+        if !request.method.isGeneralPurpose {
+            return refuse(request, nil, Router<Route>.notImplemented(request.method).response())
+        }
+        var found: Route?
+        if case .found(let route, let parameters, _) = router.match(request.method, rawPath: request.rawPath) {
+            found = route
+            request.parameters = parameters
+            request.matchedRoute = route.index
+        }
+        if let problem = access.refusal(of: request, route: found) {
+            return refuse(request, found, problem.response())
+        }
+        return access.corsFields(for: request).map { .admitAnswering(with: $0) } ?? .admit
+    }
+
+    private func refuse(_ request: HTTPRequest, _ route: Route?, _ response: HTTPResponse) -> HTTPAdmission {
+        metrics.requestAnswered(route: route, method: request.method, status: response.status, seconds: 0)
+        if logsRequests {
+            logger.debug("\(request.method) \(request.path) \(response.status.code) (refused on its head)", metadata: [
+                "route": "\(route?.pattern ?? ServiceMetrics.unmatchedRoute)", "status": "\(response.status.code)",
+            ])
+        }
+        return .refuse(response)
+    }
+
     /// Consumes the request: setting its parameters then needs no copy of it.
     private func handle(_ request: consuming HTTPRequest, _ responder: HTTPResponder) {
-        let match = router.match(request.method, rawPath: request.rawPath)
-        var found: Route?
-        if case .found(let route, _, _) = match { found = route }
+        let found = request.matchedRoute >= 0 ? routeTable[request.matchedRoute] : nil
         let reply = Reply(responder: responder, method: request.method, path: logsRequests ? request.path : "", route: found,
                           started: Self.monotonicNanoseconds(), application: self)
-        if !request.method.isGeneralPurpose {
-            return reply.send(Router<Route>.notImplemented(request.method).response())
+        if request.method == .OPTIONS && access.isPreflight(request) {
+            return reply.send(AccessPolicy.preflightAnswer())
         }
         if sqlite?.isFailing == true && request.method != .GET && request.method != .HEAD {
             return reply.send(Self.storageUnavailable.response())
         }
-        if let authToken, found?.isPublic != true {
-            guard let given = request.headers["Authorization"].flatMap(Self.bearerCredentials),
-                  Self.constantTimeEqual(given, authToken) else {
-                return reply.send(APIProblem(.unauthorized, detail: "This server requires a bearer token.",
-                                              headers: ["WWW-Authenticate": "Bearer"]).response())
-            }
-        }
-        guard case .found(let route, let parameters, _) = match else {
+        guard let route = found else {
+            let match = router.match(request.method, rawPath: request.rawPath)
             return reply.send(Router<Route>.problem(for: match, request)!.response())
         }
-        request.parameters = parameters
         if let shared, route.usesState, !shared.isOpen {
             guard !shared.isFailing else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
             let refuse = { reply.send(Self.sharedDatabaseUnavailable.response()) }
@@ -486,26 +548,6 @@ public final class TaskloopApplication {
         var now = timespec()
         clock_gettime(CLOCK_MONOTONIC, &now)
         return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
-    }
-
-    /// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
-    /// (RFC 9110 section 11.1), and one or more spaces may follow it.
-    static func bearerCredentials(_ value: String) -> [UInt8]? {
-        let bytes = Array(value.utf8)
-        guard bytes.count > 7, Array(bytes[..<6]).equalsIgnoringASCIICase("bearer"), bytes[6] == UInt8(ascii: " ") else {
-            return nil
-        }
-        let token = bytes[7...].drop { $0 == UInt8(ascii: " ") }
-        return token.isEmpty ? nil : Array(token)
-    }
-
-    /// Compares without an early exit, so the time taken says nothing about the token.
-    static func constantTimeEqual(_ given: [UInt8], _ expected: [UInt8]) -> Bool {
-        var difference = UInt8(given.count == expected.count ? 0 : 1)
-        for index in expected.indices {
-            difference |= expected[index] ^ (index < given.count ? given[index] : 0)
-        }
-        return difference == 0
     }
 }
 

@@ -5,11 +5,12 @@ import TaskloopLoop
 /// The process's life on its loop, as the server and the worker both live it: run until
 /// SIGTERM or SIGINT, then the ordered stop (`stop`, which calls `finished` once everything is
 /// closed, and the loop then ends). Whatever the stop does, the process never outlives the
-/// grace by more than a second: a watchdog thread ends it at grace + 0.95 s.
+/// grace by more than a second: a watchdog thread ends it at grace + 0.95 s. With `reload`,
+/// SIGHUP calls it (until the stop begins).
 ///
 /// Threading: called on the main thread, which runs the loop; the signal handlers run on it.
 func runUntilSignalled(_ loop: EventLoop, program: String, grace: Double, stopping: String, started: String,
-                       stop: @escaping (_ finished: @escaping () -> Void) -> Void) throws {
+                       reload: (() -> Void)? = nil, stop: @escaping (_ finished: @escaping () -> Void) -> Void) throws {
     var watchers: [SignalWatcher] = []
     let beginStop = {
         guard !watchers.isEmpty else { return }
@@ -25,6 +26,7 @@ func runUntilSignalled(_ loop: EventLoop, program: String, grace: Double, stoppi
         stop { loop.finish() }
     }
     watchers = try [SIGTERM, SIGINT].map { try SignalWatcher(loop: loop, signal: $0, beginStop) }
+    if let reload { watchers.append(try SignalWatcher(loop: loop, signal: SIGHUP, reload)) }
     print(started)
     fflush(nil)
     try loop.run()

@@ -43,12 +43,34 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Seconds to finish in-flight work on SIGTERM/SIGINT. [env: TASKLOOP_SHUTDOWN_GRACE_SECONDS]")
     var shutdownGraceSeconds: Double = Environment.double("SHUTDOWN_GRACE_SECONDS") ?? 10
 
-    @Option(help: "Require `Authorization: Bearer <token>` on every endpoint but /healthz. [env: TASKLOOP_AUTH_TOKEN]")
+    @Option(help: "An admin token, at least 16 characters: every endpoint but /healthz and /ui then requires `Authorization: Bearer <token>`. Visible to `ps`: prefer --auth-token-file. [env: TASKLOOP_AUTH_TOKEN]")
     var authToken: String?
 
     /// The flag, else the environment; empty means none.
     var effectiveAuthToken: String? {
         (authToken ?? Environment.string("AUTH_TOKEN")).flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    @Option(help: ArgumentHelp(
+        "A file of tokens, one per line, each optionally followed by its role: admin (the default), read or worker; re-read on SIGHUP. [env: TASKLOOP_AUTH_TOKEN_FILE]",
+        valueName: "path"))
+    var authTokenFile: String? = Environment.string("AUTH_TOKEN_FILE").flatMap { $0.isEmpty ? nil : $0 }
+
+    @Flag(help: "Listen on a non-loopback address without any token (anyone who reaches the port may run tasks). [env: TASKLOOP_INSECURE_NO_AUTH]")
+    var insecureNoAuth: Bool = Environment.bool("INSECURE_NO_AUTH") ?? false
+
+    @Option(help: ArgumentHelp(
+        "Comma-separated Host names answered besides localhost, 127.0.0.1 and [::1] (name, name:port or *.domain); without a token no other is. [env: TASKLOOP_ALLOWED_HOSTS]",
+        valueName: "hosts"))
+    var allowedHosts: String = Environment.string("ALLOWED_HOSTS") ?? ""
+
+    @Option(help: ArgumentHelp(
+        "Comma-separated web origins (https://app.example.com) whose pages may call the API: CORS for exactly these. [env: TASKLOOP_ALLOWED_ORIGINS]",
+        valueName: "origins"))
+    var allowedOrigins: String = Environment.string("ALLOWED_ORIGINS") ?? ""
+
+    static func list(_ text: String) -> [String] {
+        text.split(separator: ",").map { String($0.filter { $0 != " " }) }.filter { !$0.isEmpty }
     }
 
     @Flag(inversion: .prefixedNo,
@@ -60,9 +82,12 @@ struct Taskloop: ParsableCommand {
         valueName: "patterns"))
     var httpAllowHosts: String = Environment.string("HTTP_ALLOW_HOSTS") ?? ""
 
-    @Flag(inversion: .prefixedNo,
-          help: "Refuse `http` connections to loopback, private, link-local (cloud metadata) and other internal addresses, checked after DNS resolution. [env: TASKLOOP_HTTP_DENY_PRIVATE]")
-    var httpDenyPrivate: Bool = Environment.bool("HTTP_DENY_PRIVATE") ?? false
+    @Flag(name: .customLong("http-deny-private"), inversion: .prefixedNo,
+          help: "Refuse `http` tasks' and webhooks' connections to loopback, private and other internal addresses, checked after DNS resolution; default: on when --host is not a loopback address. [env: TASKLOOP_HTTP_DENY_PRIVATE]")
+    var httpDenyPrivateFlag: Bool?
+
+    /// The flag, else the environment; nil when neither says.
+    var httpDenyPrivate: Bool? { httpDenyPrivateFlag ?? Environment.bool("HTTP_DENY_PRIVATE") }
 
     @Option(help: "Most connections `http` tasks open to one host; further requests to it wait for a free one. [env: TASKLOOP_HTTP_MAX_HOST_CONNECTIONS]")
     var httpMaxHostConnections: Int = Environment.int("HTTP_MAX_HOST_CONNECTIONS") ?? 64
@@ -203,8 +228,14 @@ struct Taskloop: ParsableCommand {
         guard (1...100_000).contains(webhookDeliveryLog) else { throw ValidationError("--webhook-delivery-log must be 1...100000") }
         guard (0...10_000).contains(maxWebhooks) else { throw ValidationError("--max-webhooks must be 0...10000") }
         guard (4_096...1 << 30).contains(logBufferBytes) else { throw ValidationError("--log-buffer-bytes must be 4096...1073741824") }
-        if let authToken = effectiveAuthToken, authToken.utf8.contains(where: { $0 < 0x21 || $0 > 0x7E }) {
-            throw ValidationError("--auth-token must be printable ASCII without spaces")
+        if let authToken = effectiveAuthToken {
+            do { _ = try AccessToken(authToken) } catch { throw ValidationError("--auth-token: \(error.reason)") }
+        }
+        if let authTokenFile {
+            do { _ = try AccessToken.readFile(authTokenFile) } catch { throw ValidationError("--auth-token-file: \(error.reason)") }
+        }
+        for origin in Self.list(allowedOrigins) where !(origin.hasPrefix("http://") || origin.hasPrefix("https://")) || origin.hasSuffix("/") {
+            throw ValidationError("--allowed-origins: \(origin) is not an origin (scheme://host[:port], no path)")
         }
         for (name, value) in [("--header-timeout-seconds", headerTimeoutSeconds),
                               ("--body-timeout-seconds", bodyTimeoutSeconds),
@@ -218,6 +249,16 @@ struct Taskloop: ParsableCommand {
         if healthCheck {
             throw ExitCode(HealthProbe.check(host: host, port: port) ? 0 : 1)
         }
+        let listensBeyondThisMachine: Bool
+        do {
+            listensBeyondThisMachine = try !SocketAddress.resolve(host: host, port: port).isLoopback
+        } catch {
+            throw ValidationError("--host: \(error)")
+        }
+        if listensBeyondThisMachine && effectiveAuthToken == nil && authTokenFile == nil && !insecureNoAuth {
+            throw ValidationError("--host \(host) is not a loopback address, and without a token anyone who reaches it may run tasks: "
+                + "give --auth-token-file (a file of tokens; or --auth-token), or --insecure-no-auth to listen open on purpose")
+        }
         var configuration = ServiceConfiguration()
         configuration.http.host = host
         configuration.http.port = port
@@ -229,10 +270,15 @@ struct Taskloop: ParsableCommand {
         configuration.http.maxConnections = maxConnections
         configuration.shutdownGraceMilliseconds = UInt64(shutdownGraceSeconds * 1000)
         configuration.authToken = effectiveAuthToken
+        configuration.authTokenFile = authTokenFile
+        configuration.allowedHosts = Self.list(allowedHosts)
+        configuration.allowedOrigins = Self.list(allowedOrigins)
         configuration.allowExec = allowExec
         configuration.adoptsOrphans = allowExec
         configuration.httpMaxHostConnections = httpMaxHostConnections
-        configuration.httpPolicy = HostPolicy(allowedHosts: allowedHostPatterns.compactMap(\.1), denyPrivateAddresses: httpDenyPrivate)
+        // A server others can reach must not be their way into this machine's network.
+        configuration.httpPolicy = HostPolicy(allowedHosts: allowedHostPatterns.compactMap(\.1),
+                                              denyPrivateAddresses: httpDenyPrivate ?? listensBeyondThisMachine)
         configuration.engine.defaultConcurrency = defaultConcurrency
         configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks
         configuration.engine.maxQueues = maxQueues
@@ -263,6 +309,12 @@ struct Taskloop: ParsableCommand {
         LoggingSystem.bootstrap { label in format.makeHandler(label: label, level: level, sink: logSink) }
         configuration.logSink = logSink
         let logger = Logger(label: "taskloop")
+        if listensBeyondThisMachine && insecureNoAuth && effectiveAuthToken == nil && authTokenFile == nil {
+            logger.warning("listening on \(host) without a token (--insecure-no-auth): anyone who reaches it may run and cancel tasks")
+        }
+        if listensBeyondThisMachine && httpDenyPrivate == false {
+            logger.warning("--no-http-deny-private on a non-loopback address: http tasks may reach this machine's private network")
+        }
 
         let loop = try EventLoop()
         let application = TaskloopApplication(loop: loop, configuration: configuration, logger: logger)
@@ -274,7 +326,10 @@ struct Taskloop: ParsableCommand {
         }
         // The story ends within the grace and half a second (`TaskloopApplication`).
         try runUntilSignalled(loop, program: "taskloop", grace: shutdownGraceSeconds, stopping: "finishing in-flight requests",
-                              started: "taskloop listening on http://\(address)") { finished in application.stop(completion: finished) }
+                              started: "taskloop listening on http://\(address)",
+                              reload: authTokenFile == nil ? nil : { application.reloadTokens() }) { finished in
+            application.stop(completion: finished)
+        }
         logSink.flush()
         print("taskloop stopped")
     }

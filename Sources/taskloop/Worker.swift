@@ -101,7 +101,7 @@ struct Worker: ParsableCommand {
         configuration.progressIntervalMilliseconds = UInt64(progressIntervalMs)
         configuration.maxAnswerBytes = connection.maxAnswerBytes
         configuration.httpPolicy = HostPolicy(allowedHosts: common.allowedHostPatterns.compactMap(\.1),
-                                              denyPrivateAddresses: common.httpDenyPrivate)
+                                              denyPrivateAddresses: common.httpDenyPrivate ?? false)
         configuration.httpMaxHostConnections = common.httpMaxHostConnections
 
         let level = Logger.Level(rawValue: common.logLevel)!

@@ -575,7 +575,7 @@ def test_a_10000_task_table_scrolls_to_the_end_with_few_rows_in_the_dom(page, ap
 # Access
 
 
-@pytest.mark.server(token="secret")
+@pytest.mark.server(token="secret-token-0123456789")
 @pytest.mark.console_allows(401)
 def test_token_dialog_asks_once_per_tab(page, api):
     submit(api, "noop", name="guarded")
@@ -589,7 +589,7 @@ def test_token_dialog_asks_once_per_tab(page, api):
     wait_until(lambda: dialog.get_attribute("open") is not None and "refused" in page.find("#token-reason").text,
                message="the dialog to reopen saying the token was refused")
 
-    page.find("#token-input").send_keys("secret")
+    page.find("#token-input").send_keys("secret-token-0123456789")
     dialog.find_element(By.XPATH, ".//button[normalize-space()='Use token']").click()
     wait_until(lambda: dialog.get_attribute("open") is None, message="the dialog to close")
     page.wait_find("tr.task", message="the table with the task")

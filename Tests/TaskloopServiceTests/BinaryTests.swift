@@ -107,7 +107,7 @@ import TaskloopTestSupport
         let line = try binary.waitForLine(containing: "listening on http://127.0.0.1:")
         let port = try #require(Self.port(from: line))
         let client = try RawClient(port: port)
-        try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        try client.send("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         let response = try client.readResponse()
         #expect(response.status == 200)
         #expect(response.json["status"] as? String == "ok")
@@ -121,7 +121,7 @@ import TaskloopTestSupport
         let line = try binary.waitForLine(containing: "listening on http://[::1]:")
         let port = try #require(Self.port(from: line))
         let client = try RawClient(port: port, host: "::1")
-        try client.send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        try client.send("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         #expect(try client.readResponse().status == 200)
         #expect(try binary.stop() == 0)
     }
@@ -167,7 +167,7 @@ import TaskloopTestSupport
         let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
         let client = try RawClient(port: port)
         let body = #"{"kind":"noop"}"#
-        try client.send("POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+        try client.send("POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
         #expect(try client.readResponse().status == 201)
         let request = try binary.waitForLine(containing: "POST /tasks 201")
         let object = try JSONSerialization.jsonObject(with: Data(request.utf8)) as? [String: Any]
@@ -186,9 +186,9 @@ import TaskloopTestSupport
         let client = try RawClient(port: port)
         let tasks = (0..<1_000).map { #"{"key":"t\#($0)","kind":"sleep","params":{"duration_ms":600000}}"# }
         let body = #"{"tasks":["# + tasks.joined(separator: ",") + "]}"
-        try client.send("POST /workflows HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+        try client.send("POST /workflows HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
         #expect(try client.readResponse(timeout: 60).status == 201)
-        let pages = String(repeating: "GET /tasks?limit=1000 HTTP/1.1\r\nHost: x\r\n\r\n", count: 8)
+        let pages = String(repeating: "GET /tasks?limit=1000 HTTP/1.1\r\nHost: localhost\r\n\r\n", count: 8)
         // Fifty at once, on threads of their own (concurrentPerform would run two at a time here).
         let finished = DispatchGroup()
         for worker in 0..<50 {
@@ -208,7 +208,7 @@ import TaskloopTestSupport
         // The resets leave the loop a backlog of 700 KB pages to write and discard, which an
         // instrumented build (ThreadSanitizer) takes many seconds over: what shows the server
         // alive is that it answers behind them, not how soon.
-        try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        try client.send("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         #expect(try client.readResponse(timeout: 120).status == 200)
         #expect(binary.process.isRunning)
         #expect(try binary.stop() == 0)

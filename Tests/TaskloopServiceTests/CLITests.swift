@@ -141,7 +141,7 @@ import TaskloopTestSupport
     }
 
     @Test func theTokenComesFromTheFlagOrTheEnvironment() throws {
-        let token = "t\(UUID().uuidString.prefix(8))"
+        let token = "t\(UUID().uuidString)"
         let service = try ServiceHarness { $0.authToken = token }
         let server = "http://127.0.0.1:\(service.port)"
         let refused = try CLITests.taskloop(["submit", "--kind", "noop", "--server", server])

@@ -59,14 +59,14 @@ import TaskloopTestSupport
     }
 
     @Test func thePageNeedsNoTokenButTheAPIStillDoes() throws {
-        let service = try ServiceHarness { $0.authToken = "s3cret" }
+        let service = try ServiceHarness { $0.authToken = "s3cret-0123456789" }
         defer { try? service.stop() }
         let client = try service.client()
         #expect(try client.call("GET", "/ui").status == 200)
         #expect(try client.call("GET", "/ui/api.js").status == 200)
         let refused = try client.call("GET", "/tasks")
         #expect(refused.status == 401 && refused.header("WWW-Authenticate") == "Bearer")
-        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Bearer s3cret"]).status == 200)
+        #expect(try client.call("GET", "/tasks", headers: ["Authorization": "Bearer s3cret-0123456789"]).status == 200)
     }
 
     @Test func tasksFilterByKindNameAndDependency() throws {

@@ -193,7 +193,7 @@ import TaskloopTestSupport
         let client = try service.client()
         let stalled = try RawClient(port: service.port)
         stalled.setReceiveBuffer(4_096)
-        try stalled.send("GET /events HTTP/1.1\r\nHost: t\r\n\r\n")
+        try stalled.send("GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
         let reading = try Stream(port: service.port, "/events")
         _ = reading.head
         try pollUntil("both streams to be open") { try client.call("GET", "/metrics").text.contains("taskloop_event_streams 2") }

@@ -113,7 +113,7 @@ import TaskloopTestSupport
         try Self.workersQueue(client, "gpu")
         let raw = try RawClient(port: service.port)
         let body = #"{"worker":"w","wait_s":30}"#
-        try raw.send("POST /queues/gpu/lease HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+        try raw.send("POST /queues/gpu/lease HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
         try pollUntil("the call to wait") { (try client.call("GET", "/queues/gpu").json["waiting_workers"] as? Int) == 1 }
         raw.shutdownWrite()
         let answer = try raw.readResponse(timeout: 2)

@@ -82,7 +82,7 @@ import TaskloopTestSupport
     /// The workers section, against a server with a token of its own, the built `taskloop` first
     /// on the PATH; it prints what the README says it prints.
     @Test func readmeWorkersSectionRunsAsDocumented() throws {
-        let token = "t\(UUID().uuidString.prefix(8))"
+        let token = "t\(UUID().uuidString)"
         let service = try ServiceHarness { $0.authToken = token }
         let binaries = BinaryTests.executable.deletingLastPathComponent().path
         // The test runner's own TASKLOOP_* settings are not the workers' flags.

@@ -116,35 +116,40 @@ final class ServiceHarness: @unchecked Sendable {
 }
 
 /// A keep-alive JSON client over a raw socket; one thread at a time. Given several replicas'
-/// ports, it keeps a connection to each and sends each call to the next.
+/// ports, it keeps a connection to each and sends each call to the next. An answer that closes
+/// its connection (a refusal on the request's head, say) is followed by a new one.
 final class APIClient: @unchecked Sendable {
-    private let connections: [RawClient]
+    private let ports: [Int]
+    /// Nil where the last answer closed its connection: the next call there opens a new one.
+    private var connections: [RawClient?]
     private var next = 0
 
-    init(port: Int) throws {
-        connections = [try RawClient(port: port)]
+    convenience init(port: Int) throws {
+        try self.init(ports: [port])
     }
 
     init(ports: [Int]) throws {
+        self.ports = ports
         connections = try ports.map { try RawClient(port: $0) }
-    }
-
-    private var connection: RawClient {
-        defer { next = (next + 1) % connections.count }
-        return connections[next]
     }
 
     @discardableResult
     func call(_ method: String, _ path: String, json: String? = nil, contentType: String = "application/json",
               headers extra: [String: String] = [:], timeout: Double = 5) throws -> RawResponse {
-        let connection = self.connection
-        var request = "\(method) \(path) HTTP/1.1\r\nHost: test\r\n"
+        let index = next
+        next = (next + 1) % connections.count
+        var request = "\(method) \(path) HTTP/1.1\r\n"
+        if extra.keys.contains(where: { $0.lowercased() == "host" }) == false { request += "Host: localhost:\(ports[index])\r\n" }
         for (name, value) in extra { request += "\(name): \(value)\r\n" }
         let body = Array((json ?? "").utf8)
         if json != nil { request += "Content-Type: \(contentType)\r\nContent-Length: \(body.count)\r\n" }
         request += "\r\n"
+        let connection = try connections[index] ?? RawClient(port: ports[index])
+        connections[index] = connection
         try connection.send(Array(request.utf8) + body)
-        return try connection.readResponse(timeout: timeout, head: method == "HEAD")
+        let response = try connection.readResponse(timeout: timeout, head: method == "HEAD")
+        if response.header("Connection")?.lowercased() == "close" { connections[index] = nil }
+        return response
     }
 
     /// Submits and returns the task object.

@@ -380,13 +380,13 @@ import TaskloopTestSupport
     /// may be put right) until it is stopped.
     @Test func aRefusedTokenIsLoggedOnceAndRetried() throws {
         // The queue need not exist: the token is checked first.
-        let service = try ServiceHarness { $0.authToken = "right" }
-        let worker = try Self.worker(port: service.port, ["--max-backoff-seconds", "0.2"], environment: ["TASKLOOP_AUTH_TOKEN": "wrong"])
+        let service = try ServiceHarness { $0.authToken = "right-token-0123456789" }
+        let worker = try Self.worker(port: service.port, ["--max-backoff-seconds", "0.2"], environment: ["TASKLOOP_AUTH_TOKEN": "wrong-token-0123456789"])
         _ = try worker.waitForLine(containing: "refused the bearer token (401)")
         // Retries go on: the server counts more refused lease calls.
         let metricsClient = try service.client()
         func refusals() throws -> Double {
-            let text = try metricsClient.call("GET", "/metrics", headers: ["Authorization": "Bearer right"]).text
+            let text = try metricsClient.call("GET", "/metrics", headers: ["Authorization": "Bearer right-token-0123456789"]).text
             return text.split(separator: "\n").filter {
                 $0.hasPrefix("taskloop_http_requests_total") && $0.contains(#"route="/queues/{name}/lease""#) && $0.contains(#"status="401""#)
             }.compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)

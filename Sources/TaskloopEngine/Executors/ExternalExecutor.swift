@@ -34,6 +34,8 @@ public final class ExternalExecutor: TaskExecutor {
         _ = try Self.heartbeatTimeout(params)
     }
 
+    public var runsOutsideTheProcess: Bool { true }
+
     public func start(_ run: TaskRun) {
         // Nothing runs here; the worker's cancellation is delivered as a 409 on its next report.
         run.onCancel = { [weak self, weak run] in
