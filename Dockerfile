@@ -24,6 +24,8 @@ RUN apt-get update \
     && install -d -o taskloop -g taskloop -m 0750 /var/lib/taskloop
 COPY --from=build /out/taskloop /usr/local/bin/taskloop
 USER taskloop:taskloop
+# Listening beyond loopback, the server refuses to start without a token: mount a token file as
+# a secret and set TASKLOOP_AUTH_TOKEN_FILE (or TASKLOOP_AUTH_TOKEN) when running the image.
 ENV TASKLOOP_HOST=0.0.0.0 \
     TASKLOOP_PORT=8080 \
     TASKLOOP_DATA_DIR=/var/lib/taskloop

@@ -3,8 +3,10 @@
 #  1. hadolint passes on the Dockerfile;
 #  2. the runtime stage builds with podman (runc) on a local debian:bookworm-slim made with
 #     debootstrap (no registry), around the release binary built here (the builder stage's job);
-#  3. the image starts as its non-root user, answers /healthz on the published port, passes
-#     its own HEALTHCHECK command, and stops cleanly on SIGTERM;
+#  3. the image refuses to start without a token (it listens on 0.0.0.0); with a token file
+#     mounted as a secret it starts as its non-root user, answers /healthz on the published
+#     port, passes its own HEALTHCHECK command, refuses calls without the token, refuses an
+#     `http` task into its own network (not an open proxy), and stops cleanly on SIGTERM;
 #  4. every shared library the binary needs resolves inside the image.
 # Without root (or sudo) to install podman, runc and debootstrap, steps 2-4 are skipped with a
 # message rather than failed. CONTAINER_CHECK=skip skips them too.
@@ -65,10 +67,24 @@ CLOSURE=$("${PODMAN[@]}" run --rm --ulimit nofile=4096:4096 --ulimit nproc=4096:
 printf '%s\n' "$CLOSURE" | sed 's/^/   /'
 if grep -q "not found" <<<"$CLOSURE"; then echo "FAIL: missing shared libraries in the image"; exit 1; fi
 
+say "no open door: without a token the image refuses to start"
+set +e
+REFUSAL=$("${PODMAN[@]}" run --rm --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 "$IMAGE" 2>&1)
+STATUS=$?
+set -e
+[ "$STATUS" = 64 ] && grep -q -- --auth-token-file <<<"$REFUSAL" \
+    || { printf '%s\n' "$REFUSAL"; echo "FAIL: without a token the image started or said something else (exit $STATUS)"; exit 1; }
+
+TOKEN=$(openssl rand -hex 24)
+SECRETS=$(mktemp -d)
+printf '%s admin\n' "$TOKEN" >"$SECRETS/tokens"
+chmod 0644 "$SECRETS/tokens"
+AUTH=(-H "Authorization: Bearer $TOKEN")
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-say "run: 127.0.0.1:$PORT -> 8080"
-CID=$("${PODMAN[@]}" run -d --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 -p "127.0.0.1:$PORT:8080" "$IMAGE")
-trap '"${PODMAN[@]}" rm -f -t 0 "$CID" >/dev/null 2>&1 || true' EXIT
+say "run: 127.0.0.1:$PORT -> 8080, the token file mounted as a secret"
+CID=$("${PODMAN[@]}" run -d --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 -p "127.0.0.1:$PORT:8080" \
+    -v "$SECRETS/tokens:/run/secrets/taskloop-tokens:ro" -e TASKLOOP_AUTH_TOKEN_FILE=/run/secrets/taskloop-tokens "$IMAGE")
+trap '"${PODMAN[@]}" rm -f -t 0 "$CID" >/dev/null 2>&1 || true; rm -rf "$SECRETS"' EXIT
 for _ in $(seq 1 100); do
     curl -fsS -m 2 "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
     sleep 0.1
@@ -80,12 +96,17 @@ UID_INSIDE=$("${PODMAN[@]}" exec "$CID" sh -c 'id -u')
 "${PODMAN[@]}" image inspect --format '{{.Config.Healthcheck.Test}}' "$IMAGE" | grep -q -- --health-check \
     || { echo "FAIL: the image has no HEALTHCHECK"; exit 1; }
 "${PODMAN[@]}" healthcheck run "$CID" || { echo "FAIL: the image's HEALTHCHECK fails"; exit 1; }
-say "an http task inside the container (libcurl in the image) and the CA bundle for HTTPS"
+say "without the token: 401 for everything but /healthz"
+UNAUTHORIZED=$(curl -sS -m 5 -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d '{"kind":"noop"}' \
+    "http://127.0.0.1:$PORT/tasks")
+[ "$UNAUTHORIZED" = 401 ] || { echo "FAIL: a submission without the token answered $UNAUTHORIZED"; exit 1; }
+say "an http task inside the container (libcurl in the image): its own network is refused, and the CA bundle for HTTPS"
 "${PODMAN[@]}" exec "$CID" test -s /etc/ssl/certs/ca-certificates.crt || { echo "FAIL: no CA certificates in the image"; exit 1; }
-TASK=$(curl -fsS -m 5 -H 'Content-Type: application/json' \
+TASK=$(curl -fsS -m 5 "${AUTH[@]}" -H 'Content-Type: application/json' \
     -d '{"kind":"http","params":{"url":"http://127.0.0.1:8080/healthz"}}' "http://127.0.0.1:$PORT/tasks" | jq -r .id)
-STATE=$(curl -fsS -m 10 "http://127.0.0.1:$PORT/tasks/$TASK?wait=5" | jq -r '.state + " " + (.result.status|tostring)')
-[ "$STATE" = "succeeded 200" ] || { echo "FAIL: the http task ended '$STATE'"; exit 1; }
+STATE=$(curl -fsS -m 10 "${AUTH[@]}" "http://127.0.0.1:$PORT/tasks/$TASK?wait=5" | jq -r '.state + " " + .error.code')
+[ "$STATE" = "failed address_refused" ] || { echo "FAIL: the http task into the container's own network ended '$STATE'"; exit 1; }
+"${PODMAN[@]}" logs "$CID" 2>&1 | grep -q "$TOKEN" && { echo "FAIL: the token appears in the log"; exit 1; }
 say "stop (SIGTERM)"
 "${PODMAN[@]}" stop -t 15 "$CID" >/dev/null
 STATUS=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$CID")

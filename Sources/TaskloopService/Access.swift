@@ -145,6 +145,13 @@ struct AccessPolicy {
         return nil
     }
 
+    /// What the caller of an admitted request may do: its token's role, or everything when
+    /// no token is asked for.
+    func role(of request: HTTPRequest) -> AccessRole {
+        guard requiresToken else { return .admin }
+        return request.headers["Authorization"].flatMap(Self.bearerCredentials).flatMap(token(matching:))?.role ?? .read
+    }
+
     /// The fields every answer to an allowed origin carries, so its page may read them.
     func corsFields(for request: HTTPRequest) -> HTTPHeaders? {
         guard !allowedOrigins.isEmpty, let origin = request.headers["Origin"],

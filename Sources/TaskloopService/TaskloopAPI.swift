@@ -58,6 +58,10 @@ extension TaskloopApplication {
                     reply.send(.json(.ok, Array(#"{"status":"ok"}"#.utf8)))
                 }
             },
+            Route(.GET, "/whoami", [200], usesState: false) { [unowned self] request, reply in
+                let role = access.role(of: request)
+                reply.send(.json(.ok, Array(#"{"role":"\#(role.rawValue)","token_required":\#(access.requiresToken)}"#.utf8)))
+            },
             Route(.GET, "/openapi.yaml", [200], usesState: false) { _, reply in
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "application/yaml"], body: PackageResources.openapi_yaml))
             },

@@ -50,7 +50,7 @@ public final class TaskloopApplication {
     private var serverClosed = false
     private var stopCompletion: (() -> Void)?
     /// Tokens, hosts and origins; decided on each request's head (`admit`).
-    private var access: AccessPolicy
+    private(set) var access: AccessPolicy
     /// The routes by their index, for requests the admission check already routed.
     private(set) var routeTable: [Route] = []
     /// Each request is logged at debug; known once, at start.
@@ -379,12 +379,19 @@ public final class TaskloopApplication {
         eventLog.absorb(loaded.events)
     }
 
-    /// A database URL without its password, for logs and errors.
-    static func redacted(_ url: String) -> String {
-        guard let at = url.firstIndex(of: "@"), let scheme = url.firstRange(of: "://"), scheme.upperBound < at else { return url }
-        let credentials = url[scheme.upperBound..<at]
-        guard let colon = credentials.firstIndex(of: ":") else { return url }
-        return String(url[..<colon]) + ":***" + String(url[at...])
+    /// A database connection string without its password, for logs and errors, in each form
+    /// libpq reads: `postgres://user:pw@host`, `...?password=pw` and `host=h password='p w'`.
+    static func redacted(_ connection: String) -> String {
+        var text = connection
+        if let scheme = text.firstRange(of: "://") {
+            let authorityEnd = text[scheme.upperBound...].firstIndex { $0 == "/" || $0 == "?" } ?? text.endIndex
+            if let at = text[scheme.upperBound..<authorityEnd].lastIndex(of: "@"),
+               let colon = text[scheme.upperBound..<at].firstIndex(of: ":") {
+                text = String(text[..<colon]) + ":***" + String(text[at...])
+            }
+        }
+        let password = #/(?i)(^|[\s?&])password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)/#
+        return text.replacing(password) { match in "\(match.1)password=***" }
     }
 
     private func finishStopping() {

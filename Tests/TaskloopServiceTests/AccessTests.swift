@@ -44,6 +44,12 @@ import TaskloopTestSupport
         #expect(try client.call("PATCH", "/queues/default", json: #"{"paused":true}"#, headers: Self.bearer(Self.workerToken)).status == 403)
         #expect(try client.call("GET", "/tasks/\(id)", headers: Self.bearer(Self.workerToken)).json["state"] as? String == "running")
 
+        for (token, role) in [(Self.admin, "admin"), (Self.reader, "read"), (Self.workerToken, "worker")] {
+            let whoami = try client.call("GET", "/whoami", headers: Self.bearer(token)).json
+            #expect(whoami["role"] as? String == role && whoami["token_required"] as? Bool == true)
+        }
+        #expect(try client.call("GET", "/whoami").status == 401)
+
         // Nothing a refused call asked for happened.
         let queue = try client.call("GET", "/queues/default", headers: Self.bearer(Self.admin)).json
         #expect(queue["paused"] as? Bool == false)
@@ -208,5 +214,19 @@ import TaskloopTestSupport
         let text = String(decoding: head, as: UTF8.self)
         #expect(text.hasPrefix("HTTP/1.1 200") && text.contains("Access-Control-Allow-Origin: \(origin)\r\n"))
         try service.stop()
+    }
+
+    @Test func databaseURLsAreLoggedWithoutTheirPassword() {
+        let forms = [
+            ("postgres://app:pw-1@db.example:5432/taskloop", "postgres://app:***@db.example:5432/taskloop"),
+            ("postgresql://app:p%40w@db/t?sslmode=require", "postgresql://app:***@db/t?sslmode=require"),
+            ("postgres://app@db/t?password=pw-2&sslmode=require", "postgres://app@db/t?password=***&sslmode=require"),
+            ("host=db user=app password=pw-3 dbname=t", "host=db user=app password=*** dbname=t"),
+            ("host=db PASSWORD = 'p w \\' 4' dbname=t", "host=db password=*** dbname=t"),
+            ("postgres:///t?host=/run/postgresql", "postgres:///t?host=/run/postgresql"),
+        ]
+        for (url, logged) in forms {
+            #expect(TaskloopApplication.redacted(url) == logged, "\(url)")
+        }
     }
 }
