@@ -88,6 +88,8 @@ final class HTTPConnection {
     private var streamChunked = false
     /// Fields the admission check added to the current request's answer.
     private var answerFields: HTTPHeaders?
+    /// Told once a stream's queued output has gone down to the low-water mark.
+    private var drainObserver: (() -> Void)?
 
     init(context: HTTPConnectionContext, transport: HTTPTransport) {
         self.context = context
@@ -135,11 +137,16 @@ final class HTTPConnection {
     /// Queued output went out; resume work that backpressure held back.
     func transportDrained() {
         guard transport != nil, queuedOutputBytes <= context.outputLowWater else { return }
+        if streaming, let observer = drainObserver {
+            drainObserver = nil
+            observer()
+        }
         continueAfterResponse()
     }
 
     func transportClosed() {
         streaming = false
+        drainObserver = nil
         machine.transportClosed()
         transport = nil
         pendingInput = []
@@ -343,7 +350,16 @@ final class HTTPConnection {
         transport?.closeNow()
     }
 
+    /// Calls `observer` once the stream's unsent bytes are down to the low-water mark (at once
+    /// if they are), for a writer that produces its body at the pace the reader takes it.
+    func onDrained(_ sequence: UInt64, _ observer: @escaping () -> Void) {
+        guard isOpen(sequence), streaming else { return }
+        if queuedOutputBytes <= context.outputLowWater { return observer() }
+        drainObserver = observer
+    }
+
     private func finishResponse(keepAlive: Bool) {
+        drainObserver = nil
         closeObserver = nil
         peerEndObserver = nil
         switch machine.responseFinished(now: context.clock(), keepAlive: keepAlive) {
@@ -415,6 +431,12 @@ public struct HTTPResponder {
     /// Bytes written to the stream that the client has not taken yet: a stream whose reader
     /// falls behind grows this, and its writer decides when that is too much.
     public var unsentBytes: Int { connection.queuedOutputBytes }
+
+    /// Calls `observer` once the client has taken the stream's bytes down to the connection's
+    /// low-water mark, or at once if it has; never if the stream ends first.
+    public func onDrained(_ observer: @escaping () -> Void) {
+        connection.onDrained(sequence, observer)
+    }
 
     /// Ends a started stream; the connection then serves the next request (chunked) or closes.
     public func finish() {

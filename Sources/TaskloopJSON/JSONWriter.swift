@@ -20,6 +20,9 @@ public struct JSONWriter: ~Copyable {
 
     deinit { base.deallocate() }
 
+    /// How many bytes have been written so far.
+    public var byteCount: Int { count }
+
     /// What has been written so far.
     public var bytes: [UInt8] { Array(UnsafeBufferPointer(start: base, count: count)) }
 

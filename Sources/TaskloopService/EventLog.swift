@@ -36,6 +36,10 @@ final class StreamEvent {
     let batch: Int
     private var renderedData: [UInt8]?
     private var rendered: [UInt8]?
+    /// What the history counted of its rendered bytes (`EventLog.account`).
+    var accountedBytes = 0
+    /// The bytes its renderings hold.
+    var renderedBytes: Int { (renderedData?.count ?? 0) + (rendered?.count ?? 0) }
 
     init(seq: UInt64, kind: EventKind, time: Int64, task: TaskRecord? = nil, state: TaskState? = nil,
          workflow: WorkflowRecord? = nil, queue: TaskQueue? = nil, batch: Int) {
@@ -99,7 +103,7 @@ final class StreamEvent {
         Representation.timestamp("time", time, into: &json)
         if let task, let moment {
             json.key(static: "task")
-            Representation.write(task, moment, into: &json)
+            Representation.write(task, moment, into: &json, resultLimit: Representation.eventResultBytes)
         } else if let workflow, let workflowState {
             json.key(static: "workflow")
             Representation.writeSummary(workflow, state: workflowState, fraction: workflowFraction, into: &json)
@@ -145,11 +149,14 @@ struct EventFilter {
 /// store, the numbered events wait until the batch that holds their change has committed
 /// (`committed(through:)`), so no subscriber sees a state a crash could take back. Published
 /// events are kept in a ring of `capacity` for resumes; a subscriber that asks for older ones
-/// first gets `reset`. Progress events of one task are coalesced to one per
+/// first gets `reset`; the ring is also bounded by the bytes its rendered events hold
+/// (`maxBytes`). A resume is written from the ring a chunk at a time, as the reader takes it
+/// (`replay`), never copied whole into its buffer. Progress events of one task are coalesced to one per
 /// `progressIntervalMilliseconds` (the latest wins) before they are numbered; state events are
-/// never dropped or reordered. A subscriber whose unsent bytes pass `clientBufferBytes` is
-/// disconnected (it resumes with `Last-Event-ID`), so a slow reader never holds memory without
-/// bound or slows anyone else. What a loop turn publishes is written to each stream at once, at
+/// never dropped or reordered. A subscriber whose unsent bytes pass `clientBufferBytes` when
+/// more is to be written is disconnected (it resumes with `Last-Event-ID`), so a slow reader
+/// never holds memory without bound or slows anyone else; one that has taken everything gets
+/// the next event however large. What a loop turn publishes is written to each stream at once, at
 /// the turn's end (`flushPending`, from a `LoopCheck`).
 ///
 /// Threading: loop thread only.
@@ -161,6 +168,8 @@ final class EventLog {
         let endsWith: TaskID?
         /// Events up to this one it has (`since` may name one not yet published).
         let after: UInt64
+        /// While it resumes: the next event of the ring to write; nil once it follows live.
+        var replayNext: UInt64?
         var pending: [UInt8] = []
         /// Waiting in `dirty` for the end of the loop turn.
         var isDirty = false
@@ -180,6 +189,9 @@ final class EventLog {
     static let retryMilliseconds = 2_000
 
     private let capacity: Int
+    private let maxBytes: Int
+    /// What the ring's events hold rendered, as last counted.
+    private(set) var ringBytes = 0
     private let clientBufferBytes: Int
     private let scheduler: EngineScheduler
     /// The last number given out (published or not) and the last one subscribers may see.
@@ -192,6 +204,7 @@ final class EventLog {
     /// that publishes many batches costs each stream one write, not one per batch.
     private var dirty: [Subscriber] = []
     private var keepAlive: ScheduledAction?
+    private var wake: ScheduledAction?
     /// Per running task: when its last progress event was numbered, and whether a later one waits.
     private var lastProgress: [ObjectIdentifier: UInt64] = [:]
     private var heldProgress: [ObjectIdentifier: ScheduledAction] = [:]
@@ -207,15 +220,23 @@ final class EventLog {
     /// numbered later). Nil: at once.
     var changesInTurn: ((@escaping () -> Void) -> Void)?
 
-    init(after lastSeq: UInt64, capacity: Int, clientBufferBytes: Int, scheduler: EngineScheduler) {
+    /// A resume writes this much of the ring at a time, then waits for the reader to take it.
+    static let replayChunkBytes = 256 * 1024
+    /// ...and looks at most this many events per loop turn, matching or not.
+    static let replayScanLimit = 20_000
+
+    init(after lastSeq: UInt64, capacity: Int, maxBytes: Int = 256 << 20, clientBufferBytes: Int, scheduler: EngineScheduler) {
         lastAssigned = lastSeq
         lastPublished = lastSeq
         self.capacity = max(1, capacity)
+        self.maxBytes = maxBytes
         self.clientBufferBytes = clientBufferBytes
         self.scheduler = scheduler
     }
 
     var subscriberCount: Int { subscribers.count }
+    /// The oldest event a resume can still get.
+    var oldestKept: UInt64 { ring.first?.seq ?? lastPublished + 1 }
 
     // MARK: numbering
 
@@ -346,13 +367,30 @@ final class EventLog {
         }
         guard let last = fresh.last else { return }
         lastPublished = last.seq
-        while ring.count > capacity { ring.removeFirst() }
-        guard !subscribers.isEmpty else { return }
-        for subscriber in Array(subscribers.values) { deliver(fresh, to: subscriber) }
+        if !subscribers.isEmpty {
+            for subscriber in Array(subscribers.values) { deliver(fresh, to: subscriber) }
+        }
+        // Counted once rendered: by the streams just now, or by webhooks when numbered.
+        for event in fresh { account(event) }
+        trimRing()
+    }
+
+    /// Counts what `event` holds rendered now (renderings happen lazily, on first need).
+    private func account(_ event: StreamEvent) {
+        let bytes = event.renderedBytes
+        ringBytes += bytes - event.accountedBytes
+        event.accountedBytes = bytes
+    }
+
+    private func trimRing() {
+        while ring.count > capacity || (ringBytes > maxBytes && ring.count > 1), let oldest = ring.popFirst() {
+            ringBytes -= oldest.accountedBytes
+        }
     }
 
     private func deliver(_ events: some Sequence<StreamEvent>, to subscriber: Subscriber) {
-        guard !subscriber.ending else { return }
+        // A resuming stream reaches these through the ring, in order.
+        guard !subscriber.ending, subscriber.replayNext == nil else { return }
         let before = subscriber.pending.count
         for event in events where event.seq > subscriber.after && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
@@ -380,23 +418,84 @@ final class EventLog {
 
     private func flush(_ subscriber: Subscriber, ending: Bool = false) {
         let key = ObjectIdentifier(subscriber)
+        if subscriber.replayNext != nil { replay(subscriber) }
         if !subscriber.pending.isEmpty {
-            let bytes = subscriber.pending
-            subscriber.pending.removeAll(keepingCapacity: true)
-            guard subscriber.reply.responder.write(bytes) else {
-                subscribers.removeValue(forKey: key)
-                return
-            }
             if subscriber.reply.responder.unsentBytes > clientBufferBytes {
                 // It cannot keep up: it reconnects with Last-Event-ID and catches up from the ring.
                 subscribers.removeValue(forKey: key)
                 subscriber.reply.responder.abort()
                 return
             }
+            let bytes = subscriber.pending
+            subscriber.pending.removeAll(keepingCapacity: true)
+            guard subscriber.reply.responder.write(bytes) else {
+                subscribers.removeValue(forKey: key)
+                return
+            }
         }
-        if ending {
+        if subscriber.replayNext != nil {
+            // The next chunk once the reader has taken this one.
+            subscriber.reply.responder.onDrained { [weak self, weak subscriber] in
+                guard let self, let subscriber, subscribers[ObjectIdentifier(subscriber)] != nil else { return }
+                markDirty(subscriber)
+                wakeForDirty()
+            }
+            return
+        }
+        if subscriber.ending || ending {
             subscribers.removeValue(forKey: key)
             subscriber.reply.responder.finish()
+        }
+    }
+
+    /// Moves a resuming stream's next chunk from the ring into its pending bytes: at most
+    /// `replayChunkBytes` of matching events, at most `replayScanLimit` looked at. Events the
+    /// ring dropped meanwhile are announced with `reset`. Caught up, it follows live.
+    private func replay(_ subscriber: Subscriber) {
+        guard var next = subscriber.replayNext else { return }
+        guard let oldest = ring.first?.seq, next <= lastPublished else {
+            subscriber.replayNext = nil
+            return
+        }
+        if next < oldest {
+            subscriber.pending += Self.reset(oldest: oldest)
+            next = oldest
+        }
+        var index = Int(next - oldest)
+        var scanned = 0
+        while index < ring.count && subscriber.pending.count < Self.replayChunkBytes && scanned < Self.replayScanLimit {
+            let event = ring[index]
+            index += 1
+            scanned += 1
+            guard event.seq > subscriber.after, subscriber.filter.matches(event) else { continue }
+            subscriber.pending += event.frame
+            account(event)
+            if let id = subscriber.endsWith, event.endsTask, event.taskID == id {
+                subscriber.ending = true
+                subscriber.replayNext = nil
+                return
+            }
+        }
+        subscriber.replayNext = index < ring.count ? ring[index].seq : nil
+    }
+
+    private static func reset(oldest: UInt64) -> [UInt8] {
+        Array("event: reset\ndata: {\"oldest\":\(oldest)}\n\n".utf8)
+    }
+
+    private func markDirty(_ subscriber: Subscriber) {
+        guard !subscriber.isDirty else { return }
+        subscriber.isDirty = true
+        dirty.append(subscriber)
+    }
+
+    /// Dirty streams are written at the end of a loop turn; a drained socket may be the only
+    /// thing that happened, so a zero timer makes sure the turn ends with a check.
+    private func wakeForDirty() {
+        guard wake == nil else { return }
+        wake = scheduler.schedule(after: 0) { [weak self] in
+            self?.wake = nil
+            self?.flushPending()
         }
     }
 
@@ -414,19 +513,13 @@ final class EventLog {
         subscriber.pending += Array("retry: \(Self.retryMilliseconds)\n\n".utf8)
         if let snapshot { subscriber.pending += snapshot }
         if let since, since < lastPublished {
-            let oldest = ring.first?.seq ?? lastPublished + 1
-            if since + 1 < oldest {
-                subscriber.pending += Array("event: reset\ndata: {\"oldest\":\(oldest)}\n\n".utf8)
-                deliver(ring, to: subscriber)
+            if ring.isEmpty {
+                subscriber.pending += Self.reset(oldest: lastPublished + 1)
             } else {
-                let start = ring.count - Int(lastPublished - since)
-                deliver(ring[start...], to: subscriber)
+                subscriber.replayNext = since + 1
             }
         }
-        if !subscriber.isDirty {
-            subscriber.isDirty = true
-            dirty.append(subscriber)
-        }
+        markDirty(subscriber)
         scheduleKeepAlive()
     }
 
@@ -441,6 +534,8 @@ final class EventLog {
     func finishAll() {
         keepAlive?.cancel()
         keepAlive = nil
+        wake?.cancel()
+        wake = nil
         let all = Array(subscribers.values)
         for subscriber in all { flush(subscriber) }
         subscribers.removeAll()

@@ -16,12 +16,18 @@ enum Representation {
     /// `showingToken`: the lease's token, for the worker it was granted to (a lease answer).
     /// Taking the moment costs nothing measurable here: 18 instructions of GET /tasks/{id}'s
     /// 24.2k (callgrind) against reading the record's fields directly.
-    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false) {
-        write(task, TaskMoment(task), into: &json, showingToken: showingToken)
+    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false, resultLimit: Int? = nil) {
+        write(task, TaskMoment(task), into: &json, showingToken: showingToken, resultLimit: resultLimit)
     }
 
-    /// The task with what changes over its life as `moment` holds it.
-    static func write(_ task: TaskRecord, _ moment: TaskMoment, into json: inout JSONWriter, showingToken: Bool = false) {
+    /// The most of a task's `result` an event or a webhook carries; `GET /tasks/{id}` has it all.
+    static let eventResultBytes = 64 * 1024
+
+    /// The task with what changes over its life as `moment` holds it. `resultLimit`: the most
+    /// bytes of `result` to show (events, webhooks), with `result_truncated` saying whether it
+    /// was cut.
+    static func write(_ task: TaskRecord, _ moment: TaskMoment, into json: inout JSONWriter, showingToken: Bool = false,
+                      resultLimit: Int? = nil) {
         json.beginObject()
         json.key(static: "id")
         write(task.id, into: &json)
@@ -55,7 +61,13 @@ enum Representation {
         timestamp("created_at", task.createdAt, into: &json)
         timestamp("started_at", moment.startedAt, into: &json)
         timestamp("finished_at", moment.finishedAt, into: &json)
-        json.field("result", moment.result ?? .null)
+        if let resultLimit {
+            let (shown, cut) = bounded(moment.result ?? .null, to: resultLimit)
+            json.field("result", shown)
+            json.field("result_truncated", cut)
+        } else {
+            json.field("result", moment.result ?? .null)
+        }
         json.key(static: "error")
         if let error = moment.error { write(error, into: &json) } else { json.null() }
         json.field("metadata", task.metadata ?? .null)
@@ -67,6 +79,45 @@ enum Representation {
             json.null()
         }
         json.endObject()
+    }
+
+    /// `value`, or, when its JSON passes `limit` bytes, the same shape with long strings and
+    /// arrays cut shorter until it fits (an http body keeps its start, the status stays), and
+    /// whether it was cut; null if nothing of its shape fits. Rare (results are small), so
+    /// rendering to measure is fine.
+    static func bounded(_ value: JSONValue, to limit: Int) -> (JSONValue, cut: Bool) {
+        func size(_ value: JSONValue) -> Int {
+            var json = JSONWriter(capacity: 4_096)
+            json.value(value)
+            return json.byteCount
+        }
+        guard size(value) > limit else { return (value, false) }
+        var cap = limit / 2
+        while cap >= 16 {
+            let shortened = cut(value, stringBytes: cap, arrayItems: max(1, cap / 16))
+            if size(shortened) <= limit { return (shortened, true) }
+            cap /= 4
+        }
+        return (.null, true)
+    }
+
+    private static func cut(_ value: JSONValue, stringBytes: Int, arrayItems: Int) -> JSONValue {
+        switch value {
+        case .string(let text) where text.utf8.count > stringBytes:
+            // On a character's boundary, so the cut text is still UTF-8.
+            let utf8 = Array(text.utf8)
+            var end = stringBytes
+            while end > 0 && utf8[end] & 0xC0 == 0x80 { end -= 1 }
+            return .string(String(decoding: utf8[..<end], as: UTF8.self))
+        case .array(let items):
+            return .array(items.prefix(arrayItems).map { cut($0, stringBytes: stringBytes, arrayItems: arrayItems) })
+        case .object(let object):
+            return .object(JSONObject(object.members.map {
+                JSONObject.Member($0.key, cut($0.value, stringBytes: stringBytes, arrayItems: arrayItems))
+            }))
+        default:
+            return value
+        }
     }
 
     /// `expiresAt`: the expiry to show, when not the lease's current one.

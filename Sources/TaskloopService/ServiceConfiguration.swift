@@ -40,8 +40,13 @@ public struct ServiceConfiguration: Sendable {
     /// The longest a lease call waits for a task (`--max-lease-wait-seconds`); a longer `wait_s`
     /// is cut to it (the call is answered with no tasks then, as when its own time is up).
     public var maxLeaseWaitMilliseconds: UInt64 = 60_000
-    /// Events kept for streams that resume (`--event-buffer`).
+    /// Events kept for streams that resume (`--event-buffer`)...
     public var eventBufferSize = 100_000
+    /// ...and the most bytes of them kept rendered (`--event-buffer-bytes`).
+    public var eventBufferBytes = 256 << 20
+    /// A page of `GET /tasks` stops once its body passes this (`--max-response-bytes`); its
+    /// `next` goes on from there.
+    public var maxResponseBytes = 64 << 20
     /// Unsent bytes past which an event stream's reader is disconnected
     /// (`--event-client-buffer-bytes`); it resumes with `Last-Event-ID`.
     public var eventClientBufferBytes = 4 * 1024 * 1024

@@ -44,7 +44,7 @@ extension TaskloopApplication {
         json.field("seq", Int(eventLog.lastAssigned))
         json.field("type", "task.snapshot")
         json.key(static: "task")
-        Representation.write(task, into: &json)
+        Representation.write(task, into: &json, resultLimit: Representation.eventResultBytes)
         json.endObject()
         let snapshot = Array("event: task.snapshot\ndata: ".utf8) + json.bytes + [0x0A, 0x0A]
         answered(reply, status: .ok)

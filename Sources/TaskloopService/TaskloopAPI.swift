@@ -262,9 +262,17 @@ extension TaskloopApplication {
         json.beginObject()
         json.key(static: "tasks")
         json.beginArray()
-        for task in page.tasks { Representation.write(task, into: &json) }
+        var next = page.next
+        for (index, task) in page.tasks.enumerated() {
+            Representation.write(task, into: &json)
+            // A page of large tasks stops early; `next` goes on from the last one written.
+            if json.byteCount > configuration.maxResponseBytes && index + 1 < page.tasks.count {
+                next = task.id
+                break
+            }
+        }
         json.endArray()
-        json.field("next", page.next?.description)
+        json.field("next", next?.description)
         json.endObject()
         reply.send(.json(.ok, json.bytes, headers: ["Event-Seq": String(eventLog.lastAssigned)]))
     }

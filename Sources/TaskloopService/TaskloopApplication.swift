@@ -162,7 +162,7 @@ public final class TaskloopApplication {
         // Numbered after the store has the batch (the observer above it), so each event knows
         // the commit it waits for. With replicas, the newest events come from the database.
         let eventLog = EventLog(after: sharedEvents.first.map { $0.seq - 1 } ?? restored.eventSequence,
-                                capacity: configuration.eventBufferSize,
+                                capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
                                 clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
         eventLog.absorb(sharedEvents)
         self.eventLog = eventLog

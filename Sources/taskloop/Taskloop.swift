@@ -137,6 +137,12 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Events kept for event streams that resume (GET /events with Last-Event-ID), 1...10000000. [env: TASKLOOP_EVENT_BUFFER]")
     var eventBuffer: Int = Environment.int("EVENT_BUFFER") ?? 100_000
 
+    @Option(help: "Most bytes of rendered events kept for streams that resume, besides --event-buffer's count, 1048576...17179869184. [env: TASKLOOP_EVENT_BUFFER_BYTES]")
+    var eventBufferBytes: Int = Environment.int("EVENT_BUFFER_BYTES") ?? 256 << 20
+
+    @Option(help: "A page of GET /tasks stops once its body passes this many bytes (its `next` goes on), 65536...4294967296. [env: TASKLOOP_MAX_RESPONSE_BYTES]")
+    var maxResponseBytes: Int = Environment.int("MAX_RESPONSE_BYTES") ?? 64 << 20
+
     @Option(help: "Unsent bytes past which an event stream's reader is disconnected (it resumes), 65536...1073741824. [env: TASKLOOP_EVENT_CLIENT_BUFFER_BYTES]")
     var eventClientBufferBytes: Int = Environment.int("EVENT_CLIENT_BUFFER_BYTES") ?? 4 * 1024 * 1024
 
@@ -216,6 +222,12 @@ struct Taskloop: ParsableCommand {
         }
         guard (0...60).contains(maxLeaseWaitSeconds) else { throw ValidationError("--max-lease-wait-seconds must be 0...60") }
         guard (1...10_000_000).contains(eventBuffer) else { throw ValidationError("--event-buffer must be 1...10000000") }
+        guard (1 << 20...1 << 34).contains(eventBufferBytes) else {
+            throw ValidationError("--event-buffer-bytes must be 1048576...17179869184")
+        }
+        guard (65_536...1 << 32).contains(maxResponseBytes) else {
+            throw ValidationError("--max-response-bytes must be 65536...4294967296")
+        }
         guard (65_536...1 << 30).contains(eventClientBufferBytes) else {
             throw ValidationError("--event-client-buffer-bytes must be 65536...1073741824")
         }
@@ -296,6 +308,8 @@ struct Taskloop: ParsableCommand {
         configuration.maxLeaseWaitMilliseconds = UInt64(maxLeaseWaitSeconds * 1_000)
         configuration.eventBufferSize = eventBuffer
         configuration.eventClientBufferBytes = eventClientBufferBytes
+        configuration.eventBufferBytes = eventBufferBytes
+        configuration.maxResponseBytes = maxResponseBytes
         configuration.webhooks.retrySchedule = WebhookSettings.parseSchedule(webhookRetrySchedule)!
         configuration.webhooks.attemptTimeoutMilliseconds = UInt64(webhookTimeoutSeconds * 1_000)
         configuration.webhooks.maxInFlight = webhookMaxInFlight
