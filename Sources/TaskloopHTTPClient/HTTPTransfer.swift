@@ -19,7 +19,8 @@ public final class HTTPTransfer {
     private var bodyStream: HTTPBodyStream?
     private let started: UInt64
     private var redirects = 0
-    private var refusedAddresses: [String] = []
+    /// This hop's addresses the policy refused, and why.
+    private var refusedAddresses: [(host: String, scope: HostPolicy.AddressScope)] = []
     private var cancelled = false
 
     // The current hop's response; `status` is curl's, read when its header block ends.
@@ -211,12 +212,12 @@ public final class HTTPTransfer {
 
     fileprivate func open(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
         let family = address.pointee.family
-        if client.policy.denyPrivateAddresses {
+        if client.policy.isRestricted {
             let raw = UnsafeRawPointer(address) + MemoryLayout<curl_sockaddr>.offset(of: \curl_sockaddr.addr)!
             let peer = SocketAddress(copying: raw, length: Int(address.pointee.addrlen))
-            if peer.map(HostPolicy.isInternal) ?? true {
-                let text = peer?.host ?? "address family \(family)"
-                if !refusedAddresses.contains(text) { refusedAddresses.append(text) }
+            if !(peer.map(client.policy.permits) ?? false) {
+                let refused = (host: peer?.host ?? "address family \(family)", scope: peer.map(HostPolicy.scope) ?? .linkLocal)
+                if !refusedAddresses.contains(where: { $0.host == refused.host }) { refusedAddresses.append(refused) }
                 return CURL_SOCKET_BAD
             }
         }
@@ -285,8 +286,11 @@ public final class HTTPTransfer {
         let target = "\(request.url.host):\(request.url.port)"
         switch code {
         case CURLE_COULDNT_CONNECT where !refusedAddresses.isEmpty:
-            return HTTPClientError(.addressRefused, "\(request.url.host) resolved to \(refusedAddresses.joined(separator: " and ")), "
-                + "internal addresses this server refuses to connect to (--http-deny-private).")
+            let hosts = refusedAddresses.map(\.host).joined(separator: " and ")
+            let reason = refusedAddresses.contains { $0.scope == .linkLocal }
+                ? "link-local or cloud metadata addresses this server connects to only when --http-allow-hosts names the address"
+                : "internal addresses this server refuses to connect to (--http-deny-private)"
+            return HTTPClientError(.addressRefused, "\(request.url.host) resolved to \(hosts), \(reason).")
         case CURLE_COULDNT_RESOLVE_HOST:
             return HTTPClientError(.dnsFailed, "Could not resolve \(request.url.host): \(detail)")
         case CURLE_COULDNT_CONNECT:
