@@ -5,9 +5,9 @@ import TaskloopLoop
 
 /// One request and its redirects on one curl easy handle. Created and driven by `HTTPClient`;
 /// loop thread only. Redirects are followed here, not by curl, so that every hop is checked
-/// against the host policy before it is connected to and credentials stay with their origin.
-/// The final response's body is kept (up to `maxKeptBodyBytes`) or, for a streamed request,
-/// handed to its `HTTPBodyStream` piece by piece.
+/// against the host policy before it is connected to and the caller's headers stay with their
+/// origin. The final response's body is kept (up to `maxKeptBodyBytes`) or, for a streamed
+/// request, handed to its `HTTPBodyStream` piece by piece.
 public final class HTTPTransfer {
     private unowned let client: HTTPClient
     let easy: UnsafeMutableRawPointer
@@ -259,7 +259,11 @@ public final class HTTPTransfer {
             request.headers.removeAll { ["content-type", "content-length"].contains($0.name.lowercased()) }
         }
         if !next.sameOrigin(as: request.url) {
-            request.headers.removeAll { ["authorization", "cookie", "proxy-authorization"].contains($0.name.lowercased()) }
+            // The caller's headers were meant for the origin it named (API keys travel in any of
+            // them, not only Authorization); another origin gets none, only the type of a body
+            // that 307 and 308 send on.
+            let sendsBody = request.body != nil
+            request.headers.removeAll { !sendsBody || $0.name.lowercased() != "content-type" }
         }
         request.url = next
         resetResponse()

@@ -6,7 +6,8 @@ import TaskloopTestSupport
 /// a network namespace of the test's own, whose `lo` carries the addresses under test
 /// (169.254.169.254, fd00:ec2::254, 10.1.2.3, ...) with an origin listening on each, and whose
 /// /etc/hosts names some of them, so refusals are checked after a real resolution and a real
-/// connection would arrive, yet no packet leaves this machine.
+/// connection would arrive, yet no packet leaves this machine. The redirect rules need no
+/// namespace: two origins on 127.0.0.1 are two origins.
 @Suite(.serialized) struct OutboundPolicyTests {
     static let namespaceTrait = Testing.ConditionTrait.enabled(
         if: NetworkNamespace.isAvailable,
@@ -124,6 +125,53 @@ import TaskloopTestSupport
         }
         let paths = origin.requests.map { $0["path"] as? String ?? "" }
         #expect(paths == ["/hook-private"], "\(paths)")
+    }
+
+    /// Every header the task set is meant for the origin it named: a redirect elsewhere
+    /// (another port, host or scheme) drops them all for that hop and the later ones, even one
+    /// back to the first origin; a same-origin redirect keeps them.
+    @Test func crossOriginRedirectsDropEveryHeaderTheTaskSet() throws {
+        let first = try OriginServer()
+        defer { first.stop() }
+        let second = try OriginServer()
+        defer { second.stop() }
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let headers = ["X-Api-Key": "k", "Authorization": "Bearer t", "Cookie": "c=1", "Accept": "text/plain"]
+        func fetch(_ url: String, method: String = "GET", body: Any? = nil) throws {
+            var params: [String: Any] = ["url": url, "method": method, "headers": headers]
+            params["body"] = body
+            let id = try #require(try client.submit(Self.json(["kind": "http", "params": params]))["id"] as? String)
+            _ = try client.waitForState(id, "succeeded")
+        }
+        func arrived(at origin: OriginServer, _ path: String) throws -> OriginServer.Request {
+            try #require(origin.requests.value.last { $0.path == path }, "\(path) did not arrive")
+        }
+        func carriesNoneOfTheTasksHeaders(_ request: OriginServer.Request) -> Bool {
+            request.headers["x-api-key"] == nil && request.headers["authorization"] == nil && request.headers["cookie"] == nil
+                && request.headers["accept"] != "text/plain"
+        }
+
+        try fetch(first.url("/redirect-to/" + first.url("/echo/same")))
+        let same = try arrived(at: first, "/echo/same")
+        #expect(same.headers["x-api-key"] == "k" && same.headers["authorization"] == "Bearer t" && same.headers["accept"] == "text/plain")
+
+        try fetch(first.url("/redirect-to/" + second.url("/echo/port")))
+        #expect(first.requests.value.contains { $0.path.hasSuffix("/echo/port") && $0.headers["x-api-key"] == "k" })
+        #expect(carriesNoneOfTheTasksHeaders(try arrived(at: second, "/echo/port")))
+
+        try fetch(first.url("/redirect-to/http://localhost:\(first.port)/echo/host"))
+        #expect(carriesNoneOfTheTasksHeaders(try arrived(at: first, "/echo/host")))
+
+        try fetch(first.url("/redirect-to/" + second.url("/redirect-to/" + first.url("/echo/back"))))
+        #expect(carriesNoneOfTheTasksHeaders(try arrived(at: first, "/echo/back")))
+
+        // 307 sends the body on, and with it its type, which is not the task's to keep.
+        try fetch(first.url("/redirect-307-to/" + second.url("/echo/body")), method: "POST", body: ["a": 1])
+        let posted = try arrived(at: second, "/echo/body")
+        #expect(carriesNoneOfTheTasksHeaders(posted))
+        #expect(posted.method == "POST" && posted.body == Array(#"{"a":1}"#.utf8) && posted.headers["content-type"] == "application/json")
     }
 }
 
