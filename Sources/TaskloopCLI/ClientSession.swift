@@ -49,8 +49,9 @@ final class ClientSession {
     init(loop: EventLoop, settings: ClientSettings) throws {
         self.loop = loop
         self.settings = settings
-        // A command has at most two calls in flight (a stream and a fetch).
-        http = try HTTPClient(loop: loop, maxHostConnections: 2)
+        // A command has at most two calls in flight (a stream and a fetch). The server is the
+        // one the user named, wherever it is: the tasks' address policy is not for it.
+        http = try HTTPClient(loop: loop, policy: .unrestricted, maxHostConnections: 2)
         server = ServerClient(client: http, server: settings.server, authToken: settings.authToken,
                               timeoutMilliseconds: settings.requestTimeoutMilliseconds, maxAnswerBytes: settings.maxAnswerBytes)
         do {

@@ -89,7 +89,7 @@ public struct HTTPURL: Sendable, Equatable, CustomStringConvertible {
         self.port = port
     }
 
-    /// Same scheme, host and port: credentials may follow a redirect only within one origin.
+    /// Same scheme, host and port: the caller's headers follow a redirect only within one origin.
     func sameOrigin(as other: HTTPURL) -> Bool {
         scheme == other.scheme && host == other.host && port == other.port
     }

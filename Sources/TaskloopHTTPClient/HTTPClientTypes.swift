@@ -78,7 +78,8 @@ public struct HTTPClientError: Error, Sendable, CustomStringConvertible {
         /// The request's own `timeoutMilliseconds` passed (connecting included).
         case timedOut = "timed_out"
         case tlsFailed = "tls_failed"
-        /// `--http-deny-private` refused the resolved address.
+        /// The host policy refused the resolved address: an internal one under
+        /// `--http-deny-private`, or a link-local or metadata one.
         case addressRefused = "address_refused"
         /// `--http-allow-hosts` does not list the host (of the URL or a redirect).
         case hostNotAllowed = "host_not_allowed"

@@ -5,9 +5,9 @@ import TaskloopLoop
 
 /// One request and its redirects on one curl easy handle. Created and driven by `HTTPClient`;
 /// loop thread only. Redirects are followed here, not by curl, so that every hop is checked
-/// against the host policy before it is connected to and credentials stay with their origin.
-/// The final response's body is kept (up to `maxKeptBodyBytes`) or, for a streamed request,
-/// handed to its `HTTPBodyStream` piece by piece.
+/// against the host policy before it is connected to and the caller's headers stay with their
+/// origin. The final response's body is kept (up to `maxKeptBodyBytes`) or, for a streamed
+/// request, handed to its `HTTPBodyStream` piece by piece.
 public final class HTTPTransfer {
     private unowned let client: HTTPClient
     let easy: UnsafeMutableRawPointer
@@ -19,7 +19,8 @@ public final class HTTPTransfer {
     private var bodyStream: HTTPBodyStream?
     private let started: UInt64
     private var redirects = 0
-    private var refusedAddresses: [String] = []
+    /// This hop's addresses the policy refused, and why.
+    private var refusedAddresses: [(host: String, scope: HostPolicy.AddressScope)] = []
     private var cancelled = false
 
     // The current hop's response; `status` is curl's, read when its header block ends.
@@ -211,12 +212,12 @@ public final class HTTPTransfer {
 
     fileprivate func open(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
         let family = address.pointee.family
-        if client.policy.denyPrivateAddresses {
+        if client.policy.isRestricted {
             let raw = UnsafeRawPointer(address) + MemoryLayout<curl_sockaddr>.offset(of: \curl_sockaddr.addr)!
             let peer = SocketAddress(copying: raw, length: Int(address.pointee.addrlen))
-            if peer.map(HostPolicy.isInternal) ?? true {
-                let text = peer?.host ?? "address family \(family)"
-                if !refusedAddresses.contains(text) { refusedAddresses.append(text) }
+            if !(peer.map(client.policy.permits) ?? false) {
+                let refused = (host: peer?.host ?? "address family \(family)", scope: peer.map(HostPolicy.scope) ?? .linkLocal)
+                if !refusedAddresses.contains(where: { $0.host == refused.host }) { refusedAddresses.append(refused) }
                 return CURL_SOCKET_BAD
             }
         }
@@ -258,7 +259,11 @@ public final class HTTPTransfer {
             request.headers.removeAll { ["content-type", "content-length"].contains($0.name.lowercased()) }
         }
         if !next.sameOrigin(as: request.url) {
-            request.headers.removeAll { ["authorization", "cookie", "proxy-authorization"].contains($0.name.lowercased()) }
+            // The caller's headers were meant for the origin it named (API keys travel in any of
+            // them, not only Authorization); another origin gets none, only the type of a body
+            // that 307 and 308 send on.
+            let sendsBody = request.body != nil
+            request.headers.removeAll { !sendsBody || $0.name.lowercased() != "content-type" }
         }
         request.url = next
         resetResponse()
@@ -285,8 +290,11 @@ public final class HTTPTransfer {
         let target = "\(request.url.host):\(request.url.port)"
         switch code {
         case CURLE_COULDNT_CONNECT where !refusedAddresses.isEmpty:
-            return HTTPClientError(.addressRefused, "\(request.url.host) resolved to \(refusedAddresses.joined(separator: " and ")), "
-                + "internal addresses this server refuses to connect to (--http-deny-private).")
+            let hosts = refusedAddresses.map(\.host).joined(separator: " and ")
+            let reason = refusedAddresses.contains { $0.scope == .linkLocal }
+                ? "link-local or cloud metadata addresses this server connects to only when --http-allow-hosts names the address"
+                : "internal addresses this server refuses to connect to (--http-deny-private)"
+            return HTTPClientError(.addressRefused, "\(request.url.host) resolved to \(hosts), \(reason).")
         case CURLE_COULDNT_RESOLVE_HOST:
             return HTTPClientError(.dnsFailed, "Could not resolve \(request.url.host): \(detail)")
         case CURLE_COULDNT_CONNECT:

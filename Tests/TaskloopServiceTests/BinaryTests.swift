@@ -22,7 +22,8 @@ import TaskloopTestSupport
         /// A data dir of its own, unless the test names one: the server is durable by default.
         private let ownDataDirectory: String?
 
-        init(arguments: [String], environment: [String: String] = [:]) throws {
+        /// `launcher` runs the server through another program (`nsenter`, into a namespace).
+        init(arguments: [String], environment: [String: String] = [:], launcher: [String] = []) throws {
             var arguments = arguments
             if !arguments.contains("--data-dir") && arguments.first != "backup" {
                 let directory = FileManager.default.temporaryDirectory.appendingPathComponent("binary-data-\(UUID())").path
@@ -34,8 +35,9 @@ import TaskloopTestSupport
             self.arguments = arguments
             // Through env(1), which gives every signal its default action back, as a shell
             // does: the test runner ignores SIGPIPE, and a child would inherit that.
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            process.arguments = ["--default-signal", BinaryTests.executable.path] + arguments
+            let command = launcher + ["/usr/bin/env", "--default-signal", BinaryTests.executable.path] + arguments
+            process.executableURL = URL(fileURLWithPath: command[0])
+            process.arguments = Array(command.dropFirst())
             process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("TASKLOOP_") }
                 .merging(environment) { $1 }
             process.standardOutput = output

@@ -7,8 +7,8 @@ import Foundation
 ///   each piece after the first waits for `release()`, so a test can look at progress between.
 /// - `/stall/N`: the first half of N bytes, then nothing; `/hang`: no answer at all. Both wait
 ///   for the client to hang up and record it in `hangUps`.
-/// - `/redirect/N`: a chain of N relative 302s; `/redirect-to/<absolute URL>`; `/see-other`:
-///   303 to `/echo`; `/status/C`: status C.
+/// - `/redirect/N`: a chain of N relative 302s; `/redirect-to/<absolute URL>` (302),
+///   `/redirect-307-to/<absolute URL>`; `/see-other`: 303 to `/echo`; `/status/C`: status C.
 /// - `/echo`: the request line, header fields and body as text.
 public final class OriginServer: @unchecked Sendable {
     public struct Request: Sendable {
@@ -142,9 +142,9 @@ public final class OriginServer: @unchecked Sendable {
         case "redirect":
             if number == 0 { return send(fd, status: 200, body: Array("arrived".utf8)) }
             return send(fd, status: 302, body: [], extra: "Location: /redirect/\(number - 1)\r\n")
-        case "redirect-to":
-            let target = request.path.dropFirst("/redirect-to/".count)
-            return send(fd, status: 302, body: [], extra: "Location: \(target)\r\n")
+        case "redirect-to", "redirect-307-to":
+            let target = request.path.dropFirst("/\(route)/".count)
+            return send(fd, status: route == "redirect-to" ? 302 : 307, body: [], extra: "Location: \(target)\r\n")
         case "see-other":
             return send(fd, status: 303, body: [], extra: "Location: /echo\r\n")
         case "status":

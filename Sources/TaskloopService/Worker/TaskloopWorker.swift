@@ -82,8 +82,9 @@ public final class TaskloopWorker {
         func undo() { for close in opened.reversed() { close() } }
         do {
             // At most three calls per task are in flight (heartbeat, progress, outcome) and one
-            // lease call: with that many connections none ever waits for another.
-            let serverClient = try HTTPClient(loop: loop, maxHostConnections: 3 * configuration.concurrency + 1)
+            // lease call: with that many connections none ever waits for another. The server is
+            // the one the user named, wherever it is: the tasks' address policy is not for it.
+            let serverClient = try HTTPClient(loop: loop, policy: .unrestricted, maxHostConnections: 3 * configuration.concurrency + 1)
             opened.append { serverClient.close() }
             let taskClient = try HTTPClient(loop: loop, policy: configuration.httpPolicy,
                                             maxHostConnections: configuration.httpMaxHostConnections)
