@@ -123,6 +123,9 @@ public final class ChildProcess {
                     options.flags = UInt32(UV_PROCESS_DETACHED.rawValue)
                     options.stdio_count = 3
                     options.stdio = stdioBuffer.baseAddress
+                    // The program gets descriptors 0, 1 and 2 only: what other libraries opened
+                    // without O_CLOEXEC (curl's sockets) must not leak into it (see the shim).
+                    taskloop_mark_descriptors_cloexec()
                     return uv_spawn(loop.uvLoop, process, &options)
                 }
             }

@@ -7,7 +7,8 @@ import TaskloopStore
 /// IETF httpapi draft's semantics, Stripe's 24 hours): a key names one creation. The same key
 /// with the same request replays the first answer's status with the resource as it is now; with
 /// another request it is refused. Keys live `--idempotency-ttl-seconds`, are written in the same
-/// transaction as what they created, and come back after a restart.
+/// transaction as what they created, and come back after a restart. At most `maxKeys` live at
+/// once: a new key past that is refused until old ones expire, so keys cannot fill memory.
 ///
 /// Threading: loop thread only.
 final class IdempotencyKeys {
@@ -16,13 +17,15 @@ final class IdempotencyKeys {
     private var expiries: [(key: String, expiresAt: Int64)] = []
     private var firstExpiry = 0
     private let ttlMilliseconds: Int64
+    private let maxKeys: Int
     private let scheduler: EngineScheduler
     private var sweep: ScheduledAction?
     /// Told which keys expired, to delete them from the store.
     var onExpire: (([String]) -> Void)?
 
-    init(ttlMilliseconds: Int64, scheduler: EngineScheduler, restored: [IdempotencyRecord]) {
+    init(ttlMilliseconds: Int64, maxKeys: Int, scheduler: EngineScheduler, restored: [IdempotencyRecord]) {
         self.ttlMilliseconds = ttlMilliseconds
+        self.maxKeys = maxKeys
         self.scheduler = scheduler
         for record in restored.sorted(by: { $0.expiresAt < $1.expiresAt }) {
             entries[record.key] = record
@@ -53,6 +56,18 @@ final class IdempotencyKeys {
     func record(for key: String) -> IdempotencyRecord? {
         guard let record = entries[key], record.expiresAt > scheduler.wallClock else { return nil }
         return record
+    }
+
+    /// 429 `too_many_idempotency_keys` when remembering `key` would pass `maxKeys`; a key
+    /// remembered already (even expired, not yet swept) takes no more room. `Retry-After`: until
+    /// the soonest key expires.
+    func checkRoom(for key: String) throws(APIProblem) {
+        guard entries.count >= maxKeys, entries[key] == nil else { return }
+        let soonest = firstExpiry < expiries.count ? expiries[firstExpiry].expiresAt : scheduler.wallClock
+        let seconds = max(1, (soonest - scheduler.wallClock + 999) / 1_000)
+        throw APIProblem(.tooManyRequests, detail: "This server remembers \(maxKeys) idempotency keys at most "
+                         + "(--max-idempotency-keys); a new key is accepted once older ones expire.",
+                         code: "too_many_idempotency_keys", headers: ["Retry-After": String(seconds)])
     }
 
     /// Remembers what `key` created; returns the record to write with it.

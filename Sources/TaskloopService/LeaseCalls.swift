@@ -83,7 +83,7 @@ final class LeaseCalls {
         json.beginObject()
         json.key(static: "tasks")
         json.beginArray()
-        for task in tasks { Representation.write(task, into: &json, showingToken: true) }
+        for task in tasks { Representation.write(task, into: &json, forLessee: true) }
         json.endArray()
         json.endObject()
         call.reply.send(.json(.ok, json.bytes))

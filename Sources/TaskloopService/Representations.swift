@@ -13,11 +13,13 @@ enum Representation {
         return json.bytes
     }
 
-    /// `showingToken`: the lease's token, for the worker it was granted to (a lease answer).
+    /// `forLessee`: the lease's token and the secrets in params as they are, for the worker the
+    /// lease was granted to (a lease answer: the worker runs the task with them). Everywhere
+    /// else a secret's value is `"***"`.
     /// Taking the moment costs nothing measurable here: 18 instructions of GET /tasks/{id}'s
     /// 24.2k (callgrind) against reading the record's fields directly.
-    static func write(_ task: TaskRecord, into json: inout JSONWriter, showingToken: Bool = false, resultLimit: Int? = nil) {
-        write(task, TaskMoment(task), into: &json, showingToken: showingToken, resultLimit: resultLimit)
+    static func write(_ task: TaskRecord, into json: inout JSONWriter, forLessee: Bool = false, resultLimit: Int? = nil) {
+        write(task, TaskMoment(task), into: &json, forLessee: forLessee, resultLimit: resultLimit)
     }
 
     /// The most of a task's `result` an event or a webhook carries; `GET /tasks/{id}` has it all.
@@ -26,14 +28,19 @@ enum Representation {
     /// The task with what changes over its life as `moment` holds it. `resultLimit`: the most
     /// bytes of `result` to show (events, webhooks), with `result_truncated` saying whether it
     /// was cut.
-    static func write(_ task: TaskRecord, _ moment: TaskMoment, into json: inout JSONWriter, showingToken: Bool = false,
+    static func write(_ task: TaskRecord, _ moment: TaskMoment, into json: inout JSONWriter, forLessee: Bool = false,
                       resultLimit: Int? = nil) {
         json.beginObject()
         json.key(static: "id")
         write(task.id, into: &json)
         json.field("name", task.name)
         json.field("kind", task.kind)
-        json.field("params", task.params)
+        json.key(static: "params")
+        if !forLessee, let secrets = secretParameter(of: task.kind), let params = task.params.objectValue, params[secrets] != nil {
+            writeMasking(secrets, of: params, into: &json)
+        } else {
+            json.value(task.params)
+        }
         json.field("queue", task.queue.name)
         json.field("priority", task.priority)
         json.key(static: "state")
@@ -74,7 +81,7 @@ enum Representation {
         json.field("workflow", task.workflow?.id.description)
         json.key(static: "lease")
         if let lease = moment.lease {
-            write(lease, expiresAt: moment.leaseExpiresAt, into: &json, showingToken: showingToken)
+            write(lease, expiresAt: moment.leaseExpiresAt, into: &json, showingToken: forLessee)
         } else {
             json.null()
         }
@@ -118,6 +125,34 @@ enum Representation {
         default:
             return value
         }
+    }
+
+    /// The member of a kind's params whose values are secrets (contract v3, Secrets in params).
+    private static func secretParameter(of kind: String) -> String? {
+        switch kind {
+        case "http": HTTPExecutor.secretParameter
+        case "exec": ExecExecutor.secretParameter
+        default: nil
+        }
+    }
+
+    /// `params` with each value of its member `secrets` written as `"***"`; the names stay.
+    private static func writeMasking(_ secrets: String, of params: JSONObject, into json: inout JSONWriter) {
+        json.beginObject()
+        for member in params {
+            json.key(member.key)
+            guard member.key == secrets, !member.value.isNull else {
+                json.value(member.value)
+                continue
+            }
+            json.beginObject()
+            for secret in member.value.objectValue ?? [:] {
+                json.key(secret.key)
+                json.string(static: "***")
+            }
+            json.endObject()
+        }
+        json.endObject()
     }
 
     /// `expiresAt`: the expiry to show, when not the lease's current one.

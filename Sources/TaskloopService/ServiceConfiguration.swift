@@ -37,6 +37,8 @@ public struct ServiceConfiguration: Sendable {
     public var sharedDatabase: SharedDatabaseSettings?
     /// How long an `Idempotency-Key` names its creation (`--idempotency-ttl-seconds`).
     public var idempotencyTTLMilliseconds: Int64 = 86_400_000
+    /// Keys remembered at once (`--max-idempotency-keys`); past it a new key is refused (429).
+    public var maxIdempotencyKeys = 1_000_000
     /// The longest a lease call waits for a task (`--max-lease-wait-seconds`); a longer `wait_s`
     /// is cut to it (the call is answered with no tasks then, as when its own time is up).
     public var maxLeaseWaitMilliseconds: UInt64 = 60_000

@@ -181,6 +181,7 @@ extension TaskloopApplication {
         let spec = reader.object(document, "").flatMap { reader.taskSpec($0, prefix: "") }
         try reader.check()
         try checkKindAllowed(spec!.kind, queue: spec!.queue, field: "kind")
+        if let key { try idempotency.checkRoom(for: key) }
         let task = try engine.submit(spec!)
         if let key, let fingerprint {
             // Remembered in memory in any case; with a store, written in this turn's batch.
@@ -377,6 +378,7 @@ extension TaskloopApplication {
         for (index, member) in members.enumerated() {
             try checkKindAllowed(member.spec.kind, queue: member.spec.queue, field: "tasks[\(index)].kind")
         }
+        if let key { try idempotency.checkRoom(for: key) }
         let workflow = try engine.submitWorkflow(name: name, tasks: members)
         if let key, let fingerprint {
             let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/workflows/\(workflow.id)")

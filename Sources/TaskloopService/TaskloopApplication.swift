@@ -152,7 +152,8 @@ public final class TaskloopApplication {
                 throw error
             }
         }
-        let idempotency = IdempotencyKeys(ttlMilliseconds: configuration.idempotencyTTLMilliseconds, scheduler: scheduler,
+        let idempotency = IdempotencyKeys(ttlMilliseconds: configuration.idempotencyTTLMilliseconds,
+                                          maxKeys: configuration.maxIdempotencyKeys, scheduler: scheduler,
                                           restored: restored.idempotencyKeys)
         idempotency.onExpire = { [unowned self] keys in durable?.expire(keys) }
         durable?.currentKey = { [unowned idempotency] key in idempotency.record(for: key) }

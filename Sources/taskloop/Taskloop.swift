@@ -131,6 +131,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Seconds an Idempotency-Key names what its first request created. [env: TASKLOOP_IDEMPOTENCY_TTL_SECONDS]")
     var idempotencyTTLSeconds: Int = Environment.int("IDEMPOTENCY_TTL_SECONDS") ?? 86_400
 
+    @Option(help: "Idempotency keys remembered at once, 1...100000000; past it a request with a new key gets 429 too_many_idempotency_keys. [env: TASKLOOP_MAX_IDEMPOTENCY_KEYS]")
+    var maxIdempotencyKeys: Int = Environment.int("MAX_IDEMPOTENCY_KEYS") ?? 1_000_000
+
     @Option(help: "Longest a worker's lease call waits for a task, 0...60; a longer wait_s is cut to it. [env: TASKLOOP_MAX_LEASE_WAIT_SECONDS]")
     var maxLeaseWaitSeconds: Double = Environment.double("MAX_LEASE_WAIT_SECONDS") ?? 60
 
@@ -220,6 +223,9 @@ struct Taskloop: ParsableCommand {
         guard (1...31_536_000).contains(idempotencyTTLSeconds) else {
             throw ValidationError("--idempotency-ttl-seconds must be 1...31536000")
         }
+        guard (1...100_000_000).contains(maxIdempotencyKeys) else {
+            throw ValidationError("--max-idempotency-keys must be 1...100000000")
+        }
         guard (0...60).contains(maxLeaseWaitSeconds) else { throw ValidationError("--max-lease-wait-seconds must be 0...60") }
         guard (1...10_000_000).contains(eventBuffer) else { throw ValidationError("--event-buffer must be 1...10000000") }
         guard (1 << 20...1 << 34).contains(eventBufferBytes) else {
@@ -305,6 +311,7 @@ struct Taskloop: ParsableCommand {
             configuration.sharedDatabase = settings
         }
         configuration.idempotencyTTLMilliseconds = Int64(idempotencyTTLSeconds) * 1_000
+        configuration.maxIdempotencyKeys = maxIdempotencyKeys
         configuration.maxLeaseWaitMilliseconds = UInt64(maxLeaseWaitSeconds * 1_000)
         configuration.eventBufferSize = eventBuffer
         configuration.eventClientBufferBytes = eventClientBufferBytes

@@ -74,6 +74,28 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// A program starts with descriptors 0, 1 and 2 only, whatever the server holds open: curl's
+    /// connections and socketpair (an http task ran), an event stream, the store's files. The
+    /// built binary, not the harness: other tests' threads in this process open descriptors
+    /// without O_CLOEXEC at any moment, and one opened during a spawn would be inherited.
+    @Test func programsInheritOnlyTheStandardDescriptors() throws {
+        let origin = try OriginServer()
+        defer { origin.stop() }
+        let binary = try BinaryTests.RunningBinary(arguments: ["--port", "0", "--allow-exec"])
+        let port = try #require(BinaryTests.port(from: try binary.waitForLine(containing: "listening on")))
+        let client = try APIClient(port: port)
+        let fetch = try #require(try client.submit(Self.json(["kind": "http", "params": ["url": origin.url("/text/10")]]))["id"] as? String)
+        _ = try client.waitForState(fetch, "succeeded")
+        let stream = try EventStreamTests.Stream(port: port, "/events")
+        #expect(stream.head.contains("200"))
+        // The descriptors still open once listing them has closed its own.
+        let listing = "import os; print(sorted(int(fd) for fd in os.listdir('/proc/self/fd') if os.path.exists('/proc/self/fd/' + fd)))"
+        let id = try submit(client, ["python3", "-c", listing])
+        let output = (try client.waitForState(id, "succeeded")["result"] as? [String: Any])?["stdout"] as? String
+        #expect(output == "[0, 1, 2]\n")
+        #expect(try binary.stop() == 0)
+    }
+
     /// The child writes its pid and its background grandchild's pid, then waits.
     func startFamily(_ client: APIClient, extra: [String: Any] = [:], params: [String: Any] = [:],
                      trap: String = "") throws -> (task: String, child: Int32, grandchild: Int32) {

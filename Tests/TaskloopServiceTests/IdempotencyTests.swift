@@ -58,6 +58,39 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// Past `--max-idempotency-keys`, a new key is refused (429, nothing created) until old ones
+    /// expire; keys already remembered still replay, and requests without a key go on.
+    @Test func newKeysPastTheLimitWaitForOldOnesToExpire() throws {
+        let service = try ServiceHarness { $0.maxIdempotencyKeys = 2 }
+        let client = try service.client()
+        let first = try client.call("POST", "/tasks", json: Self.body, headers: ["Idempotency-Key": "k1"])
+        #expect(try client.call("POST", "/tasks", json: Self.body, headers: ["Idempotency-Key": "k2"]).status == 201)
+        for (path, body) in [("/tasks", Self.body), ("/workflows", #"{"tasks":[{"key":"a","kind":"noop"}]}"#)] {
+            let refused = try client.call("POST", path, json: body, headers: ["Idempotency-Key": "k3"])
+            #expect(refused.status == 429 && refused.header("Content-Type") == "application/problem+json", "\(refused.text)")
+            #expect(refused.json["code"] as? String == "too_many_idempotency_keys")
+            let wait = try #require(refused.header("Retry-After").flatMap { Int($0) })
+            #expect((1...86_400).contains(wait), "until the oldest key expires: \(wait)")
+        }
+        #expect((try client.call("GET", "/tasks").json["tasks"] as? [Any])?.count == 2, "nothing was created")
+        let replay = try client.call("POST", "/tasks", json: Self.body, headers: ["Idempotency-Key": "k1"])
+        #expect(replay.status == 201 && replay.header("Idempotent-Replayed") == "true")
+        #expect(replay.json["id"] as? String == first.json["id"] as? String)
+        #expect(try client.call("POST", "/tasks", json: Self.body).status == 201)
+        try service.stop()
+
+        let short = try ServiceHarness {
+            $0.maxIdempotencyKeys = 1
+            $0.idempotencyTTLMilliseconds = 300
+        }
+        let shortClient = try short.client()
+        #expect(try shortClient.call("POST", "/tasks", json: Self.body, headers: ["Idempotency-Key": "old"]).status == 201)
+        try pollUntil("the old key to expire and make room", timeout: 10, every: 20_000) {
+            try shortClient.call("POST", "/tasks", json: Self.body, headers: ["Idempotency-Key": "new"]).status == 201
+        }
+        try short.stop()
+    }
+
     /// The key is written with what it created: a restart still replays.
     @Test func keysSurviveARestart() throws {
         let directory = try BinaryTests.temporaryDirectory()

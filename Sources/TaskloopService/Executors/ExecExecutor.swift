@@ -4,13 +4,14 @@ import TaskloopHTTP
 import TaskloopLoop
 import TaskloopJSON
 
-/// `exec`: `{argv, env?, cwd?, grace_ms = 5000}`. Runs a program (no shell unless argv names
-/// one) in its own process group with a minimal environment plus `env`, marked with the cookie
-/// `TASKLOOP_TASK_ID` and `TASKLOOP_TASK_ATTEMPT`. Stdout lines `PROGRESS <fraction|percent%>
-/// [message]` report progress; the last 64 KiB of each stream is kept. Exit 0 succeeds,
-/// anything else fails. Cancellation and timeouts send SIGTERM to the process tree (the group
-/// and every process carrying the cookie), then SIGKILL after `grace_ms`; the attempt confirms
-/// only once the child is reaped. When the child exits, what is left of its tree is killed.
+/// `exec`: `{argv, env?, secret_env?, cwd?, grace_ms = 5000}`. Runs a program (no shell unless
+/// argv names one) in its own process group with a minimal environment plus `env` and
+/// `secret_env`, marked with the cookie `TASKLOOP_TASK_ID` and `TASKLOOP_TASK_ATTEMPT`. Stdout
+/// lines `PROGRESS <fraction|percent%> [message]` report progress; the last 64 KiB of each
+/// stream is kept. Exit 0 succeeds, anything else fails. Cancellation and timeouts send SIGTERM
+/// to the process tree (the group and every process carrying the cookie), then SIGKILL after
+/// `grace_ms`; the attempt confirms only once the child is reaped. When the child exits, what is
+/// left of its tree is killed.
 ///
 /// Threading: loop thread only.
 final class ExecExecutor: TaskExecutor {
@@ -23,6 +24,10 @@ final class ExecExecutor: TaskExecutor {
     /// How long a reaped child's pipes may stay open (held by something it left behind that the
     /// tree kill did not reach) before its output is given up.
     static let exitDrainMilliseconds: UInt64 = 2_000
+
+    /// Variables set like `env` whose values no answer, event, webhook or log shows (contract
+    /// v3, Secrets in params): `Representation` masks them.
+    static let secretParameter = "secret_env"
 
     /// The names of the cookie every program and its descendants carry.
     static let cookieNames: Set<String> = ["TASKLOOP_TASK_ID", "TASKLOOP_TASK_ATTEMPT"]
@@ -75,7 +80,7 @@ final class ExecExecutor: TaskExecutor {
 
     static func parse(_ params: JSONValue) throws(EngineError) -> Params {
         guard let object = params.objectValue else { throw EngineError(.invalid, "params must be an object.", field: "") }
-        for key in object.keys where !["argv", "env", "cwd", "grace_ms"].contains(key) {
+        for key in object.keys where !["argv", "env", secretParameter, "cwd", "grace_ms"].contains(key) {
             throw EngineError(.invalid, "Unknown parameter \(key).", field: key)
         }
         guard let list = object["argv"]?.arrayValue, !list.isEmpty, list.count <= 1_024 else {
@@ -89,20 +94,11 @@ final class ExecExecutor: TaskExecutor {
             }
             arguments.append(text)
         }
-        var environment: [(String, String)] = []
-        if let env = object.nonNull("env") {
-            guard let members = env.objectValue else { throw EngineError(.invalid, "env must be an object of strings.", field: "env") }
-            for member in members {
-                guard let value = member.value.stringValue, !member.key.isEmpty, !member.key.contains("="),
-                      !member.key.utf8.contains(0), !value.utf8.contains(0) else {
-                    throw EngineError(.invalid, "env.\(member.key) must be a string (names without '=').", field: "env.\(member.key)")
-                }
-                guard !cookieNames.contains(member.key) else {
-                    throw EngineError(.invalid, "env.\(member.key) is set by the server: it marks the task's processes.",
-                                      field: "env.\(member.key)")
-                }
-                environment.append((member.key, value))
-            }
+        let given = try variables(object, "env")
+        let secret = try variables(object, secretParameter)
+        for (name, _) in secret where given.contains(where: { $0.0 == name }) {
+            throw EngineError(.invalid, "\(secretParameter).\(name) is also in env: give each variable once.",
+                              field: "\(secretParameter).\(name)")
         }
         var directory: String?
         if let cwd = object.nonNull("cwd") {
@@ -118,7 +114,29 @@ final class ExecExecutor: TaskExecutor {
             }
             grace = UInt64(milliseconds)
         }
-        return Params(arguments: arguments, environment: environment, directory: directory, grace: grace)
+        return Params(arguments: arguments, environment: given + secret, directory: directory, grace: grace)
+    }
+
+    /// `env` or `secret_env`: names without `=` (nor the cookie's), string values, no NUL.
+    /// Messages name the variable, never its value (it may be a secret).
+    private static func variables(_ object: JSONObject, _ parameter: String) throws(EngineError) -> [(String, String)] {
+        guard let env = object.nonNull(parameter) else { return [] }
+        guard let members = env.objectValue else {
+            throw EngineError(.invalid, "\(parameter) must be an object of strings.", field: parameter)
+        }
+        var variables: [(String, String)] = []
+        for member in members {
+            let field = "\(parameter).\(member.key)"
+            guard let value = member.value.stringValue, !member.key.isEmpty, !member.key.contains("="),
+                  !member.key.utf8.contains(0), !value.utf8.contains(0) else {
+                throw EngineError(.invalid, "\(field) must be a string (names without '=').", field: field)
+            }
+            guard !cookieNames.contains(member.key) else {
+                throw EngineError(.invalid, "\(field) is set by the server: it marks the task's processes.", field: field)
+            }
+            variables.append((member.key, value))
+        }
+        return variables
     }
 
     func validate(_ params: JSONValue) throws(EngineError) {

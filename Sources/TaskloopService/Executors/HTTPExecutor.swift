@@ -4,8 +4,8 @@ import TaskloopEngine
 import TaskloopHTTPClient
 import TaskloopJSON
 
-/// `http`: `{method = "GET", url, headers?, body?, expect_status? = 2xx, max_response_bytes? =
-/// 1 MiB, follow_redirects? = true, connect_timeout_ms? = 30000}`. Performs the request on the
+/// `http`: `{method = "GET", url, headers?, secret_headers?, body?, expect_status? = 2xx,
+/// max_response_bytes? = 1 MiB, follow_redirects? = true, connect_timeout_ms? = 30000}`. Performs the request on the
 /// loop through `HTTPClient`; progress is bytes received of Content-Length; the result carries
 /// status, headers, the kept body (UTF-8 or base64), the byte count and SHA-256 of the whole
 /// body. A status outside `expect_status` fails the attempt (so retries apply). Cancellation and
@@ -21,6 +21,10 @@ final class HTTPExecutor: TaskExecutor {
         self.scheduler = scheduler
     }
 
+    /// Header fields sent like `headers` whose values no answer, event, webhook or log shows
+    /// (contract v3, Secrets in params): `Representation` masks them.
+    static let secretParameter = "secret_headers"
+
     static let methods: Set<String> = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
     static let maxKeptBytes = 16 << 20
 
@@ -32,7 +36,8 @@ final class HTTPExecutor: TaskExecutor {
 
     static func parse(_ params: JSONValue, policy: HostPolicy) throws(EngineError) -> Params {
         guard let object = params.objectValue else { throw EngineError(.invalid, "params must be an object.", field: "") }
-        let known = ["method", "url", "headers", "body", "expect_status", "max_response_bytes", "follow_redirects", "connect_timeout_ms"]
+        let known = ["method", "url", "headers", secretParameter, "body", "expect_status", "max_response_bytes", "follow_redirects",
+                     "connect_timeout_ms"]
         for key in object.keys where !known.contains(key) {
             throw EngineError(.invalid, "Unknown parameter \(key); known: \(known.joined(separator: ", ")).", field: key)
         }
@@ -52,25 +57,14 @@ final class HTTPExecutor: TaskExecutor {
         case .failure(let problem): throw EngineError(.invalid, "url \(problem.message)", field: "url")
         }
         var request = HTTPClientRequest(method: method, url: url)
-        var hasContentType = false
-        if let value = object.nonNull("headers") {
-            guard let members = value.objectValue, members.count <= 100 else {
-                throw EngineError(.invalid, "headers must be an object of at most 100 string values.", field: "headers")
-            }
-            for member in members {
-                let field = "headers.\(member.key)"
-                guard isToken(member.key) else { throw EngineError(.invalid, "\(field): the name must be an HTTP token.", field: field) }
-                guard !["content-length", "transfer-encoding"].contains(member.key.lowercased()) else {
-                    throw EngineError(.invalid, "\(field) is set from the body, not given.", field: field)
-                }
-                guard let text = member.value.stringValue, text.utf8.count <= 8_192 || text.unicodeScalars.count <= 8_192,
-                      !text.utf8.contains(where: { $0 == 0x0d || $0 == 0x0a || $0 == 0 }) else {
-                    throw EngineError(.invalid, "\(field) must be a string without line breaks, at most 8192 characters.", field: field)
-                }
-                hasContentType = hasContentType || member.key.lowercased() == "content-type"
-                request.headers.append(HTTPHeaderField(member.key, text))
-            }
+        let given = try headerFields(object, "headers")
+        let secret = try headerFields(object, secretParameter)
+        for field in secret where given.contains(where: { $0.name.lowercased() == field.name.lowercased() }) {
+            let name = "\(secretParameter).\(field.name)"
+            throw EngineError(.invalid, "\(name) is also in headers: give each header once.", field: name)
         }
+        request.headers = given + secret
+        let hasContentType = request.headers.contains { $0.name.lowercased() == "content-type" }
         if let value = object.nonNull("body") {
             guard method != "HEAD" else { throw EngineError(.invalid, "body cannot be sent with HEAD.", field: "body") }
             if let text = value.stringValue {
@@ -115,6 +109,29 @@ final class HTTPExecutor: TaskExecutor {
             request.connectTimeoutMilliseconds = UInt64(milliseconds)
         }
         return Params(request: request, expectStatus: expectStatus)
+    }
+
+    /// `headers` or `secret_headers`: at most 100 fields, each an HTTP token naming a string
+    /// without line breaks. Messages name the field, never its value (it may be a secret).
+    private static func headerFields(_ object: JSONObject, _ parameter: String) throws(EngineError) -> [HTTPHeaderField] {
+        guard let value = object.nonNull(parameter) else { return [] }
+        guard let members = value.objectValue, members.count <= 100 else {
+            throw EngineError(.invalid, "\(parameter) must be an object of at most 100 string values.", field: parameter)
+        }
+        var fields: [HTTPHeaderField] = []
+        for member in members {
+            let field = "\(parameter).\(member.key)"
+            guard isToken(member.key) else { throw EngineError(.invalid, "\(field): the name must be an HTTP token.", field: field) }
+            guard !["content-length", "transfer-encoding"].contains(member.key.lowercased()) else {
+                throw EngineError(.invalid, "\(field) is set from the body, not given.", field: field)
+            }
+            guard let text = member.value.stringValue, text.utf8.count <= 8_192 || text.unicodeScalars.count <= 8_192,
+                  !text.utf8.contains(where: { $0 == 0x0d || $0 == 0x0a || $0 == 0 }) else {
+                throw EngineError(.invalid, "\(field) must be a string without line breaks, at most 8192 characters.", field: field)
+            }
+            fields.append(HTTPHeaderField(member.key, text))
+        }
+        return fields
     }
 
     struct URLProblem: Error {
