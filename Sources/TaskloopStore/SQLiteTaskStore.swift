@@ -1,3 +1,5 @@
+import CSQLite
+import Glibc
 import TaskloopEngine
 
 /// The store of one server: SQLite in a data directory, written by its own thread.
@@ -66,18 +68,45 @@ public final class SQLiteTaskStore: TaskStore {
     /// Transactions committed so far.
     public var transactionsCommitted: Int { writer.transactionsCommitted }
 
-    /// Writes a consistent copy of the data dir's database to `file` (which must not exist),
-    /// while a server may be running on it: SQLite's `VACUUM INTO` reads one snapshot and takes
-    /// no lock a writer would wait on. To restore, copy the file to `taskloop.db` in an empty
-    /// data dir.
+    /// Writes a consistent copy of the data dir's database to `file`, 0600, while a server may
+    /// be running on it: SQLite's `VACUUM INTO` reads one snapshot and takes no lock a writer
+    /// would wait on. `file` must not exist: it is created here first, exclusively and not
+    /// through a link, so a backup never replaces a file nor writes where a link points; SQLite
+    /// then fills the empty file. To restore, copy the file to `taskloop.db` in an empty data dir.
     public static func backup(dataDirectory path: String, to file: String) throws(SQLiteError) {
         let database = try SQLiteDatabase(path: path + "/taskloop.db", mode: .readOnly)
         try database.execute("PRAGMA busy_timeout = 10000")
         guard try database.integer("PRAGMA user_version") ?? 0 > 0 else {
-            throw SQLiteError(code: 1, message: "\(path) holds no Taskloop database", operation: "backup")
+            throw SQLiteError(code: SQLITE_ERROR, message: "\(path) holds no Taskloop database", operation: "backup")
         }
-        let vacuum = try database.statement("VACUUM INTO ?")
-        try vacuum.bind(1, file).run()
+        let output = open(file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard output >= 0 else {
+            let reason = errno == EEXIST ? "it already exists (a backup never replaces a file, nor writes through a link)"
+                : String(cString: strerror(errno))
+            throw SQLiteError(code: SQLITE_CANTOPEN, message: "cannot create \(file): \(reason)", operation: "backup")
+        }
+        defer { Glibc.close(output) }
+        var created = stat()
+        fstat(output, &created)
+        // Still the file made above: nobody put another in its place meanwhile.
+        func isOurs() -> Bool {
+            var now = stat()
+            return lstat(file, &now) == 0 && now.st_dev == created.st_dev && now.st_ino == created.st_ino
+        }
+        do throws(SQLiteError) {
+            // 0600 whatever the umask took away from the owner.
+            fchmod(output, 0o600)
+            try database.statement("VACUUM INTO ?").bind(1, file).run()
+            guard isOurs() else {
+                throw SQLiteError(code: SQLITE_CANTOPEN, message: "\(file) was replaced while the backup was written", operation: "backup")
+            }
+            guard fsync(output) == 0 else {
+                throw SQLiteError(code: SQLITE_IOERR, message: "fsync \(file): \(String(cString: strerror(errno)))", operation: "backup")
+            }
+        } catch {
+            if isOurs() { unlink(file) }
+            throw error
+        }
     }
 
     static func apply(_ batch: StoreBatch, to database: SQLiteDatabase) throws(SQLiteError) {

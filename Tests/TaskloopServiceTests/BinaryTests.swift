@@ -22,7 +22,9 @@ import TaskloopTestSupport
         /// A data dir of its own, unless the test names one: the server is durable by default.
         private let ownDataDirectory: String?
 
-        init(arguments: [String], environment: [String: String] = [:]) throws {
+        /// With `umask` (octal text), the server starts under that file-creation mask, set by a
+        /// shell that then becomes the server.
+        init(arguments: [String], environment: [String: String] = [:], umask: String? = nil) throws {
             var arguments = arguments
             if !arguments.contains("--data-dir") && arguments.first != "backup" {
                 let directory = FileManager.default.temporaryDirectory.appendingPathComponent("binary-data-\(UUID())").path
@@ -36,6 +38,10 @@ import TaskloopTestSupport
             // does: the test runner ignores SIGPIPE, and a child would inherit that.
             process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
             process.arguments = ["--default-signal", BinaryTests.executable.path] + arguments
+            if let umask {
+                process.executableURL = URL(fileURLWithPath: "/bin/sh")
+                process.arguments = ["-c", "umask \(umask) && exec /usr/bin/env \"$@\"", "sh"] + process.arguments!
+            }
             process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("TASKLOOP_") }
                 .merging(environment) { $1 }
             process.standardOutput = output
