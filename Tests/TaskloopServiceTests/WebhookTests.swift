@@ -15,12 +15,13 @@ final class WebhookReceiver: @unchecked Sendable {
     static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .appendingPathComponent("Fixtures/webhook_receiver.py").path
 
-    init(port: Int = 0) throws {
+    /// Listens once `secret` and `answers` (as `configure` takes them) are in place.
+    init(port: Int = 0, secret: String? = nil, answers: [String: [Int]] = [:]) throws {
         let output = Pipe()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         // Signals back to their defaults (the test runner's mask would be inherited); the
         // receiver exits when its stdin closes, so it never outlives a test process that dies.
-        process.arguments = ["--default-signal", "python3", Self.script, String(port)]
+        process.arguments = ["--default-signal", "python3", Self.script, String(port), try Self.settings(secret, answers)]
         process.standardOutput = output
         process.standardInput = Pipe()
         try process.run()
@@ -56,11 +57,16 @@ final class WebhookReceiver: @unchecked Sendable {
 
     func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }
 
+    /// Changes the settings of a receiver already listening: only for what cannot be known
+    /// before (a webhook's secret needs its URL), and before anything can be delivered to it.
     func configure(secret: String? = nil, answers: [String: [Int]] = [:]) throws {
+        #expect(try control.call("POST", "/control", json: try Self.settings(secret, answers)).status == 200)
+    }
+
+    private static func settings(_ secret: String?, _ answers: [String: [Int]]) throws -> String {
         var settings: [String: Any] = ["answers": answers]
         if let secret { settings["secret"] = secret }
-        let body = String(decoding: try JSONSerialization.data(withJSONObject: settings), as: UTF8.self)
-        #expect(try control.call("POST", "/control", json: body).status == 200)
+        return String(decoding: try JSONSerialization.data(withJSONObject: settings), as: UTF8.self)
     }
 
     /// Every delivery so far, in arrival order.
@@ -200,11 +206,10 @@ extension [String: Any] {
             $0.webhooks.maxInFlight = 2
         }
         defer { try? service.stop() }
-        let receiver = try WebhookReceiver()
+        let receiver = try WebhookReceiver(answers: ["/stuck": [0]])
         let client = try service.client()
         let stuck = try Self.create(client, #"{"url":"\#(receiver.url("/stuck"))","events":["task.created"]}"#)
         _ = try Self.create(client, #"{"url":"\#(receiver.url("/fine"))","events":["task.created"]}"#)
-        try receiver.configure(answers: ["/stuck": [0]])
         var ids: [String] = []
         for index in 0..<6 { ids.append(try client.submit(#"{"kind":"noop","name":"t\#(index)"}"#)["id"] as! String) }
         // Every one reaches the live receiver (a copy more would be allowed: at least once).
@@ -319,8 +324,7 @@ extension [String: Any] {
 
         (binary, client) = try start()
         #expect(try client.call("GET", "/webhooks/\(id)").status == 200, "the webhook survived")
-        let receiver = try WebhookReceiver(port: receiverPort)
-        try receiver.configure(secret: webhook["secret"] as? String)
+        let receiver = try WebhookReceiver(port: receiverPort, secret: webhook["secret"] as? String)
         let received = try receiver.waitFor("the delivery after the restart", path: "/hook") { $0.deliveredTask?["id"] as? String == task }
         #expect(received.allSatisfy { $0["verified"] as? Bool == true })
         #expect(received.first?["id"] as? String == before.first?["id"] as? String, "the same message")
