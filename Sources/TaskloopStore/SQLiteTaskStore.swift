@@ -192,13 +192,14 @@ public final class SQLiteTaskStore: TaskStore {
         if !batch.deliveries.isEmpty {
             let upsert = try database.statement("""
                 INSERT OR REPLACE INTO webhook_deliveries (id, webhook, event_seq, type, body, attempt, state, status_code, error,
-                    duration_ms, attempted_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    duration_ms, attempted_at, next_attempt_at, earlier_attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """)
             for delivery in batch.deliveries {
                 try upsert.bind(1, delivery.id).bind(2, delivery.webhook).bind(3, Int64(bitPattern: delivery.eventSeq))
                     .bind(4, delivery.type).bind(5, bytes: delivery.body).bind(6, Int64(delivery.attempt))
                     .bind(7, delivery.state.rawValue).bind(8, delivery.statusCode.map(Int64.init)).bind(9, delivery.error)
-                    .bind(10, delivery.durationMilliseconds).bind(11, delivery.attemptedAt).bind(12, delivery.nextAttemptAt).run()
+                    .bind(10, delivery.durationMilliseconds).bind(11, delivery.attemptedAt).bind(12, delivery.nextAttemptAt)
+                    .bind(13, bytes: delivery.earlierAttempts.isEmpty ? nil : SharedRecordCodec.encode(delivery.earlierAttempts)).run()
             }
         }
         if !batch.deletedDeliveries.isEmpty {
@@ -228,7 +229,7 @@ public final class SQLiteTaskStore: TaskStore {
         webhooks.reset()
         let deliveries = try database.statement("""
             SELECT id, webhook, event_seq, type, body, attempt, state, status_code, error, duration_ms, attempted_at,
-                next_attempt_at FROM webhook_deliveries ORDER BY event_seq
+                next_attempt_at, earlier_attempts FROM webhook_deliveries ORDER BY event_seq
             """)
         while try deliveries.step() {
             guard let deliveryState = DeliveryState(rawValue: deliveries.string(6) ?? "") else {
@@ -240,7 +241,8 @@ public final class SQLiteTaskStore: TaskStore {
                 eventSeq: UInt64(bitPattern: deliveries.int64(2)), type: deliveries.string(3) ?? "", body: deliveries.bytes(4),
                 attempt: Int(deliveries.int64(5)), state: deliveryState, statusCode: optional(7).map { Int($0) },
                 error: deliveries.string(8), durationMilliseconds: optional(9), attemptedAt: optional(10),
-                nextAttemptAt: optional(11)))
+                nextAttemptAt: optional(11),
+                earlierAttempts: deliveries.isNull(12) ? [] : try SharedRecordCodec.decodeAttempts(deliveries.bytes(12))))
         }
         deliveries.reset()
     }
