@@ -21,7 +21,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 libcurl4 libsqlite3-0 libpq5 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin taskloop \
-    && install -d -o taskloop -g taskloop -m 0750 /var/lib/taskloop
+    && install -d -o taskloop -g taskloop -m 0700 /var/lib/taskloop
 COPY --from=build /out/taskloop /usr/local/bin/taskloop
 USER taskloop:taskloop
 # Listening beyond loopback, the server refuses to start without a token: mount a token file as

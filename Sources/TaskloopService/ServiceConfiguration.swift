@@ -72,7 +72,7 @@ public struct WebhookSettings: Sendable, Equatable {
     /// Deliveries not yet finished per webhook; events past it are recorded as failed
     /// (`backlog_full`) instead of piling up behind a receiver that is down.
     public var maxPending = 10_000
-    /// Finished deliveries kept per webhook for `GET /webhooks/{id}/deliveries`.
+    /// Entries (attempts) of finished deliveries kept per webhook for `GET /webhooks/{id}/deliveries`.
     public var deliveryLog = 1_000
     public var maxWebhooks = 100
 

@@ -89,7 +89,7 @@ extension TaskloopApplication {
         json.beginObject()
         json.key(static: "deliveries")
         json.beginArray()
-        for delivery in webhooks.deliveries(of: hook, limit: limit) {
+        for delivery in webhooks.deliveryLog(of: hook, limit: limit) {
             json.beginObject()
             json.field("id", delivery.id)
             json.field("event_seq", Int(delivery.eventSeq))

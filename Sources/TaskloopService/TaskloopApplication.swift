@@ -297,6 +297,9 @@ public final class TaskloopApplication {
         let store = try SQLiteTaskStore(
             dataDirectory: configuration.dataDirectory, syncLevel: configuration.durability == .full ? .full : .normal
         ) { work in loop.execute(work) }
+        for file in store.directory.tightened {
+            logger.warning("a data file its group or others could use was made 0600", metadata: ["file": "\(file)"])
+        }
         let durable: DurableState
         do {
             durable = try DurableState(store: store, engine: engine, loop: loop, scheduler: scheduler, logger: logger)

@@ -37,6 +37,8 @@ final class Webhooks {
         fileprivate var inFlight = 0
         /// Finished deliveries, oldest first.
         fileprivate(set) var finished = Deque<DeliveryRecord>()
+        /// Their entries in the log, all told.
+        private var finishedEntries = 0
         /// With replicas: unfinished deliveries other replicas attempt, and which one.
         fileprivate var others: [String: (record: DeliveryRecord, owner: String)] = [:]
 
@@ -46,6 +48,37 @@ final class Webhooks {
             self.key = SymmetricKey(data: key)
             filter = EventFilter(workflow: record.workflow.flatMap(TaskID.init), queue: record.queue,
                                  kinds: Set(record.events.compactMap(EventKind.init(rawValue:))))
+        }
+
+        fileprivate func addFinished(_ record: DeliveryRecord) {
+            finished.append(record)
+            finishedEntries += record.logEntries
+        }
+
+        fileprivate func removeFinished(id: String) {
+            guard let index = finished.firstIndex(where: { $0.id == id }) else { return }
+            finishedEntries -= finished.remove(at: index).logEntries
+        }
+
+        /// Drops the oldest entries of the finished deliveries until at most `limit` are left:
+        /// the oldest delivery's earliest attempts, then the delivery itself. Returns the
+        /// deliveries gone and those that lost attempts.
+        fileprivate func trimFinished(toEntries limit: Int) -> (gone: [String], shortened: [DeliveryRecord]) {
+            var gone: [String] = []
+            var shortened: [DeliveryRecord] = []
+            while finishedEntries > limit, var oldest = finished.first {
+                let excess = finishedEntries - limit
+                finishedEntries -= min(excess, oldest.logEntries)
+                if excess < oldest.logEntries {
+                    oldest.earlierAttempts.removeFirst(excess)
+                    finished[0] = oldest
+                    shortened.append(oldest)
+                } else {
+                    finished.removeFirst()
+                    gone.append(oldest.id)
+                }
+            }
+            return (gone, shortened)
         }
     }
 
@@ -128,10 +161,29 @@ final class Webhooks {
         return true
     }
 
-    /// Its deliveries, newest event first.
-    func deliveries(of hook: Hook, limit: Int) -> [DeliveryRecord] {
+    /// Its log, newest event first and an event's attempts newest first: an entry per attempt,
+    /// each with the delivery's state as that attempt left it (`pending` before a retry), and one
+    /// for a delivery not yet attempted.
+    func deliveryLog(of hook: Hook, limit: Int) -> [DeliveryRecord] {
         let all = hook.pending.values.map(\.record) + hook.others.values.map(\.record) + hook.finished
-        return Array(all.sorted { ($0.eventSeq, $0.id) > ($1.eventSeq, $1.id) }.prefix(limit))
+        var entries: [DeliveryRecord] = []
+        for record in all.sorted(by: { ($0.eventSeq, $0.id) > ($1.eventSeq, $1.id) }) {
+            var entry = record
+            entry.earlierAttempts = []
+            entries.append(entry)
+            for earlier in record.earlierAttempts.reversed() {
+                entry.attempt = earlier.number
+                entry.state = .pending
+                entry.statusCode = earlier.statusCode
+                entry.error = earlier.error
+                entry.durationMilliseconds = earlier.durationMilliseconds
+                entry.attemptedAt = earlier.attemptedAt
+                entry.nextAttemptAt = earlier.nextAttemptAt
+                entries.append(entry)
+            }
+            if entries.count >= limit { break }
+        }
+        return Array(entries.prefix(limit))
     }
 
     // MARK: events
@@ -249,6 +301,7 @@ final class Webhooks {
         // Deleted meanwhile: its attempts were cancelled, and nothing of it is written again.
         guard hooks[hook.record.id] === hook else { return }
         var record = delivery.record
+        if let last = record.lastAttempt { record.earlierAttempts.append(last) }
         record.attempt += 1
         record.statusCode = status
         record.error = error
@@ -292,15 +345,16 @@ final class Webhooks {
         record.nextAttemptAt = nil
         attempts[record.state.rawValue, default: 0] += 1
         hook.pending.removeValue(forKey: record.id)
-        hook.finished.append(record)
+        hook.addFinished(record)
         durable?.record(record)
         trimLog(of: hook)
     }
 
-    /// The log keeps the newest `deliveryLog` finished deliveries; older ones leave the store too.
+    /// The log keeps the newest `deliveryLog` entries of finished deliveries; older ones leave
+    /// the store too. (A pending delivery's attempts are bounded by the retry schedule.)
     private func trimLog(of hook: Hook) {
-        var pushedOut: [String] = []
-        while hook.finished.count > settings.deliveryLog { pushedOut.append(hook.finished.removeFirst().id) }
+        let (pushedOut, shortened) = hook.trimFinished(toEntries: settings.deliveryLog)
+        for record in shortened { durable?.record(record) }
         if !pushedOut.isEmpty { durable?.delete(deliveries: pushedOut) }
     }
 
@@ -336,7 +390,7 @@ final class Webhooks {
         for record in deliveries {
             guard let hook = hooks[record.webhook] else { continue }
             guard record.state == .pending else {
-                hook.finished.append(record)
+                hook.addFinished(record)
                 continue
             }
             if let owner = owners[record.id], owner != replica {
@@ -392,7 +446,7 @@ final class Webhooks {
         for id in delta.deletedDeliveries {
             for hook in hooks.values {
                 hook.others.removeValue(forKey: id)
-                hook.finished.removeAll { $0.id == id }
+                hook.removeFinished(id: id)
             }
         }
         for (record, owner) in delta.deliveries {
@@ -403,10 +457,10 @@ final class Webhooks {
                 hook.others[record.id] = (record, owner)
             } else {
                 hook.others.removeValue(forKey: record.id)
-                hook.finished.removeAll { $0.id == record.id }
-                hook.finished.append(record)
+                hook.removeFinished(id: record.id)
+                hook.addFinished(record)
                 // Its owner trims the log in the database; here the copy is only kept in step.
-                while hook.finished.count > settings.deliveryLog { hook.finished.removeFirst() }
+                _ = hook.trimFinished(toEntries: settings.deliveryLog)
             }
         }
     }

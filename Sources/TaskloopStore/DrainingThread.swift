@@ -5,12 +5,15 @@ import Glibc
 /// together next time (group commit for the writer, one fsync for many commits for the log
 /// flusher).
 ///
-/// Threading: `enqueue` and `finish` from any thread; `start` and `drain` run on the thread.
-/// The owner calls `finish` before letting go of it.
+/// Threading: `enqueue` and `finish` from any thread; `start`, `drain` and `idle` run on the
+/// thread. The owner calls `finish` before letting go of it.
 final class DrainingThread<Item>: @unchecked Sendable {
     private let name: String
     private let start: () -> Void
     private let drain: ([Item]) -> Void
+    /// Runs when a drain left nothing queued, before the thread waits: housekeeping that queued
+    /// work should not wait behind.
+    private let idle: () -> Void
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     private var queue: [Item] = []
@@ -20,10 +23,12 @@ final class DrainingThread<Item>: @unchecked Sendable {
     private var isWaiting = false
     private var thread = pthread_t()
 
-    /// Starts the thread, which runs `start` once, then `drain` for each gathering of items.
-    init(name: String, start: @escaping () -> Void = {}, drain: @escaping ([Item]) -> Void) {
+    /// Starts the thread, which runs `start` once, then `drain` for each gathering of items, and
+    /// `idle` whenever it has drained all there was.
+    init(name: String, start: @escaping () -> Void = {}, idle: @escaping () -> Void = {}, drain: @escaping ([Item]) -> Void) {
         self.name = name
         self.start = start
+        self.idle = idle
         self.drain = drain
         pthread_mutex_init(mutex, nil)
         pthread_cond_init(wake, nil)
@@ -60,8 +65,15 @@ final class DrainingThread<Item>: @unchecked Sendable {
 
     private func run() {
         start()
+        var drained = false
         while true {
             pthread_mutex_lock(mutex)
+            if drained && queue.isEmpty && !closing {
+                pthread_mutex_unlock(mutex)
+                drained = false
+                idle()
+                continue
+            }
             while queue.isEmpty && !closing {
                 isWaiting = true
                 pthread_cond_wait(wake, mutex)
@@ -73,6 +85,7 @@ final class DrainingThread<Item>: @unchecked Sendable {
             pthread_mutex_unlock(mutex)
             if done { return }
             drain(items)
+            drained = true
         }
     }
 }

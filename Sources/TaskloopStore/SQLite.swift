@@ -106,6 +106,14 @@ public final class SQLiteDatabase {
 
     public var changes: Int { Int(sqlite3_changes64(handle)) }
 
+    /// Copies the whole write-ahead log into the database and empties the log file; false when
+    /// a reader's snapshot still needs part of it (then what could be copied was). Waits for
+    /// nobody: the connection has no busy timeout.
+    @discardableResult
+    public func checkpointAndTruncateLog() -> Bool {
+        sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, nil, nil) == SQLITE_OK
+    }
+
     func error(_ status: Int32, _ operation: String) -> SQLiteError {
         SQLiteError(code: status, message: String(cString: sqlite3_errmsg(handle)), operation: operation)
     }

@@ -1,3 +1,5 @@
+import CSQLite
+import Glibc
 import TaskloopEngine
 
 /// The store of one server: SQLite in a data directory, written by its own thread.
@@ -66,18 +68,45 @@ public final class SQLiteTaskStore: TaskStore {
     /// Transactions committed so far.
     public var transactionsCommitted: Int { writer.transactionsCommitted }
 
-    /// Writes a consistent copy of the data dir's database to `file` (which must not exist),
-    /// while a server may be running on it: SQLite's `VACUUM INTO` reads one snapshot and takes
-    /// no lock a writer would wait on. To restore, copy the file to `taskloop.db` in an empty
-    /// data dir.
+    /// Writes a consistent copy of the data dir's database to `file`, 0600, while a server may
+    /// be running on it: SQLite's `VACUUM INTO` reads one snapshot and takes no lock a writer
+    /// would wait on. `file` must not exist: it is created here first, exclusively and not
+    /// through a link, so a backup never replaces a file nor writes where a link points; SQLite
+    /// then fills the empty file. To restore, copy the file to `taskloop.db` in an empty data dir.
     public static func backup(dataDirectory path: String, to file: String) throws(SQLiteError) {
         let database = try SQLiteDatabase(path: path + "/taskloop.db", mode: .readOnly)
         try database.execute("PRAGMA busy_timeout = 10000")
         guard try database.integer("PRAGMA user_version") ?? 0 > 0 else {
-            throw SQLiteError(code: 1, message: "\(path) holds no Taskloop database", operation: "backup")
+            throw SQLiteError(code: SQLITE_ERROR, message: "\(path) holds no Taskloop database", operation: "backup")
         }
-        let vacuum = try database.statement("VACUUM INTO ?")
-        try vacuum.bind(1, file).run()
+        let output = open(file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard output >= 0 else {
+            let reason = errno == EEXIST ? "it already exists (a backup never replaces a file, nor writes through a link)"
+                : String(cString: strerror(errno))
+            throw SQLiteError(code: SQLITE_CANTOPEN, message: "cannot create \(file): \(reason)", operation: "backup")
+        }
+        defer { Glibc.close(output) }
+        var created = stat()
+        fstat(output, &created)
+        // Still the file made above: nobody put another in its place meanwhile.
+        func isOurs() -> Bool {
+            var now = stat()
+            return lstat(file, &now) == 0 && now.st_dev == created.st_dev && now.st_ino == created.st_ino
+        }
+        do throws(SQLiteError) {
+            // 0600 whatever the umask took away from the owner.
+            fchmod(output, 0o600)
+            try database.statement("VACUUM INTO ?").bind(1, file).run()
+            guard isOurs() else {
+                throw SQLiteError(code: SQLITE_CANTOPEN, message: "\(file) was replaced while the backup was written", operation: "backup")
+            }
+            guard fsync(output) == 0 else {
+                throw SQLiteError(code: SQLITE_IOERR, message: "fsync \(file): \(String(cString: strerror(errno)))", operation: "backup")
+            }
+        } catch {
+            if isOurs() { unlink(file) }
+            throw error
+        }
     }
 
     static func apply(_ batch: StoreBatch, to database: SQLiteDatabase) throws(SQLiteError) {
@@ -163,13 +192,14 @@ public final class SQLiteTaskStore: TaskStore {
         if !batch.deliveries.isEmpty {
             let upsert = try database.statement("""
                 INSERT OR REPLACE INTO webhook_deliveries (id, webhook, event_seq, type, body, attempt, state, status_code, error,
-                    duration_ms, attempted_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    duration_ms, attempted_at, next_attempt_at, earlier_attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """)
             for delivery in batch.deliveries {
                 try upsert.bind(1, delivery.id).bind(2, delivery.webhook).bind(3, Int64(bitPattern: delivery.eventSeq))
                     .bind(4, delivery.type).bind(5, bytes: delivery.body).bind(6, Int64(delivery.attempt))
                     .bind(7, delivery.state.rawValue).bind(8, delivery.statusCode.map(Int64.init)).bind(9, delivery.error)
-                    .bind(10, delivery.durationMilliseconds).bind(11, delivery.attemptedAt).bind(12, delivery.nextAttemptAt).run()
+                    .bind(10, delivery.durationMilliseconds).bind(11, delivery.attemptedAt).bind(12, delivery.nextAttemptAt)
+                    .bind(13, bytes: delivery.earlierAttempts.isEmpty ? nil : SharedRecordCodec.encode(delivery.earlierAttempts)).run()
             }
         }
         if !batch.deletedDeliveries.isEmpty {
@@ -199,7 +229,7 @@ public final class SQLiteTaskStore: TaskStore {
         webhooks.reset()
         let deliveries = try database.statement("""
             SELECT id, webhook, event_seq, type, body, attempt, state, status_code, error, duration_ms, attempted_at,
-                next_attempt_at FROM webhook_deliveries ORDER BY event_seq
+                next_attempt_at, earlier_attempts FROM webhook_deliveries ORDER BY event_seq
             """)
         while try deliveries.step() {
             guard let deliveryState = DeliveryState(rawValue: deliveries.string(6) ?? "") else {
@@ -211,7 +241,8 @@ public final class SQLiteTaskStore: TaskStore {
                 eventSeq: UInt64(bitPattern: deliveries.int64(2)), type: deliveries.string(3) ?? "", body: deliveries.bytes(4),
                 attempt: Int(deliveries.int64(5)), state: deliveryState, statusCode: optional(7).map { Int($0) },
                 error: deliveries.string(8), durationMilliseconds: optional(9), attemptedAt: optional(10),
-                nextAttemptAt: optional(11)))
+                nextAttemptAt: optional(11),
+                earlierAttempts: deliveries.isNull(12) ? [] : try SharedRecordCodec.decodeAttempts(deliveries.bytes(12))))
         }
         deliveries.reset()
     }

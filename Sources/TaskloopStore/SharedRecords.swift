@@ -55,7 +55,7 @@ public struct SharedDelta: Sendable {
 }
 
 /// Binary forms of the webhook records for the shared database (the SQLite store keeps them in
-/// columns of their own).
+/// columns of their own, a delivery's earlier attempts in this form too).
 enum SharedRecordCodec {
     static func encode(_ webhook: WebhookRecord) -> [UInt8] {
         var output = RecordWriter()
@@ -88,9 +88,10 @@ enum SharedRecordCodec {
         }
     }
 
+    /// Format 2; format 1 (read still) had no earlier attempts.
     static func encode(_ delivery: DeliveryRecord) -> [UInt8] {
         var output = RecordWriter()
-        output.byte(1)
+        output.byte(2)
         output.string(delivery.id)
         output.string(delivery.webhook)
         output.unsigned(delivery.eventSeq)
@@ -104,13 +105,54 @@ enum SharedRecordCodec {
         output.optional(delivery.durationMilliseconds)
         output.optional(delivery.attemptedAt)
         output.optional(delivery.nextAttemptAt)
+        write(delivery.earlierAttempts, into: &output)
         return output.bytes
+    }
+
+    static func encode(_ attempts: [DeliveryAttempt]) -> [UInt8] {
+        var output = RecordWriter()
+        write(attempts, into: &output)
+        return output.bytes
+    }
+
+    static func decodeAttempts(_ bytes: [UInt8]) throws -> [DeliveryAttempt] {
+        try bytes.withUnsafeBytes { (buffer) throws(RecordDecodingError) -> [DeliveryAttempt] in
+            var input = RecordReader(buffer, table: "webhook_deliveries")
+            let attempts = try readAttempts(from: &input)
+            guard input.isAtEnd else { throw input.failure("bytes after the last attempt") }
+            return attempts
+        }
+    }
+
+    private static func write(_ attempts: [DeliveryAttempt], into output: inout RecordWriter) {
+        output.unsigned(UInt64(attempts.count))
+        for attempt in attempts {
+            output.unsigned(UInt64(attempt.number))
+            output.optional(attempt.statusCode.map { Int64($0) })
+            output.optional(attempt.error)
+            output.optional(attempt.durationMilliseconds)
+            output.optional(attempt.attemptedAt)
+            output.optional(attempt.nextAttemptAt)
+        }
+    }
+
+    private static func readAttempts(from input: inout RecordReader) throws(RecordDecodingError) -> [DeliveryAttempt] {
+        var attempts: [DeliveryAttempt] = []
+        // An attempt is at least its number and five absence markers.
+        for _ in 0..<(try input.count(ofAtLeast: 6)) {
+            attempts.append(DeliveryAttempt(
+                number: try input.nonNegativeInt(), statusCode: try input.optionalSigned().map { Int($0) },
+                error: try input.optionalString(), durationMilliseconds: try input.optionalSigned(),
+                attemptedAt: try input.optionalSigned(), nextAttemptAt: try input.optionalSigned()))
+        }
+        return attempts
     }
 
     static func decodeDelivery(_ bytes: [UInt8]) throws -> DeliveryRecord {
         try bytes.withUnsafeBytes { (buffer) throws(RecordDecodingError) -> DeliveryRecord in
             var input = RecordReader(buffer, table: "webhook_deliveries")
-            guard try input.byte() == 1 else { throw input.failure("unknown record format") }
+            let format = try input.byte()
+            guard format == 1 || format == 2 else { throw input.failure("unknown record format") }
             let id = try input.string(), webhook = try input.string()
             let eventSeq = try input.unsigned()
             let type = try input.string()
@@ -118,11 +160,12 @@ enum SharedRecordCodec {
             let body = try input.raw(count: length)
             let attempt = try input.nonNegativeInt()
             guard let state = DeliveryState(rawValue: try input.string()) else { throw input.failure("an unknown delivery state") }
-            let record = DeliveryRecord(
+            var record = DeliveryRecord(
                 id: id, webhook: webhook, eventSeq: eventSeq, type: type, body: body, attempt: attempt, state: state,
                 statusCode: try input.optionalSigned().map { Int($0) }, error: try input.optionalString(),
                 durationMilliseconds: try input.optionalSigned(), attemptedAt: try input.optionalSigned(),
                 nextAttemptAt: try input.optionalSigned())
+            if format == 2 { record.earlierAttempts = try readAttempts(from: &input) }
             guard input.isAtEnd else { throw input.failure("bytes after the last field") }
             return record
         }

@@ -6,7 +6,7 @@ import TaskloopPostgres
 /// that last wrote it, and a deletion leaves a removal, so a replica reads "what changed after
 /// turn N" with one indexed query per table.
 enum SharedSchema {
-    static let version = 1
+    static let version = 2
 
     /// Advisory lock keys ("TLMIGRAT", "TLTURN__" as 64-bit integers would be clearer in a
     /// lock listing, but the numbers only have to be fixed and unlikely to collide).
@@ -59,6 +59,9 @@ enum SharedSchema {
                 expires_at timestamptz NOT NULL)
             """,
         ]),
+        // A delivery's record (format 2) carries its earlier attempts. The tables stay as they
+        // are, but a replica of version 1 cannot read such records: the version keeps it out.
+        Migration(version: 2, statements: []),
     ]
 
     enum Removal: Int {

@@ -91,6 +91,11 @@ public enum StoreSchema {
         ) WITHOUT ROWID;
         CREATE INDEX webhook_deliveries_by_webhook ON webhook_deliveries (webhook);
         """) },
+        // 5: each attempt of a delivery in the log, not only the last: the ones before it, in
+        // `SharedRecordCodec`'s form (NULL: none, as for every delivery written before).
+        { database in
+            try database.execute("ALTER TABLE webhook_deliveries ADD COLUMN earlier_attempts BLOB")
+        },
     ]
 
     /// The version this server writes.

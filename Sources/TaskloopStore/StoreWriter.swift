@@ -37,6 +37,8 @@ public final class StoreWriter: @unchecked Sendable {
     private let syncer: WALSyncer?
     private var thread: DrainingThread<Item>!
     private let committed = Atomic<Int>(0)
+    /// Bytes of write-ahead log kept once the writer is idle (`journal_size_limit`).
+    public static let logSizeLimit = 4 << 20
 
     /// Takes over `database` (no other thread may touch it from now on) and starts the thread.
     public init(database: SQLiteDatabase, syncLevel: SyncLevel, deliver: @escaping Deliver) throws(SQLiteError) {
@@ -49,6 +51,12 @@ public final class StoreWriter: @unchecked Sendable {
         // cache made every commit slower (a 64 MB one cost 15% of POST throughput, spent in the
         // page cache truncation that ends each transaction).
         try database.execute("PRAGMA wal_autocheckpoint = 10000")
+        // SQLite rewinds the log after a checkpoint but keeps the file at its high-water mark,
+        // so a burst left a 40 MB log beside a database retention keeps at a few MB. Past this
+        // limit it cuts the file back when it rewinds. 4 MB, a thousand pages (SQLite's own
+        // checkpoint size), spares growing the file again after every checkpoint;
+        // `checkpointWhenIdle` brings it back within the limit once writes stop.
+        try database.execute("PRAGMA journal_size_limit = \(Self.logSizeLimit)")
         self.database = database
         self.deliver = deliver
         if syncLevel == .full {
@@ -65,7 +73,17 @@ public final class StoreWriter: @unchecked Sendable {
             // effort.
             var parameters = sched_param()
             _ = sched_setscheduler(0, 3 /* SCHED_BATCH */, &parameters)
-        }, drain: { [unowned self] batch in commit(batch) })
+        }, idle: { [unowned self] in checkpointWhenIdle() }, drain: { [unowned self] batch in commit(batch) })
+    }
+
+    /// With nothing queued, a log past its limit is checkpointed and emptied: the automatic
+    /// checkpoint waits for 40 MB, and would leave the file at that size for good once writes
+    /// stop. A reader holding an older snapshot (a backup) makes it partial; the next idle
+    /// moment tries again.
+    private func checkpointWhenIdle() {
+        var status = stat()
+        guard stat(database.path + "-wal", &status) == 0, status.st_size > Self.logSizeLimit else { return }
+        database.checkpointAndTruncateLog()
     }
 
     /// Queues `work` for the next transaction; `completion` learns whether it committed.

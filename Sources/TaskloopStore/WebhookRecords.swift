@@ -33,8 +33,30 @@ public enum DeliveryState: String, Sendable, CaseIterable {
     case failed
 }
 
-/// One event on its way to one webhook, and how its last attempt went. Kept until it is
-/// delivered or given up, then in the webhook's log until newer ones push it out.
+/// An attempt of a delivery that was followed by another: its entry in the webhook's log.
+public struct DeliveryAttempt: Sendable, Equatable {
+    public var number: Int
+    public var statusCode: Int?
+    public var error: String?
+    public var durationMilliseconds: Int64?
+    /// Wall-clock milliseconds of the attempt, and of the retry it scheduled.
+    public var attemptedAt: Int64?
+    public var nextAttemptAt: Int64?
+
+    public init(number: Int, statusCode: Int?, error: String?, durationMilliseconds: Int64?, attemptedAt: Int64?,
+                nextAttemptAt: Int64?) {
+        self.number = number
+        self.statusCode = statusCode
+        self.error = error
+        self.durationMilliseconds = durationMilliseconds
+        self.attemptedAt = attemptedAt
+        self.nextAttemptAt = nextAttemptAt
+    }
+}
+
+/// One event on its way to one webhook, how its last attempt went, and the attempts before.
+/// Kept until it is delivered or given up, then in the webhook's log until newer ones push it
+/// out.
 public struct DeliveryRecord: Sendable, Equatable {
     public var id: String
     public var webhook: String
@@ -52,10 +74,12 @@ public struct DeliveryRecord: Sendable, Equatable {
     /// Wall-clock milliseconds of the last attempt, and of the next (nil once finished).
     public var attemptedAt: Int64?
     public var nextAttemptAt: Int64?
+    /// The attempts before the last, oldest first; the oldest leave first when the log is full.
+    public var earlierAttempts: [DeliveryAttempt]
 
     public init(id: String, webhook: String, eventSeq: UInt64, type: String, body: [UInt8], attempt: Int = 0,
                 state: DeliveryState = .pending, statusCode: Int? = nil, error: String? = nil, durationMilliseconds: Int64? = nil,
-                attemptedAt: Int64? = nil, nextAttemptAt: Int64? = nil) {
+                attemptedAt: Int64? = nil, nextAttemptAt: Int64? = nil, earlierAttempts: [DeliveryAttempt] = []) {
         self.id = id
         self.webhook = webhook
         self.eventSeq = eventSeq
@@ -68,5 +92,17 @@ public struct DeliveryRecord: Sendable, Equatable {
         self.durationMilliseconds = durationMilliseconds
         self.attemptedAt = attemptedAt
         self.nextAttemptAt = nextAttemptAt
+        self.earlierAttempts = earlierAttempts
     }
+
+    /// The last attempt as an earlier one, once another is made; nil before the first.
+    public var lastAttempt: DeliveryAttempt? {
+        guard attempt > 0 else { return nil }
+        return DeliveryAttempt(number: attempt, statusCode: statusCode, error: error, durationMilliseconds: durationMilliseconds,
+                               attemptedAt: attemptedAt, nextAttemptAt: nextAttemptAt)
+    }
+
+    /// Its entries in the webhook's log: one per attempt kept, or one for a delivery not yet
+    /// attempted (or given up before its first attempt).
+    public var logEntries: Int { earlierAttempts.count + 1 }
 }

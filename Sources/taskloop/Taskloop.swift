@@ -161,7 +161,7 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Unfinished deliveries per webhook; later events are logged as failed (backlog_full), 1...1000000. [env: TASKLOOP_WEBHOOK_MAX_PENDING]")
     var webhookMaxPending: Int = Environment.int("WEBHOOK_MAX_PENDING") ?? 10_000
 
-    @Option(help: "Finished deliveries kept per webhook for its delivery log, 1...100000. [env: TASKLOOP_WEBHOOK_DELIVERY_LOG]")
+    @Option(help: "Attempts of finished deliveries kept per webhook in its delivery log, 1...100000. [env: TASKLOOP_WEBHOOK_DELIVERY_LOG]")
     var webhookDeliveryLog: Int = Environment.int("WEBHOOK_DELIVERY_LOG") ?? 1_000
 
     @Option(help: "Most webhooks the server keeps, 0...10000. [env: TASKLOOP_MAX_WEBHOOKS]")

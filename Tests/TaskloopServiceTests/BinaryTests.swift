@@ -22,8 +22,10 @@ import TaskloopTestSupport
         /// A data dir of its own, unless the test names one: the server is durable by default.
         private let ownDataDirectory: String?
 
-        /// `launcher` runs the server through another program (`nsenter`, into a namespace).
-        init(arguments: [String], environment: [String: String] = [:], launcher: [String] = []) throws {
+        /// `launcher` runs the server through another program (`nsenter`, into a namespace). With
+        /// `umask` (octal text), the server starts under that file-creation mask, set by a shell
+        /// that then becomes the server.
+        init(arguments: [String], environment: [String: String] = [:], launcher: [String] = [], umask: String? = nil) throws {
             var arguments = arguments
             if !arguments.contains("--data-dir") && arguments.first != "backup" {
                 let directory = FileManager.default.temporaryDirectory.appendingPathComponent("binary-data-\(UUID())").path
@@ -35,7 +37,9 @@ import TaskloopTestSupport
             self.arguments = arguments
             // Through env(1), which gives every signal its default action back, as a shell
             // does: the test runner ignores SIGPIPE, and a child would inherit that.
-            let command = launcher + ["/usr/bin/env", "--default-signal", BinaryTests.executable.path] + arguments
+            var command = ["/usr/bin/env", "--default-signal", BinaryTests.executable.path] + arguments
+            if let umask { command = ["/bin/sh", "-c", "umask \(umask) && exec \"$@\"", "sh"] + command }
+            command = launcher + command
             process.executableURL = URL(fileURLWithPath: command[0])
             process.arguments = Array(command.dropFirst())
             process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("TASKLOOP_") }

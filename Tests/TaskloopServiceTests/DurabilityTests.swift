@@ -97,19 +97,43 @@ import TaskloopTestSupport
         #expect(try binary.stop() == 0)
     }
 
-    /// `taskloop backup` while the server runs, and a restore into an empty data dir.
+    /// The permission bits of `path` itself (a link's own, not its target's).
+    static func mode(_ path: String) throws -> Int {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        return Int(status.st_mode & 0o777)
+    }
+
+    /// `taskloop backup` while the server runs, and a restore into an empty data dir. The copy is
+    /// 0600 under the usual umask; an existing file or a link is refused and left as it was.
     @Test func aBackupTakenWhileRunningRestores() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let (server, client) = try Self.start(directory + "/data")
         var ids: [String] = []
         for index in 0..<20 { ids.append(try Self.id(try client.submit(#"{"kind":"noop","name":"n\#(index)"}"#))) }
-        let backup = try Binary(arguments: ["backup", "--data-dir", directory + "/data", "--to", directory + "/copy.db"])
+        let backup = try Binary(arguments: ["backup", "--data-dir", directory + "/data", "--to", directory + "/copy.db"],
+                                umask: "022")
         _ = try backup.waitForLine(containing: "backed up")
         #expect(try backup.waitForExit() == 0)
+        #expect(try Self.mode(directory + "/copy.db") == 0o600)
+        let before = try Data(contentsOf: URL(fileURLWithPath: directory + "/copy.db"))
         let again = try Binary(arguments: ["backup", "--data-dir", directory + "/data", "--to", directory + "/copy.db"])
         _ = try again.waitForLine(containing: "already exists")
         #expect(try again.waitForExit() != 0, "a backup never overwrites")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: directory + "/copy.db")) == before)
+        // A link to a file that does not exist yet, and one to an empty file (which SQLite
+        // alone would fill): neither is written through.
+        try FileManager.default.createSymbolicLink(atPath: directory + "/dangling.db", withDestinationPath: directory + "/target.db")
+        try Data().write(to: URL(fileURLWithPath: directory + "/empty.db"))
+        try FileManager.default.createSymbolicLink(atPath: directory + "/link.db", withDestinationPath: directory + "/empty.db")
+        for link in ["dangling.db", "link.db"] {
+            let refused = try Binary(arguments: ["backup", "--data-dir", directory + "/data", "--to", directory + "/" + link])
+            _ = try refused.waitForLine(containing: "already exists")
+            #expect(try refused.waitForExit() != 0, "\(link)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: directory + "/target.db"))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: directory + "/empty.db")).isEmpty)
         #expect(try server.stop() == 0)
         try FileManager.default.createDirectory(atPath: directory + "/restored", withIntermediateDirectories: true)
         try FileManager.default.copyItem(atPath: directory + "/copy.db", toPath: directory + "/restored/taskloop.db")
@@ -161,6 +185,48 @@ import TaskloopTestSupport
         let again = try client.waitForState(task, "running")
         #expect(again["attempt"] as? Int == 1, "stopped by the shutdown, not failed: the attempt is not consumed")
         #expect(try binary.stop() == 0)
+    }
+
+    /// Under umask 022 the server would make its files readable by all; they are its own.
+    @Test func theDataDirAndItsFilesArePrivateWhateverTheUmask() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let data = directory + "/data"
+        let binary = try Binary(arguments: ["--port", "0", "--durability", "full", "--data-dir", data], umask: "022")
+        let client = try APIClient(port: try #require(BinaryTests.port(from: try binary.waitForLine(containing: "listening on"))))
+        _ = try client.waitForState(try Self.id(try client.submit(#"{"kind":"noop"}"#)), "succeeded")
+        #expect(try Self.mode(data) == 0o700)
+        for file in ["taskloop.db", "taskloop.db-wal", "taskloop.db-shm", "lock"] {
+            #expect(try Self.mode(data + "/" + file) == 0o600, "\(file)")
+        }
+        #expect(try binary.stop() == 0)
+    }
+
+    /// Files an older server left readable by others are made private at the next start, and
+    /// the server says so.
+    @Test func looserFilesAreMadePrivateAndLogged() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var (binary, _) = try Self.start(directory)
+        #expect(try binary.stop() == 0)
+        chmod(directory + "/taskloop.db", 0o644)
+        (binary, _) = try Self.start(directory)
+        _ = try binary.waitForLine(containing: "made 0600")
+        #expect(binary.printed.contains(directory + "/taskloop.db"))
+        #expect(try Self.mode(directory + "/taskloop.db") == 0o600)
+        #expect(try binary.stop() == 0)
+    }
+
+    /// Whoever may write to the data dir could swap the database: such a dir is refused, with
+    /// the fix in the message, and nothing is created in it.
+    @Test func aDataDirOthersMayWriteToIsRefused() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        chmod(directory, 0o777)
+        let binary = try Binary(arguments: ["--port", "0", "--durability", "full", "--data-dir", directory])
+        _ = try binary.waitForLine(containing: "chmod 700 \(directory)")
+        #expect(try binary.waitForExit() != 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).isEmpty)
     }
 
     @Test func aSecondServerOnTheSameDataDirRefusesToStart() throws {

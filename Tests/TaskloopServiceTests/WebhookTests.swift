@@ -15,12 +15,13 @@ final class WebhookReceiver: @unchecked Sendable {
     static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .appendingPathComponent("Fixtures/webhook_receiver.py").path
 
-    init(port: Int = 0) throws {
+    /// Listens once `secret` and `answers` (as `configure` takes them) are in place.
+    init(port: Int = 0, secret: String? = nil, answers: [String: [Int]] = [:]) throws {
         let output = Pipe()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         // Signals back to their defaults (the test runner's mask would be inherited); the
         // receiver exits when its stdin closes, so it never outlives a test process that dies.
-        process.arguments = ["--default-signal", "python3", Self.script, String(port)]
+        process.arguments = ["--default-signal", "python3", Self.script, String(port), try Self.settings(secret, answers)]
         process.standardOutput = output
         process.standardInput = Pipe()
         try process.run()
@@ -56,11 +57,16 @@ final class WebhookReceiver: @unchecked Sendable {
 
     func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }
 
+    /// Changes the settings of a receiver already listening: only for what cannot be known
+    /// before (a webhook's secret needs its URL), and before anything can be delivered to it.
     func configure(secret: String? = nil, answers: [String: [Int]] = [:]) throws {
+        #expect(try control.call("POST", "/control", json: try Self.settings(secret, answers)).status == 200)
+    }
+
+    private static func settings(_ secret: String?, _ answers: [String: [Int]]) throws -> String {
         var settings: [String: Any] = ["answers": answers]
         if let secret { settings["secret"] = secret }
-        let body = String(decoding: try JSONSerialization.data(withJSONObject: settings), as: UTF8.self)
-        #expect(try control.call("POST", "/control", json: body).status == 200)
+        return String(decoding: try JSONSerialization.data(withJSONObject: settings), as: UTF8.self)
     }
 
     /// Every delivery so far, in arrival order.
@@ -168,15 +174,19 @@ extension [String: Any] {
             log = try Self.deliveries(client, flakyID)
             return log.first?["state"] as? String == "delivered"
         }
-        #expect(log.first?["attempt"] as? Int == 3 && log.first?["status_code"] as? Int == 200)
+        // Every attempt is an entry, newest first.
+        #expect(log.map { $0["attempt"] as? Int } == [3, 2, 1])
+        #expect(log.map { $0["status_code"] as? Int } == [200, 503, 500])
+        #expect(log.map { $0["state"] as? String } == ["delivered", "pending", "pending"])
 
         // Failing past the schedule: three attempts, then given up.
         try receiver.configure(answers: ["/flaky": [500]])
         _ = try client.submit(#"{"kind":"noop","name":"never"}"#)
         try pollUntil("the delivery given up", timeout: 5, every: 5_000) {
             log = try Self.deliveries(client, flakyID)
-            return log.count == 2 && log.first?["state"] as? String == "failed"
+            return log.first?["state"] as? String == "failed"
         }
+        #expect(log.count == 6)
         #expect(log.first?["attempt"] as? Int == 3 && log.first?["status_code"] as? Int == 500)
         #expect(log.first?["next_attempt_at"] is NSNull)
 
@@ -189,9 +199,65 @@ extension [String: Any] {
         let last = try client.submit(#"{"kind":"noop","name":"after"}"#)["id"] as! String
         try receiver.waitFor("the sentinel's copy", path: "/sentinel") { $0.deliveredTask?["id"] as? String == last }
         log = try Self.deliveries(client, flakyID)
-        #expect(log.count == 3, "nothing queued for a disabled webhook")
+        #expect(log.count == 7, "nothing queued for a disabled webhook")
         #expect(log.first?["status_code"] as? Int == 410 && log.first?["state"] as? String == "failed")
         #expect(try Self.deliveries(client, sentinel["id"] as! String).count == 4)
+    }
+
+    /// Each attempt is its own entry in the log, as Svix and Stripe show them: 500, 500, then
+    /// 200 are three entries of one message, newest first, each with its status and duration,
+    /// the earlier two with the retry they scheduled.
+    @Test func everyAttemptIsAnEntryInTheLog() throws {
+        let service = try ServiceHarness { $0.webhooks.retrySchedule = [50, 50] }
+        defer { try? service.stop() }
+        let receiver = try WebhookReceiver(answers: ["/hook": [500, 500, 200]])
+        let client = try service.client()
+        let id = try #require(try Self.create(client, #"{"url":"\#(receiver.url("/hook"))","events":["task.created"]}"#)["id"] as? String)
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        var log: [[String: Any]] = []
+        try pollUntil("the delivery logged as delivered", timeout: 5, every: 5_000) {
+            log = try Self.deliveries(client, id)
+            return log.first?["state"] as? String == "delivered"
+        }
+        #expect(log.map { $0["attempt"] as? Int } == [3, 2, 1])
+        #expect(log.map { $0["status_code"] as? Int } == [200, 500, 500])
+        #expect(log.map { $0["state"] as? String } == ["delivered", "pending", "pending"])
+        #expect(Set(log.compactMap { $0["id"] as? String }).count == 1, "one message")
+        #expect(Set(log.compactMap { $0["event_seq"] as? Int }).count == 1)
+        #expect(log.allSatisfy { $0["duration_ms"] is Int && $0["at"] is String && $0["error"] is NSNull })
+        #expect(log[0]["next_attempt_at"] is NSNull)
+        #expect(log[1]["next_attempt_at"] is String && log[2]["next_attempt_at"] is String)
+        let times = log.compactMap { $0["at"] as? String }
+        #expect(times == times.sorted(by: >), "newest first")
+        #expect(try client.call("GET", "/webhooks/\(id)/deliveries?limit=2").json["deliveries"].map { ($0 as? [Any])?.count } == 2)
+    }
+
+    /// `--webhook-delivery-log` bounds entries: the oldest delivery's earliest attempts leave
+    /// first, then the delivery.
+    @Test func theLogKeepsItsNumberOfEntries() throws {
+        let service = try ServiceHarness {
+            $0.webhooks.retrySchedule = [50]
+            $0.webhooks.deliveryLog = 3
+        }
+        defer { try? service.stop() }
+        let receiver = try WebhookReceiver(answers: ["/hook": [500, 200]])
+        let client = try service.client()
+        let id = try #require(try Self.create(client, #"{"url":"\#(receiver.url("/hook"))","events":["task.created"]}"#)["id"] as? String)
+        var messages: [String] = []
+        for index in 0..<3 {
+            // Each event fails once and then gets through.
+            if index > 0 { try receiver.configure(answers: ["/hook": [500, 200]]) }
+            _ = try client.submit(#"{"kind":"noop","name":"n\#(index)"}"#)
+            try pollUntil("delivery \(index) logged as delivered", timeout: 5, every: 5_000) {
+                guard let newest = try Self.deliveries(client, id).first, let message = newest["id"] as? String,
+                      !messages.contains(message), newest["state"] as? String == "delivered" else { return false }
+                messages.append(message)
+                return true
+            }
+        }
+        let log = try Self.deliveries(client, id)
+        #expect(log.map { $0["id"] as? String } == [messages[2], messages[2], messages[1]])
+        #expect(log.map { $0["attempt"] as? Int } == [2, 1, 2])
     }
 
     @Test func aReceiverThatNeverAnswersHoldsUpNothingElse() throws {
@@ -200,11 +266,10 @@ extension [String: Any] {
             $0.webhooks.maxInFlight = 2
         }
         defer { try? service.stop() }
-        let receiver = try WebhookReceiver()
+        let receiver = try WebhookReceiver(answers: ["/stuck": [0]])
         let client = try service.client()
         let stuck = try Self.create(client, #"{"url":"\#(receiver.url("/stuck"))","events":["task.created"]}"#)
         _ = try Self.create(client, #"{"url":"\#(receiver.url("/fine"))","events":["task.created"]}"#)
-        try receiver.configure(answers: ["/stuck": [0]])
         var ids: [String] = []
         for index in 0..<6 { ids.append(try client.submit(#"{"kind":"noop","name":"t\#(index)"}"#)["id"] as! String) }
         // Every one reaches the live receiver (a copy more would be allowed: at least once).
@@ -319,14 +384,19 @@ extension [String: Any] {
 
         (binary, client) = try start()
         #expect(try client.call("GET", "/webhooks/\(id)").status == 200, "the webhook survived")
-        let receiver = try WebhookReceiver(port: receiverPort)
-        try receiver.configure(secret: webhook["secret"] as? String)
+        let receiver = try WebhookReceiver(port: receiverPort, secret: webhook["secret"] as? String)
         let received = try receiver.waitFor("the delivery after the restart", path: "/hook") { $0.deliveredTask?["id"] as? String == task }
         #expect(received.allSatisfy { $0["verified"] as? Bool == true })
         #expect(received.first?["id"] as? String == before.first?["id"] as? String, "the same message")
+        var log: [[String: Any]] = []
         try pollUntil("the delivery logged as delivered", timeout: 5, every: 5_000) {
-            try WebhookTests.deliveries(client, id).first?["state"] as? String == "delivered"
+            log = try WebhookTests.deliveries(client, id)
+            return log.first?["state"] as? String == "delivered"
         }
+        // The attempts made before the kill are in the log with those after it.
+        #expect(log.count >= 2)
+        #expect(log.map { $0["attempt"] as? Int } == Array((1...log.count).reversed()))
+        #expect(log.dropFirst().allSatisfy { $0["state"] as? String == "pending" && $0["error"] is String })
         #expect(try binary.stop() == 0)
     }
 }

@@ -88,7 +88,7 @@ struct Unchecked<Value>: @unchecked Sendable {
         try pollUntil("three opens") { opened.value.count == 3 }
         #expect(opened.value.sorted() == ["a: success(\"turn 0\")", "b: success(\"turn 0\")", "c: success(\"turn 0\")"])
         let cluster = try PostgresCluster.shared()
-        #expect(try cluster.sql("SELECT schema_version FROM taskloop.state", database: h.url).trimmingCharacters(in: .newlines) == "1")
+        #expect(try cluster.sql("SELECT schema_version FROM taskloop.state", database: h.url).trimmingCharacters(in: .newlines) == "\(SharedSchema.version)")
         #expect(try cluster.sql("SELECT string_agg(name, ',' ORDER BY name) FROM taskloop.replicas", database: h.url)
             .trimmingCharacters(in: .newlines) == "a,b,c")
         try h.finish()
@@ -107,8 +107,10 @@ struct Unchecked<Value>: @unchecked Sendable {
         batch.webhooks = [WebhookRecord(id: "wh", url: "http://127.0.0.1:9/", events: ["task.state"], queue: nil, workflow: "w",
                                         enabled: true, createdAt: 7, secret: "whsec_x")]
         batch.deliveries = [DeliveryRecord(id: "d1", webhook: "wh", eventSeq: 1, type: "task.state", body: Array("{}".utf8),
-                                           attempt: 1, state: .pending, statusCode: 500, error: nil, durationMilliseconds: 12,
-                                           attemptedAt: 8, nextAttemptAt: 9)]
+                                           attempt: 2, state: .pending, statusCode: 500, error: nil, durationMilliseconds: 12,
+                                           attemptedAt: 8, nextAttemptAt: 9, earlierAttempts: [DeliveryAttempt(
+                                               number: 1, statusCode: nil, error: "connect_failed", durationMilliseconds: 1,
+                                               attemptedAt: 6, nextAttemptAt: 7)])]
         let event = SharedEvent(seq: 1, type: "task.state", time: 10, task: batch.tasks[0].id, workflow: workflow, queue: "q",
                                 data: Array(#"{"seq":1}"#.utf8))
         let opened = try h.call("a's turn") { done in h.journals[a].beginTurn(after: 0, done) }.get()

@@ -143,6 +143,33 @@ import TaskloopJSON
     }
 }
 
+/// Deliveries as the shared database keeps them: with their earlier attempts, and as replicas
+/// of schema version 1 wrote them (no attempts before the last).
+@Suite struct DeliveryRecordCodecTests {
+    static let delivery = DeliveryRecord(
+        id: "msg_1", webhook: "wh_a", eventSeq: 9, type: "task.state", body: Array("{}".utf8), attempt: 3, state: .delivered,
+        statusCode: 204, durationMilliseconds: 4, attemptedAt: 300,
+        earlierAttempts: [DeliveryAttempt(number: 1, statusCode: 500, error: nil, durationMilliseconds: 2, attemptedAt: 100, nextAttemptAt: 200),
+                          DeliveryAttempt(number: 2, statusCode: nil, error: "timeout", durationMilliseconds: nil, attemptedAt: 200,
+                                          nextAttemptAt: 300)])
+
+    @Test func attemptsRoundTrip() throws {
+        #expect(try SharedRecordCodec.decodeDelivery(SharedRecordCodec.encode(Self.delivery)) == Self.delivery)
+        #expect(try SharedRecordCodec.decodeAttempts(SharedRecordCodec.encode(Self.delivery.earlierAttempts))
+            == Self.delivery.earlierAttempts)
+    }
+
+    @Test func aFormatOneRecordHasNoEarlierAttempts() throws {
+        var last = Self.delivery
+        last.earlierAttempts = []
+        // Format 2 is format 1 and a count of earlier attempts (here 0, one byte).
+        let formatOne = [1] + SharedRecordCodec.encode(last).dropFirst().dropLast()
+        #expect(try SharedRecordCodec.decodeDelivery(Array(formatOne)) == last)
+        let truncated = Array(SharedRecordCodec.encode(Self.delivery).dropLast())
+        #expect(throws: RecordDecodingError.self) { try SharedRecordCodec.decodeDelivery(truncated) }
+    }
+}
+
 @Suite struct EvictionRangeTests {
     @Test func runsCoverExactlyTheNumbersGiven() {
         #expect(SQLiteTaskStore.consecutiveRuns([]) == [])

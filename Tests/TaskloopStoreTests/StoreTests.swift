@@ -160,6 +160,40 @@ import TaskloopTestSupport
         #expect(try harness.count() == 1)
     }
 
+    /// Bursts push the write-ahead log far past its limit (while a reader's snapshot keeps any
+    /// checkpoint from rewinding it) and a sweep deletes what they wrote: once the writer is
+    /// idle, the log file is back within the limit rather than at its high-water mark.
+    @Test func theLogShrinksToItsLimitOnceTheWriterIsIdle() throws {
+        let harness = try Harness()
+        defer { harness.close() }
+        let log = harness.directory.databasePath + "-wal"
+        func logSize() throws -> Int { try #require(FileManager.default.attributesOfItem(atPath: log)[.size] as? Int) }
+        let committed = Locked(0)
+        func write(_ work: @escaping StoreWriter.Work) throws {
+            let before = committed.value
+            harness.writer.submit(work) { result in
+                #expect((try? result.get()) != nil, "\(result)")
+                committed.withLock { $0 += 1 }
+            }
+            try pollUntil("the write to commit") { committed.value > before }
+        }
+        let reader = try SQLiteDatabase(path: harness.directory.databasePath, mode: .readOnly)
+        try reader.execute("BEGIN")
+        _ = try reader.integer("SELECT count(*) FROM meta")
+        for burst in 0..<4 {
+            try write { database in
+                let insert = try database.statement("INSERT INTO meta (name, value) VALUES (?, ?)")
+                for row in 0..<1_000 {
+                    try insert.bind(1, "b\(burst)-\(row)").bind(2, bytes: [UInt8](repeating: UInt8(row & 0xFF), count: 3_000)).run()
+                }
+            }
+        }
+        #expect(try logSize() > 2 * StoreWriter.logSizeLimit)
+        try reader.execute("COMMIT")
+        try write { database in try database.execute("DELETE FROM meta WHERE name LIKE 'b%'") }
+        try pollUntil("the log within its limit") { try logSize() <= StoreWriter.logSizeLimit }
+    }
+
     /// A full disk, made with SQLite's page limit: the batch fails as a storage failure,
     /// nothing of it is written, and once there is room again writes succeed by themselves.
     @Test func aFullDiskFailsTheBatchAndWritesResumeWhenThereIsRoom() throws {

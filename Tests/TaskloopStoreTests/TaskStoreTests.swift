@@ -146,7 +146,9 @@ import TaskloopTestSupport
                                     workflow: "W", enabled: true, createdAt: 6, secret: "whsec_BBBB")
         let pending = DeliveryRecord(id: "msg_1", webhook: "wh_a", eventSeq: 7, type: "task.state", body: Array("{}".utf8),
                                      attempt: 2, statusCode: 500, error: nil, durationMilliseconds: 12, attemptedAt: 100,
-                                     nextAttemptAt: 200)
+                                     nextAttemptAt: 200, earlierAttempts: [DeliveryAttempt(
+                                         number: 1, statusCode: nil, error: "timeout: no answer", durationMilliseconds: 15_000,
+                                         attemptedAt: 50, nextAttemptAt: 100)])
         let finished = DeliveryRecord(id: "msg_2", webhook: "wh_a", eventSeq: 3, type: "task.created", body: [], attempt: 1,
                                       state: .delivered, statusCode: 204)
         let pushedOut = DeliveryRecord(id: "msg_3", webhook: "wh_a", eventSeq: 1, type: "task.created", body: [], state: .failed,
@@ -171,6 +173,45 @@ import TaskloopTestSupport
         let state = loaded.takeLoaded()
         #expect(state.webhooks == [kept])
         #expect(state.deliveries == [finished, pending], "in event order")
+    }
+
+    /// A version 4 file kept only a delivery's last attempt: it opens with none before it, and
+    /// keeps the attempts written from then on.
+    @Test func aVersionFourFileKeepsItsDeliveriesAndThenEveryAttempt() throws {
+        let path = DataDirectoryTests.temporaryPath()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        do {
+            let directory = try DataDirectory(path: path)
+            let database = try SQLiteDatabase(path: directory.databasePath)
+            try StoreSchema.prepare(database, upTo: 4)
+            try database.execute("""
+                INSERT INTO webhooks VALUES ('wh_a', 'https://example.com/a', 'task.state', NULL, NULL, 1, 5, 'whsec_AAAA');
+                INSERT INTO webhook_deliveries VALUES ('msg_1', 'wh_a', 7, 'task.state', X'7B7D', 1, 'pending', 500, NULL, 12, 100,
+                    200);
+                """)
+        }
+        var delivery = DeliveryRecord(id: "msg_1", webhook: "wh_a", eventSeq: 7, type: "task.state", body: Array("{}".utf8),
+                                      attempt: 1, statusCode: 500, durationMilliseconds: 12, attemptedAt: 100, nextAttemptAt: 200)
+        let store = try SQLiteTaskStore(dataDirectory: path, syncLevel: .normal) { $0() }
+        #expect(store.takeLoaded().deliveries == [delivery])
+        delivery.earlierAttempts = [delivery.lastAttempt!]
+        delivery.attempt = 2
+        delivery.statusCode = 200
+        delivery.state = .delivered
+        var batch = StoreBatch()
+        batch.deliveries = [delivery]
+        let written = Locked(false)
+        store.write(batch) { result in
+            #expect((try? result.get()) != nil)
+            written.withLock { $0 = true }
+        }
+        try pollUntil("the write") { written.value }
+        store.close()
+        let reopened = try SQLiteTaskStore(dataDirectory: path, syncLevel: .normal) { $0() }
+        defer { reopened.close() }
+        #expect(reopened.takeLoaded().deliveries == [delivery])
+        let database = try SQLiteDatabase(path: path + "/taskloop.db", mode: .readOnly)
+        #expect(try database.integer("PRAGMA user_version") == Int64(StoreSchema.version))
     }
 
     @Test func aRowThisServerCannotReadStopsTheOpen() throws {

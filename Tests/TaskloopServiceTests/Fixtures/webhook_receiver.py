@@ -3,7 +3,8 @@
 delivery's Standard Webhooks 1.0 signature with Python's own hmac and base64.
 
 It listens on 127.0.0.1 (port 0 unless given) and prints `listening on PORT`, then one JSON
-line per delivery: {"path", "id", "timestamp", "verified", "answered", "body"}.
+line per delivery: {"path", "id", "timestamp", "verified", "answered", "body"}. A second argument,
+the control body below as JSON, is applied before it listens: no delivery can arrive before it.
 
 Control: POST /control {"secret": "whsec_...", "answers": {"/hook": [500, 500, 200]}} sets the
 secret deliveries are checked against and, per path, the statuses answered in turn (the last one
@@ -94,6 +95,8 @@ def exit_when_stdin_closes():
 def main():
     threading.Thread(target=exit_when_stdin_closes, daemon=True).start()
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    if len(sys.argv) > 2:
+        state.update(json.loads(sys.argv[2]))
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     print(f"listening on {server.server_address[1]}", flush=True)
