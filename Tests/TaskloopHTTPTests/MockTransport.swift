@@ -67,11 +67,15 @@ final class ConnectionHarness {
         responder.respond(HTTPResponse(status: .ok, body: Array("path=\(request.path)".utf8)))
     }
 
+    /// Decides on each request head, when set.
+    var admission: ((inout HTTPRequest) -> HTTPAdmission)?
+
     init(limits: HTTPParserLimits = HTTPParserLimits(), highWater: Int = 256 * 1024,
          maxPendingInput: Int = 64 * 1024, headerTimeout: UInt64 = 1_000, bodyTimeout: UInt64 = 3_000,
          idleTimeout: UInt64 = 5_000) {
         let context = HTTPConnectionContext(
-            handler: { [unowned self] in handler($0, $1) }, parserLimits: limits,
+            handler: { [unowned self] in handler($0, $1) },
+            admission: { [unowned self] request in admission?(&request) ?? .admit }, parserLimits: limits,
             timeouts: .init(headerMilliseconds: headerTimeout, bodyMilliseconds: bodyTimeout, idleMilliseconds: idleTimeout),
             outputHighWater: highWater, maxPendingInput: maxPendingInput, clock: { [unowned self] in now })
         connection = HTTPConnection(context: context, transport: transport)
