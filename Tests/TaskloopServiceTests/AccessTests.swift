@@ -169,8 +169,9 @@ import TaskloopTestSupport
         #expect(try client.call("GET", "/queues/default", headers: auth).json["paused"] as? Bool == false)
 
         // The server's own page, and clients that are no browser, go through.
-        let own = try client.call("PATCH", "/queues/default", json: #"{"max_concurrency":3}"#,
-                                  headers: ["Origin": "http://localhost:\(service.port)", "Sec-Fetch-Site": "same-origin"].merging(auth) { $1 })
+        let own = try client.call("PATCH", "/queues/default", json: #"{"max_concurrency":3}"#, headers: [
+            "Host": "localhost:8080", "Origin": "http://localhost:8080", "Sec-Fetch-Site": "same-origin",
+        ].merging(auth) { $1 })
         #expect(own.status == 200)
         #expect(try client.call("POST", "/queues/default/cancel", headers: auth).json["cancelled"] as? Int == 1)
         try service.stop()

@@ -105,6 +105,16 @@ extension [String: Any] {
         try client.call("GET", "/webhooks/\(id)/deliveries").json["deliveries"] as? [[String: Any]] ?? []
     }
 
+    /// The webhook's delivery log once its newest entry is in `state`.
+    static func deliveries(_ client: APIClient, _ id: String, once state: String) throws -> [[String: Any]] {
+        var log: [[String: Any]] = []
+        try pollUntil("the delivery logged as \(state)", timeout: 5, every: 5_000) {
+            log = try deliveries(client, id)
+            return log.first?["state"] as? String == state
+        }
+        return log
+    }
+
     @Test func deliveriesAreSignedAndFollowTheFilter() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
@@ -169,11 +179,7 @@ extension [String: Any] {
         #expect(attempts.map { $0["answered"] as? Int } == [500, 503, 200])
         #expect(Set(attempts.compactMap { $0["id"] as? String }).count == 1, "a retry keeps its webhook-id")
         #expect(attempts.allSatisfy { $0["verified"] as? Bool == true })
-        var log: [[String: Any]] = []
-        try pollUntil("the delivery logged as delivered", timeout: 5, every: 5_000) {
-            log = try Self.deliveries(client, flakyID)
-            return log.first?["state"] as? String == "delivered"
-        }
+        var log = try Self.deliveries(client, flakyID, once: "delivered")
         // Every attempt is an entry, newest first.
         #expect(log.map { $0["attempt"] as? Int } == [3, 2, 1])
         #expect(log.map { $0["status_code"] as? Int } == [200, 503, 500])
@@ -182,10 +188,7 @@ extension [String: Any] {
         // Failing past the schedule: three attempts, then given up.
         try receiver.configure(answers: ["/flaky": [500]])
         _ = try client.submit(#"{"kind":"noop","name":"never"}"#)
-        try pollUntil("the delivery given up", timeout: 5, every: 5_000) {
-            log = try Self.deliveries(client, flakyID)
-            return log.first?["state"] as? String == "failed"
-        }
+        log = try Self.deliveries(client, flakyID, once: "failed")
         #expect(log.count == 6)
         #expect(log.first?["attempt"] as? Int == 3 && log.first?["status_code"] as? Int == 500)
         #expect(log.first?["next_attempt_at"] is NSNull)
@@ -214,11 +217,7 @@ extension [String: Any] {
         let client = try service.client()
         let id = try #require(try Self.create(client, #"{"url":"\#(receiver.url("/hook"))","events":["task.created"]}"#)["id"] as? String)
         _ = try client.submit(#"{"kind":"noop"}"#)
-        var log: [[String: Any]] = []
-        try pollUntil("the delivery logged as delivered", timeout: 5, every: 5_000) {
-            log = try Self.deliveries(client, id)
-            return log.first?["state"] as? String == "delivered"
-        }
+        let log = try Self.deliveries(client, id, once: "delivered")
         #expect(log.map { $0["attempt"] as? Int } == [3, 2, 1])
         #expect(log.map { $0["status_code"] as? Int } == [200, 500, 500])
         #expect(log.map { $0["state"] as? String } == ["delivered", "pending", "pending"])
@@ -388,11 +387,7 @@ extension [String: Any] {
         let received = try receiver.waitFor("the delivery after the restart", path: "/hook") { $0.deliveredTask?["id"] as? String == task }
         #expect(received.allSatisfy { $0["verified"] as? Bool == true })
         #expect(received.first?["id"] as? String == before.first?["id"] as? String, "the same message")
-        var log: [[String: Any]] = []
-        try pollUntil("the delivery logged as delivered", timeout: 5, every: 5_000) {
-            log = try WebhookTests.deliveries(client, id)
-            return log.first?["state"] as? String == "delivered"
-        }
+        let log = try WebhookTests.deliveries(client, id, once: "delivered")
         // The attempts made before the kill are in the log with those after it.
         #expect(log.count >= 2)
         #expect(log.map { $0["attempt"] as? Int } == Array((1...log.count).reversed()))
