@@ -6,7 +6,9 @@ import Glibc
 ///
 /// The child and everything it starts carry `cookie` (`NAME=value` entries added to its
 /// environment), so `signalTree` reaches its whole tree: its process group, and through
-/// `ProcessTreeKiller` every descendant that left the group (`setsid`, double forks).
+/// `ProcessTreeKiller` every descendant that left the group (`setsid`, double forks). Given a
+/// `cgroup`, the child runs in it from its first instruction, and so does everything it starts,
+/// environment cleared or not: `signalTree` reaches that too, and SIGKILL kills it whole.
 ///
 /// Lifecycle: three handles (the process and two pipes), each freed in its close callback.
 /// `onExit` is called once, after the child has been reaped *and* both pipes reached EOF (or
@@ -18,6 +20,7 @@ public final class ChildProcess {
 
     public let pid: Int32
     public let cookie: [String]
+    public let cgroup: Cgroup?
     private let process: UnsafeMutablePointer<uv_process_t>
     private let pipes: [UnsafeMutablePointer<uv_pipe_t>]
     private var onOutput: ((Stream, UnsafeRawBufferPointer) -> Void)?
@@ -28,10 +31,11 @@ public final class ChildProcess {
     fileprivate let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 1)
 
     /// Starts `arguments[0]` (searched in the `PATH` of `environment`) with exactly
-    /// `environment` and `cookie` (`NAME=value` entries; the cookie's win) in `directory`.
-    /// Throws if it cannot be started.
+    /// `environment` and `cookie` (`NAME=value` entries; the cookie's win) in `directory`, inside
+    /// `cgroup` when one is given. Throws if it cannot be started.
     public init(
         loop: EventLoop, arguments: [String], environment: [String], cookie: [String], directory: String?,
+        cgroup: Cgroup? = nil,
         onOutput: @escaping (Stream, UnsafeRawBufferPointer) -> Void,
         onExit: @escaping (_ status: Int64, _ signal: Int32) -> Void
     ) throws(UVError) {
@@ -40,6 +44,20 @@ public final class ChildProcess {
         // blocks it (Foundation's Process does) inherits the blocked mask, and then no exit is
         // ever reported; found by the binary tests.
         unblock(SIGCHLD)
+        let cookieNames = Set(cookie.map { $0.prefix { $0 != "=" } })
+        let environment = environment.filter { !cookieNames.contains($0.prefix { $0 != "=" }) } + cookie
+        var command = arguments
+        if let cgroup {
+            // The trampoline would report a program it cannot run as its own exit status 127:
+            // looked for first, like uv_spawn's exec, it fails to start instead.
+            do {
+                try Self.checkExecutable(arguments[0], environment: environment, directory: directory)
+            } catch {
+                readBuffer.deallocate()
+                throw error
+            }
+            command = Self.joiningCgroup(cgroup, arguments)
+        }
         var pipes: [UnsafeMutablePointer<uv_pipe_t>] = []
         do {
             for _ in 0..<2 {
@@ -52,11 +70,10 @@ public final class ChildProcess {
         }
         let process = UnsafeMutablePointer<uv_process_t>.allocate(capacity: 1)
         process.withMemoryRebound(to: uv_handle_t.self, capacity: 1) { $0.pointee.data = nil }
-        let cookieNames = Set(cookie.map { $0.prefix { $0 != "=" } })
-        let status = Self.spawn(loop: loop, process: process, pipes: pipes, arguments: arguments,
-                                environment: environment.filter { !cookieNames.contains($0.prefix { $0 != "=" }) } + cookie,
+        let status = Self.spawn(loop: loop, process: process, pipes: pipes, arguments: command, environment: environment,
                                 directory: directory)
         self.cookie = cookie
+        self.cgroup = cgroup
         self.process = process
         self.pipes = pipes
         self.onOutput = onOutput
@@ -90,6 +107,47 @@ public final class ChildProcess {
 
     deinit {
         readBuffer.deallocate()
+    }
+
+    /// `arguments` run through a shell that first moves itself into `cgroup` (writing 0 to
+    /// `cgroup.procs` moves the writer), then becomes the program with `exec`, same pid, same
+    /// process group. libuv has no hook between its fork and exec, and moving the child once
+    /// uv_spawn returns would be too late for a program that double-forks at once. The shell
+    /// searches `PATH` as uv_spawn would; the arguments are its positional parameters, never
+    /// parsed. Should the move fail (the probe at start makes that unlikely), the program does
+    /// not run: the child exits with 125, the shell's message on its stderr.
+    static func joiningCgroup(_ cgroup: Cgroup, _ arguments: [String]) -> [String] {
+        [CgroupParent.shell, "-c", #"echo 0 > "$1" || exit 125; shift; exec "$@""#, "taskloop-exec", cgroup.path + "/cgroup.procs"]
+            + arguments
+    }
+
+    /// Throws what uv_spawn would when `program` cannot be run: not found (ENOENT) in `PATH` of
+    /// `environment` (or at its path, relative to `directory`, when it names one), or found but
+    /// not an executable file (EACCES).
+    static func checkExecutable(_ program: String, environment: [String], directory: String?) throws(UVError) {
+        func status(_ candidate: String) -> Int32 {
+            let path = candidate.hasPrefix("/") ? candidate : (directory.map { $0 + "/" } ?? "") + candidate
+            var info = stat()
+            guard stat(path, &info) == 0 else { return errno }
+            guard info.st_mode & S_IFMT == S_IFREG else { return EACCES }
+            return access(path, X_OK) == 0 ? 0 : errno
+        }
+        var denied = false
+        if program.contains("/") {
+            let found = status(program)
+            guard found != 0 else { return }
+            denied = found == EACCES
+        } else {
+            let searchPath = environment.last { $0.hasPrefix("PATH=") }.map { String($0.dropFirst(5)) } ?? "/usr/bin:/bin"
+            for entry in searchPath.split(separator: ":", omittingEmptySubsequences: false) {
+                switch status(entry.isEmpty ? program : "\(entry)/\(program)") {
+                case 0: return
+                case EACCES: denied = true
+                default: continue
+                }
+            }
+        }
+        throw UVError(code: denied ? -EACCES : -ENOENT, operation: "uv_spawn")
     }
 
     private static func spawn(
@@ -132,11 +190,12 @@ public final class ChildProcess {
         }
     }
 
-    /// Sends `signal` to the child's whole tree: its process group now, and every process
-    /// carrying its cookie within milliseconds.
+    /// Sends `signal` to the child's whole tree: its process group and its cgroup now, and every
+    /// process carrying its cookie within milliseconds.
     public func signalTree(_ signal: Int32) {
         guard pid > 0 else { return }
         if exit == nil { kill(-pid, signal) }
+        if signal == SIGKILL { cgroup?.kill() } else { cgroup?.signal(signal) }
         ProcessTreeKiller.shared.signal(signal, carrying: cookie)
     }
 
@@ -177,6 +236,7 @@ public final class ChildProcess {
         Self.startedHere.withLock { _ = $0.remove(pid) }
         // Whatever the child left running, in its group or escaped from it, goes with it.
         kill(-pid, SIGKILL)
+        cgroup?.kill()
         exit = (status, signal)
         ProcessTreeKiller.shared.signal(SIGKILL, carrying: cookie)
         if openPipes > 0 { onReapedWithPipesOpen?() }

@@ -19,6 +19,8 @@ public struct ServiceConfiguration: Sendable {
     public var allowedOrigins: [String] = []
     /// Whether `exec` tasks may be submitted (they run with the server user's rights).
     public var allowExec = false
+    /// How an `exec` attempt's processes are held together (`--exec-isolation`).
+    public var execIsolation = ExecIsolationMode.auto
     /// Whether the process becomes a child subreaper (process-wide, for good), so what `exec`
     /// programs leave behind stays its child: the process-tree kill reaches it, and it is
     /// waited for once dead. The executable sets it; an embedding process may not want it.

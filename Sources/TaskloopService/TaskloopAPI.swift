@@ -55,7 +55,7 @@ extension TaskloopApplication {
                     // A load balancer sends the work to a replica that can reach the database.
                     reply.send(Self.sharedDatabaseUnavailable.response())
                 } else {
-                    reply.send(.json(.ok, Array(#"{"status":"ok"}"#.utf8)))
+                    reply.send(.json(.ok, Array(#"{"status":"ok","process_isolation":"\#(processIsolation)"}"#.utf8)))
                 }
             },
             Route(.GET, "/whoami", [200], usesState: false) { [unowned self] request, reply in

@@ -37,6 +37,9 @@ public final class TaskloopApplication {
     private var httpClient: HTTPClient?
     private var server: HTTPServer?
     private var execExecutor: ExecExecutor?
+    /// What holds `exec` programs together (`GET /healthz`): `cgroup`, `cookie`, or `none` when
+    /// this server runs no programs.
+    var processIsolation: String { execExecutor?.isolation.name ?? "none" }
     private var orphanReaper: OrphanReaper?
     private(set) var waiters: TaskWaiters!
     private(set) var leaseCalls: LeaseCalls!
@@ -122,7 +125,17 @@ public final class TaskloopApplication {
         self.httpClient = httpClient
         var extra: [String: TaskExecutor] = ["http": HTTPExecutor(client: httpClient, scheduler: scheduler)]
         if configuration.allowExec {
-            let exec = ExecExecutor(loop: loop, scheduler: scheduler)
+            let isolation: ProcessIsolation
+            do {
+                isolation = try ProcessIsolation.choose(configuration.execIsolation)
+            } catch {
+                httpClient.close()
+                scheduler.close()
+                self.scheduler = nil
+                throw error
+            }
+            logger.info("\(isolation.summary)")
+            let exec = ExecExecutor(loop: loop, scheduler: scheduler, isolation: isolation)
             execExecutor = exec
             extra["exec"] = exec
         } else {
@@ -427,7 +440,7 @@ public final class TaskloopApplication {
         sqlite?.close()
         sqlite = nil
         durable = nil
-        finishProcessTrees(execRan: execExecutor != nil, orphanReaper: orphanReaper)
+        finishProcessTrees(exec: execExecutor, orphanReaper: orphanReaper)
         orphanReaper = nil
         eventWrites?.close()
         eventWrites = nil

@@ -78,6 +78,19 @@ struct Taskloop: ParsableCommand {
     var allowExec: Bool = Environment.bool("ALLOW_EXEC") ?? false
 
     @Option(help: ArgumentHelp(
+        "What holds an `exec` attempt's processes together: auto (a cgroup of its own, killed whole, where this process can make cgroup v2 groups; else cookie), cgroup (refuse to start without), cookie (process group and environment cookie only). [env: TASKLOOP_EXEC_ISOLATION]",
+        valueName: "mode"))
+    var execIsolation: String = Environment.string("EXEC_ISOLATION") ?? "auto"
+
+    /// `--exec-isolation` read, for the server and the worker.
+    func execIsolationMode() throws -> ExecIsolationMode {
+        guard let mode = ExecIsolationMode(rawValue: execIsolation) else {
+            throw ValidationError("--exec-isolation must be auto, cgroup or cookie")
+        }
+        return mode
+    }
+
+    @Option(help: ArgumentHelp(
         "Comma-separated hosts `http` tasks may fetch from: api.example.com, *.example.com (subdomains), 10.0.0.7, [fd00::1], each optionally :port; default: any. Redirects are checked too. [env: TASKLOOP_HTTP_ALLOW_HOSTS]",
         valueName: "patterns"))
     var httpAllowHosts: String = Environment.string("HTTP_ALLOW_HOSTS") ?? ""
@@ -292,6 +305,7 @@ struct Taskloop: ParsableCommand {
         configuration.allowedHosts = Self.list(allowedHosts)
         configuration.allowedOrigins = Self.list(allowedOrigins)
         configuration.allowExec = allowExec
+        configuration.execIsolation = try execIsolationMode()
         configuration.adoptsOrphans = allowExec
         configuration.httpMaxHostConnections = httpMaxHostConnections
         // A server others can reach must not be their way into this machine's network.

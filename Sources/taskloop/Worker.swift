@@ -14,7 +14,7 @@ struct Worker: ParsableCommand {
         abstract: "Lease tasks of a queue from a server and run them here (noop, sleep, http, exec).",
         discussion: """
             The queue must be dispatched to workers: PATCH /queues/NAME {"dispatch":"workers"}.
-            The server's options --auth-token, --allow-exec, --shutdown-grace-seconds, --log-level, \
+            The server's options --auth-token, --allow-exec, --exec-isolation, --shutdown-grace-seconds, --log-level, \
             --log-format, --log-buffer-bytes, --http-allow-hosts, --http-deny-private and \
             --http-max-host-connections apply to the worker too (see taskloop --help), with the same \
             environment variables. A 401 from the server is logged and retried with backoff, like an \
@@ -92,6 +92,7 @@ struct Worker: ParsableCommand {
                                                 name: effectiveName)
         configuration.kinds = kindList
         configuration.allowExec = common.allowExec
+        configuration.execIsolation = try common.execIsolationMode()
         configuration.authToken = common.effectiveAuthToken
         configuration.leaseMilliseconds = UInt64(leaseSeconds * 1_000)
         configuration.leaseWaitSeconds = leaseWaitSeconds

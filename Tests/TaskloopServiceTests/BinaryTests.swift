@@ -117,6 +117,7 @@ import TaskloopTestSupport
         let response = try client.readResponse()
         #expect(response.status == 200)
         #expect(response.json["status"] as? String == "ok")
+        #expect(response.json["process_isolation"] as? String == "none", "no --allow-exec, no programs")
         #expect(try binary.stop(signal) == 0)
         try client.readUntilClosed()
         #expect(client.sawEOF)
@@ -145,6 +146,22 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() != 0)
     }
 
+    /// `--exec-isolation` (or its variable) decides what /healthz reports; a mode it does not
+    /// know stops the start.
+    @Test func execIsolationIsChosenAtStart() throws {
+        let unknown = try RunningBinary(arguments: ["--port", "0", "--allow-exec", "--exec-isolation", "sometimes"])
+        _ = try unknown.waitForLine(containing: "--exec-isolation must be auto, cgroup or cookie")
+        #expect(try unknown.waitForExit() != 0)
+        var modes = ["cookie"]
+        if ExecTests.cgroups != nil { modes.append("cgroup") }
+        for mode in modes {
+            let binary = try RunningBinary(arguments: ["--port", "0", "--allow-exec"], environment: ["TASKLOOP_EXEC_ISOLATION": mode])
+            let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
+            #expect(try APIClient(port: port).call("GET", "/healthz").json["process_isolation"] as? String == mode)
+            #expect(try binary.stop() == 0)
+        }
+    }
+
     @Test func reportsAPortInUse() throws {
         let first = try RunningBinary(arguments: ["--port", "0"])
         let port = try #require(Self.port(from: try first.waitForLine(containing: "listening on")))
@@ -159,7 +176,7 @@ import TaskloopTestSupport
         _ = try binary.waitForLine(containing: "--health-check")
         _ = try binary.waitForLine(containing: "--shutdown-grace-seconds")
         #expect(try binary.waitForExit() == 0)
-        for flag in ["--auth-token", "--allow-exec", "--default-concurrency", "--max-unfinished-tasks", "--retention-seconds",
+        for flag in ["--auth-token", "--allow-exec", "--exec-isolation", "--default-concurrency", "--max-unfinished-tasks", "--retention-seconds",
                      "--max-retained-tasks", "--log-level", "--log-format", "--max-body-bytes", "--max-header-bytes",
                      "--header-timeout-seconds", "--body-timeout-seconds", "--idle-timeout-seconds", "--max-connections",
                      "--max-queues", "--log-buffer-bytes", "--durability", "--data-dir",

@@ -82,6 +82,35 @@ import TaskloopTestSupport
         #expect(try binary.stop() == 0)
     }
 
+    /// The same with a program that left no mark but its cgroup: double-forked into a session
+    /// of its own with an empty environment, it outlives the killed server, and the next one
+    /// kills it (by the cgroup of the attempt) before the task runs again.
+    @Test(.enabled(if: ExecTests.cgroups != nil))
+    func anInterruptedProgramThatClearedItsEnvironmentIsKilledBeforeItsTaskRunsAgain() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
+        let hidden = "echo $$ > \(directory)/e.tmp; mv \(directory)/e.tmp \(directory)/e; exec sleep 1000"
+        let script = "[ $TASKLOOP_TASK_ATTEMPT = 2 ] && exec sleep 1000; (env -i setsid sh -c '\(hidden)' &); exec sleep 1000"
+        let body = ExecTests.json(["kind": "exec", "retry": ["max_attempts": 2, "backoff_ms": 0],
+                                   "params": ["argv": ["sh", "-c", script]]])
+        let task = try Self.id(try client.submit(body))
+        let escapee = try BinaryTests.pid(in: "\(directory)/e")
+        let environment = (try? String(contentsOfFile: "/proc/\(escapee)/environ", encoding: .utf8)) ?? ""
+        #expect(!environment.contains("TASKLOOP_TASK_ID"), "the cookie cannot find it")
+        let pid = binary.process.processIdentifier
+        kill(pid, SIGKILL)
+        try pollUntil("the server to die") { ExecTests.isGone(pid) }
+        #expect(!ExecTests.isGone(escapee), "the program outlives the server")
+        (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
+        #expect(ExecTests.isGone(escapee), "killed while the server started, before the task ran again")
+        let again = try client.waitForState(task, "running")
+        #expect(again["attempt"] as? Int == 2)
+        #expect(ExecTests.cgroupsLeft(of: task) == ["\(task):2"], "the first attempt's cgroup is gone")
+        #expect(try binary.stop() == 0)
+        try ExecTests.waitUntilNoCgroupIsLeft(of: task)
+    }
+
     /// SIGTERM keeps the state too: what was running runs again after the restart, with its
     /// attempt not consumed.
     @Test func aStopRequeuesRunningWork() throws {

@@ -1,5 +1,7 @@
 import Foundation
 import Testing
+import TaskloopLoop
+@testable import TaskloopService
 import TaskloopTestSupport
 
 /// `exec` tasks end to end: real child processes, their output, progress and exit, and
@@ -240,6 +242,145 @@ import TaskloopTestSupport
         #expect(output == "TASKLOOP_TASK_ATTEMPT=1\nTASKLOOP_TASK_ID=\(id)\n")
         let spoof = try client.call("POST", "/tasks", json: #"{"kind":"exec","params":{"argv":["true"],"env":{"TASKLOOP_TASK_ID":"x"}}}"#)
         #expect(spoof.status == 422 && spoof.text.contains(#""field":"params.env.TASKLOOP_TASK_ID""#), "\(spoof.text)")
+        try service.stop()
+    }
+
+    // MARK: cgroups
+
+    /// Where servers this process starts make their attempts' cgroups; nil on a machine that
+    /// lets it make none (then the tests that count on them do not run: on this project's
+    /// machines and CI they do, cgroup2 being mounted and writable by root).
+    static let cgroups = try? CgroupParent.probe()
+
+    /// The attempts' cgroups of `task` still there.
+    static func cgroupsLeft(of task: String) -> [String] {
+        guard let parent = cgroups else { return [] }
+        return ((try? FileManager.default.contentsOfDirectory(atPath: parent.path)) ?? []).filter { $0.hasPrefix("\(task):") }
+    }
+
+    static func waitUntilNoCgroupIsLeft(of task: String) throws {
+        try pollUntil("the cgroups of \(task) to be removed", timeout: 5) { cgroupsLeft(of: task).isEmpty }
+    }
+
+    /// A program that leaves behind a process beyond every mark but its cgroup: it clears its
+    /// environment (no cookie), and is double-forked into a session of its own (no process
+    /// group, no parent). Its pid is in `{dir}/e`; then the program does `rest` (`{dir}` in it
+    /// names the directory, which the caller removes).
+    func startHiddenEscapee(_ client: APIClient, then rest: String, extra: [String: Any] = [:]) throws
+        -> (task: String, escapee: Int32, directory: String) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("hidden-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let script = """
+            (env -i setsid sh -c 'echo $$ > \(directory)/e.tmp; mv \(directory)/e.tmp \(directory)/e; exec sleep 300' &)
+            while [ ! -e \(directory)/e ]; do sleep 0.01; done
+            \(rest.replacingOccurrences(of: "{dir}", with: directory))
+            """
+        let task = try submit(client, ["sh", "-c", script], extra: extra)
+        let escapee = try BinaryTests.pid(in: "\(directory)/e")
+        #expect(!Self.isGone(escapee))
+        let environment = (try? String(contentsOfFile: "/proc/\(escapee)/environ", encoding: .utf8)) ?? ""
+        #expect(!environment.contains("TASKLOOP_TASK_ID"), "the cookie cannot find it")
+        return (task, escapee, directory)
+    }
+
+    /// Before cgroups, this process lived on: no group, no cookie led to it.
+    @Test(.enabled(if: ExecTests.cgroups != nil))
+    func cancelKillsAProgramThatClearedItsEnvironmentAndLeftItsSession() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startHiddenEscapee(client, then: "sleep 300")
+        defer { try? FileManager.default.removeItem(atPath: family.directory) }
+        #expect(try client.call("DELETE", "/tasks/\(family.task)").status == 202)
+        _ = try client.waitForState(family.task, "cancelled", timeout: 5)
+        try Self.waitUntilGone(family.escapee, timeout: 5)
+        try Self.waitUntilNoCgroupIsLeft(of: family.task)
+        try service.stop()
+    }
+
+    @Test(.enabled(if: ExecTests.cgroups != nil))
+    func aTimeoutKillsAProgramThatClearedItsEnvironmentAndLeftItsSession() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let family = try startHiddenEscapee(client, then: "sleep 300", extra: ["timeout_ms": 1_000])
+        defer { try? FileManager.default.removeItem(atPath: family.directory) }
+        let failed = try client.waitForState(family.task, "failed", timeout: 6)
+        #expect((failed["error"] as? [String: Any])?["code"] as? String == "timeout")
+        try Self.waitUntilGone(family.escapee, timeout: 5)
+        try Self.waitUntilNoCgroupIsLeft(of: family.task)
+        try service.stop()
+    }
+
+    /// A program that exits leaving such a process behind ends with it, at once.
+    @Test(.enabled(if: ExecTests.cgroups != nil))
+    func whatAProgramThatClearedItsEnvironmentLeavesBehindDiesWithIt() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        // The program ends once the test has seen what it left behind alive (the file `go`).
+        let family = try startHiddenEscapee(client, then: "while [ ! -e {dir}/go ]; do sleep 0.01; done; echo left")
+        defer { try? FileManager.default.removeItem(atPath: family.directory) }
+        #expect(FileManager.default.createFile(atPath: "\(family.directory)/go", contents: nil))
+        _ = try client.waitForState(family.task, "succeeded", timeout: 5)
+        try Self.waitUntilGone(family.escapee, timeout: 5)
+        try Self.waitUntilNoCgroupIsLeft(of: family.task)
+        try service.stop()
+    }
+
+    /// The program itself (not only what it starts) is in a cgroup named by task and attempt,
+    /// removed once the attempt is over; a program that cannot start still fails to start.
+    @Test(.enabled(if: ExecTests.cgroups != nil))
+    func eachAttemptRunsInACgroupOfItsOwn() throws {
+        let service = try ServiceHarness { $0.allowExec = true }
+        let client = try service.client()
+        let first = try submit(client, ["sh", "-c", "cat /proc/self/cgroup; exit $((2 - TASKLOOP_TASK_ATTEMPT))"],
+                               extra: ["retry": ["max_attempts": 2, "backoff_ms": 0]])
+        let done = try client.waitForState(first, "succeeded")
+        #expect(done["attempt"] as? Int == 2)
+        let line = ((done["result"] as? [String: Any])?["stdout"] as? String ?? "").split(separator: "\n")
+            .first { $0.hasPrefix("0::") }
+        #expect(line?.hasSuffix("/taskloop/\(first):2") == true, "\(String(describing: line))")
+        try Self.waitUntilNoCgroupIsLeft(of: first)
+
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        #expect(FileManager.default.createFile(atPath: "\(directory)/not-executable", contents: Data("true\n".utf8)))
+        for argv in [["/no/such/program"], ["no-such-program-on-the-path"], ["\(directory)/not-executable"], [directory]] {
+            let task = try submit(client, argv)
+            let error = try #require(try client.waitForState(task, "failed")["error"] as? [String: Any])
+            #expect(error["code"] as? String == "spawn_failed", "\(argv): \(error)")
+            try Self.waitUntilNoCgroupIsLeft(of: task)
+        }
+        let relative = try submit(client, ["./not-executable"], params: ["cwd": directory])
+        #expect((try client.waitForState(relative, "failed")["error"] as? [String: Any])?["code"] as? String == "spawn_failed")
+        try service.stop()
+    }
+
+    /// `GET /healthz` says what holds programs together: cgroups where they can be made, the
+    /// cookie when told so (or when they cannot), nothing without exec.
+    @Test func healthSaysHowProgramsAreHeldTogether() throws {
+        func isolation(_ configure: @escaping (inout ServiceConfiguration) -> Void) throws -> String? {
+            let service = try ServiceHarness(configure)
+            defer { try? service.stop() }
+            return try service.client().call("GET", "/healthz").json["process_isolation"] as? String
+        }
+        #expect(try isolation { $0.allowExec = true } == (Self.cgroups == nil ? "cookie" : "cgroup"))
+        #expect(try isolation {
+            $0.allowExec = true
+            $0.execIsolation = .cookie
+        } == "cookie")
+        #expect(try isolation { _ in } == "none")
+    }
+
+    /// Told to use the cookie only, programs run where the server runs, as in v2.
+    @Test func theCookieModeMakesNoCgroups() throws {
+        let service = try ServiceHarness {
+            $0.allowExec = true
+            $0.execIsolation = .cookie
+        }
+        let client = try service.client()
+        let id = try submit(client, ["cat", "/proc/self/cgroup"])
+        let output = (try client.waitForState(id, "succeeded")["result"] as? [String: Any])?["stdout"] as? String ?? ""
+        let own = (try? String(contentsOfFile: "/proc/self/cgroup", encoding: .utf8)) ?? ""
+        #expect(output == own && !output.contains("/taskloop/"), "\(output)")
         try service.stop()
     }
 }

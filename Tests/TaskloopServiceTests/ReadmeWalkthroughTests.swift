@@ -75,7 +75,7 @@ import TaskloopTestSupport
         #expect(lines[4] == #"{"state":"cancelled","error":"cancelled"}"#)
         #expect(lines[5].hasPrefix(#"{"state":"cancelled","error":"dependency_failed","cause":""#))
         #expect(lines[6] == #"{"state":"cancelled","progress":1}"#)
-        #expect(lines[7] == #"{"state":"succeeded","status":200,"body":"{\"status\":\"ok\"}","bytes":15}"#)
+        #expect(lines[7] == #"{"state":"succeeded","status":200,"body":"{\"status\":\"ok\",\"process_isolation\":\"none\"}","bytes":42}"#)
         try service.stop()
     }
 

@@ -257,6 +257,38 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// The same with a program that left no mark but its cgroup (an empty environment, a
+    /// session of its own): the second worker kills it by the first attempt's cgroup before
+    /// it runs the task.
+    @Test(.enabled(if: ExecTests.cgroups != nil))
+    func aKilledWorkersHiddenProgramIsKilledBeforeTheTaskRunsAgain() throws {
+        let (service, client) = try Self.server()
+        let first = try Self.worker(port: service.port, ["--allow-exec", "--lease-seconds", "1", "--name", "first",
+                                                         "--concurrency", "1"])
+        let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let hidden = "echo $$ > \(directory)/e.tmp; mv \(directory)/e.tmp \(directory)/e; exec sleep 300"
+        let script = "[ $TASKLOOP_TASK_ATTEMPT = 2 ] && exit 0; (env -i setsid sh -c '\(hidden)' &); exec sleep 300"
+        let task = try Self.submit(client, ["kind": "exec", "retry": ["max_attempts": 2, "backoff_ms": 0],
+                                            "params": ["argv": ["sh", "-c", script]]])
+        let escapee = try BinaryTests.pid(in: "\(directory)/e")
+        let firstPid = first.process.processIdentifier
+        kill(firstPid, SIGKILL)
+        try pollUntil("the first worker to die") { ExecTests.isGone(firstPid) }
+        #expect(!ExecTests.isGone(escapee), "the dead worker's program runs on")
+        try pollUntil("attempt 2 to be queued") {
+            let current = try client.task(task)
+            return current["attempt"] as? Int == 2 && current["state"] as? String == "queued"
+        }
+        let second = try Self.worker(port: service.port, ["--allow-exec", "--name", "second"])
+        let done = try client.waitForState(task, "succeeded")
+        #expect(done["attempt"] as? Int == 2)
+        #expect(ExecTests.isGone(escapee), "killed before the task ran again")
+        try ExecTests.waitUntilNoCgroupIsLeft(of: task)
+        #expect(try second.stop() == 0)
+        try service.stop()
+    }
+
     /// A worker that goes away while its lease call waits on the server (stopped, here; killed
     /// alike) must not be handed tasks: each would sit leased to nobody until its lease
     /// expired, an attempt lost. The server answers a waiting call whose client ended its side

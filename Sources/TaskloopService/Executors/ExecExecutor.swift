@@ -6,12 +6,14 @@ import TaskloopJSON
 
 /// `exec`: `{argv, env?, secret_env?, cwd?, grace_ms = 5000}`. Runs a program (no shell unless
 /// argv names one) in its own process group with a minimal environment plus `env` and
-/// `secret_env`, marked with the cookie `TASKLOOP_TASK_ID` and `TASKLOOP_TASK_ATTEMPT`. Stdout
-/// lines `PROGRESS <fraction|percent%> [message]` report progress; the last 64 KiB of each
-/// stream is kept. Exit 0 succeeds, anything else fails. Cancellation and timeouts send SIGTERM
-/// to the process tree (the group and every process carrying the cookie), then SIGKILL after
-/// `grace_ms`; the attempt confirms only once the child is reaped. When the child exits, what is
-/// left of its tree is killed.
+/// `secret_env`, marked with the cookie `TASKLOOP_TASK_ID` and `TASKLOOP_TASK_ATTEMPT`, and,
+/// where cgroups can be made (`ProcessIsolation`), in a cgroup of its own named by task and
+/// attempt. Stdout lines `PROGRESS <fraction|percent%> [message]` report progress; the last
+/// 64 KiB of each stream is kept. Exit 0 succeeds, anything else fails. Cancellation and timeouts
+/// send SIGTERM to the process tree (the group, the cgroup and every process carrying the
+/// cookie), then SIGKILL after `grace_ms` (the cgroup killed whole); the attempt confirms only
+/// once the child is reaped. When the child exits, what is left of its tree is killed, and its
+/// cgroup is removed once empty.
 ///
 /// Threading: loop thread only.
 final class ExecExecutor: TaskExecutor {
@@ -32,9 +34,17 @@ final class ExecExecutor: TaskExecutor {
     /// The names of the cookie every program and its descendants carry.
     static let cookieNames: Set<String> = ["TASKLOOP_TASK_ID", "TASKLOOP_TASK_ATTEMPT"]
 
-    init(loop: EventLoop, scheduler: EngineScheduler) {
+    /// Cgroups or the cookie alone; chosen once, at start.
+    let isolation: ProcessIsolation
+    /// Cgroups of ended attempts that still held processes when last tried; tried again, more
+    /// and more slowly, until they are empty and removed.
+    private var cgroupsToRemove: [Cgroup] = []
+    private var removalRetry: ScheduledAction?
+
+    init(loop: EventLoop, scheduler: EngineScheduler, isolation: ProcessIsolation) {
         self.loop = loop
         self.scheduler = scheduler
+        self.isolation = isolation
     }
 
     /// Attempts whose child has not been reaped yet.
@@ -157,11 +167,70 @@ final class ExecExecutor: TaskExecutor {
     }
 
     /// A program of an attempt that was running when the server died may outlive it (it runs
-    /// detached, and orphans go to init): every process carrying the task's cookie is killed,
-    /// and this returns once that is done.
+    /// detached, and orphans go to init): it is killed before the task can run again.
     func stopInterrupted(_ id: TaskID) {
-        ProcessTreeKiller.shared.signal(SIGKILL, carrying: ["TASKLOOP_TASK_ID=\(id)"])
+        removeWhenEmpty(Self.killLeftovers(ofTask: id.description, isolation: isolation))
+    }
+
+    /// Kills whatever earlier attempts of task `task` left running on this machine (a server or
+    /// worker killed with -9 leaves its programs behind): the cgroups of its attempts, whole,
+    /// and every process carrying its cookie (the only mark in cookie mode, and a second one
+    /// for a process that moved itself out of its cgroup). Returns once the signals are sent
+    /// and the cgroups have emptied (or a second has passed), with those still in use, for
+    /// `removeWhenEmpty`. Blocks: any thread, the loop's only while starting.
+    static func killLeftovers(ofTask task: String, isolation: ProcessIsolation) -> [Cgroup] {
+        var killed: [Cgroup] = []
+        if case .cgroup(let parent) = isolation { killed = parent.killCgroups(prefix: cgroupName(task: task, attempt: nil)) }
+        ProcessTreeKiller.shared.signal(SIGKILL, carrying: ["TASKLOOP_TASK_ID=\(task)"])
         ProcessTreeKiller.shared.waitUntilIdle()
+        // Gone, not only signalled, before the task runs again; a killed process takes a moment.
+        removeAsTheyEmpty(&killed, waitingAtMost: 1_000)
+        return killed
+    }
+
+    /// Removes each of `cgroups` once empty, blocking for at most `milliseconds`; those still in
+    /// use then stay in the list.
+    private static func removeAsTheyEmpty(_ cgroups: inout [Cgroup], waitingAtMost milliseconds: Int) {
+        var waited = 0
+        while true {
+            cgroups.removeAll { $0.remove() }
+            guard !cgroups.isEmpty, waited < milliseconds else { return }
+            usleep(1_000)
+            waited += 1
+        }
+    }
+
+    /// `<task>:<attempt>`, or the prefix of all of a task's attempts. Ids hold no `:` (a server's
+    /// are Crockford base 32, a worker takes only URL-safe ones), so one task's prefix never
+    /// matches another's cgroups.
+    static func cgroupName(task: String, attempt: Int?) -> String {
+        "\(task):" + (attempt.map { "\($0)" } ?? "")
+    }
+
+    /// Removes each of `cgroups` once no process is left in it. A killed process takes a moment
+    /// to go (one in uninterruptible sleep, longer): those still in use are tried again later.
+    func removeWhenEmpty(_ cgroups: [Cgroup]) {
+        cgroupsToRemove += cgroups.filter { !$0.remove() }
+        retryRemovals(after: 5)
+    }
+
+    private func retryRemovals(after delay: UInt64) {
+        guard removalRetry == nil, !cgroupsToRemove.isEmpty else { return }
+        removalRetry = scheduler.schedule(after: delay) { [weak self] in
+            guard let self else { return }
+            removalRetry = nil
+            cgroupsToRemove.removeAll { $0.remove() }
+            retryRemovals(after: min(delay * 2, 1_000))
+        }
+    }
+
+    /// The end of a stop: waits for the cgroups of killed attempts to empty, at most `timeout`
+    /// milliseconds, blocking, and removes them. One still in use then is left behind; the same
+    /// attempt run again after the restart takes it over.
+    func removeCgroupsLeft(timeout: Int) {
+        removalRetry?.cancel()
+        removalRetry = nil
+        Self.removeAsTheyEmpty(&cgroupsToRemove, waitingAtMost: timeout)
     }
 
     /// `PATH`, `HOME` and `LANG`, then the task's own `env` on top.
@@ -186,6 +255,7 @@ private final class ExecAttempt {
     private let params: Params
     private unowned let executor: ExecExecutor
     private var child: ChildProcess?
+    private var cgroup: Cgroup?
     private var killTimer: ScheduledAction?
     private var drainTimer: ScheduledAction?
     private var stdout = OutputTail()
@@ -210,15 +280,19 @@ private final class ExecAttempt {
         let identity = executor.cookieIdentity(run)
         let child: ChildProcess
         do {
+            if case .cgroup(let parent) = executor.isolation {
+                cgroup = try parent.makeCgroup(named: ExecExecutor.cgroupName(task: identity.task, attempt: identity.attempt))
+            }
             // The attempt keeps itself alive through the child's callbacks until it exits.
             child = try ChildProcess(
                 loop: executor.loop, arguments: params.arguments,
                 environment: ExecExecutor.environment(adding: params.environment),
                 cookie: ["TASKLOOP_TASK_ID=\(identity.task)", "TASKLOOP_TASK_ATTEMPT=\(identity.attempt)"],
-                directory: params.directory,
+                directory: params.directory, cgroup: cgroup,
                 onOutput: { [self] stream, bytes in received(stream, bytes) },
                 onExit: { [self] status, signal in exited(status: status, signal: signal) })
         } catch {
+            if let cgroup { executor.removeWhenEmpty([cgroup]) }
             return run.fail(TaskError(code: "spawn_failed", message: "Could not start \(params.arguments[0]): \(error).",
                                       details: ["argv0": .string(params.arguments[0])]))
         }
@@ -286,6 +360,8 @@ private final class ExecAttempt {
         killTimer?.cancel()
         drainTimer?.cancel()
         child = nil
+        // The child's exit killed the cgroup; the last of it goes a moment later.
+        if let cgroup { executor.removeWhenEmpty([cgroup]) }
         defer { executor.ended(self) }
         if !line.isEmpty { progressLine() }
         var result: JSONObject = [
@@ -354,11 +430,65 @@ final class ExecRefusingExecutor: TaskExecutor {
 
 /// The last step of stopping a process that may have run programs (the server, a worker): the
 /// tree kills sent so far are carried out, then the children adopted from stopped tasks are
-/// killed and reaped, so none outlives the process or is left a zombie.
-func finishProcessTrees(execRan: Bool, orphanReaper: OrphanReaper?) {
-    if execRan { ProcessTreeKiller.shared.waitUntilIdle() }
+/// killed and reaped, so none outlives the process or is left a zombie, and the attempts'
+/// emptied cgroups removed.
+func finishProcessTrees(exec: ExecExecutor?, orphanReaper: OrphanReaper?) {
+    if exec != nil { ProcessTreeKiller.shared.waitUntilIdle() }
     if let orphanReaper {
         orphanReaper.close()
         OrphanReaper.killAndReapAdopted(timeout: 300)
     }
+    exec?.removeCgroupsLeft(timeout: 300)
+}
+
+/// `--exec-isolation`: what holds together everything an `exec` attempt starts, so that all of
+/// it can be stopped.
+public enum ExecIsolationMode: String, Sendable, CaseIterable {
+    /// A cgroup per attempt where this process can make them, else `cookie`.
+    case auto
+    /// A cgroup per attempt, or no start at all: for a deployment that counts on it.
+    case cgroup
+    /// The process group and the environment cookie only (contract v2): for a service manager
+    /// that does not want cgroups made inside its own.
+    case cookie
+}
+
+/// What holds a server's (or worker's) `exec` programs together; `GET /healthz` names it
+/// (`process_isolation`).
+enum ProcessIsolation: Sendable {
+    /// Each attempt in a cgroup of its own under this parent (plus the group and cookie).
+    case cgroup(CgroupParent)
+    /// The process group and the cookie only, and why (for the log).
+    case cookie(reason: String)
+
+    var name: String {
+        switch self {
+        case .cgroup: "cgroup"
+        case .cookie: "cookie"
+        }
+    }
+
+    /// How it will be here; throws only when `cgroup` was asked for and cannot be had.
+    static func choose(_ mode: ExecIsolationMode) throws(ExecIsolationUnavailable) -> ProcessIsolation {
+        guard mode != .cookie else { return .cookie(reason: "--exec-isolation cookie") }
+        do {
+            return .cgroup(try CgroupParent.probe())
+        } catch {
+            guard mode == .auto else { throw ExecIsolationUnavailable(reason: error.description) }
+            return .cookie(reason: error.description)
+        }
+    }
+
+    /// One line for the start's log.
+    var summary: String {
+        switch self {
+        case .cgroup(let parent): "exec attempts run in cgroups of their own under \(parent.path)"
+        case .cookie(let reason): "exec attempts are held by process group and environment cookie only (\(reason))"
+        }
+    }
+}
+
+struct ExecIsolationUnavailable: Error, CustomStringConvertible {
+    let reason: String
+    var description: String { "--exec-isolation cgroup: this process cannot run programs in cgroups: \(reason)" }
 }

@@ -94,7 +94,8 @@ public final class TaskloopWorker {
                 try OrphanReaper.becomeChildSubreaper()
                 let reaper = try OrphanReaper(loop: loop)
                 orphanReaper = reaper
-                let exec = ExecExecutor(loop: loop, scheduler: scheduler)
+                let exec = ExecExecutor(loop: loop, scheduler: scheduler,
+                                        isolation: try ProcessIsolation.choose(configuration.execIsolation))
                 exec.cookieIdentity = { [unowned self] run in
                     let task = byLocalID[run.taskID] ?? submitting
                     return task.map { ($0.id, $0.attempt) } ?? (run.taskID.description, run.attempt)
@@ -122,6 +123,7 @@ public final class TaskloopWorker {
             "concurrency": "\(configuration.concurrency)", "kinds": "\(configuration.leasedKinds.joined(separator: ","))",
             "exec": "\(configuration.allowExec)", "lease_ms": "\(configuration.leaseMilliseconds)",
         ])
+        if let execExecutor { logger.info("\(execExecutor.isolation.summary)") }
         requestTasks()
     }
 
@@ -245,18 +247,22 @@ public final class TaskloopWorker {
     }
 
     /// An earlier attempt's programs may still run on this machine (a worker killed with -9
-    /// leaves its detached trees behind): they are killed, by the task's cookie, before the
-    /// task runs again, so one task never runs twice at once. The scan reads /proc, so it runs
-    /// off the loop.
+    /// leaves its detached trees behind): they are killed, by the task's cgroups and cookie,
+    /// before the task runs again, so one task never runs twice at once. The scan reads /proc,
+    /// so it runs off the loop.
     private func killLeftovers(of task: LeasedTask) {
-        let cookie = "TASKLOOP_TASK_ID=\(task.id)"
+        guard let isolation = execExecutor?.isolation else { return startCopy(of: task) }
+        let id = task.id
         let worker = LoopBound(self, loop: loop)
         let leased = LoopBound(task, loop: loop)
         let loop = self.loop
         DispatchQueue.global().async {
-            ProcessTreeKiller.shared.signal(SIGKILL, carrying: [cookie])
-            ProcessTreeKiller.shared.waitUntilIdle()
-            loop.execute { worker.value.startCopy(of: leased.value) }
+            let killed = ExecExecutor.killLeftovers(ofTask: id, isolation: isolation)
+            loop.execute {
+                guard !worker.value.finished else { return }
+                worker.value.execExecutor?.removeWhenEmpty(killed)
+                worker.value.startCopy(of: leased.value)
+            }
         }
     }
 
@@ -440,7 +446,7 @@ public final class TaskloopWorker {
         serverClient = nil
         taskClient?.close()
         taskClient = nil
-        finishProcessTrees(execRan: execExecutor != nil, orphanReaper: orphanReaper)
+        finishProcessTrees(exec: execExecutor, orphanReaper: orphanReaper)
         orphanReaper = nil
         scheduler.close()
         logger.info("stopped")

@@ -12,6 +12,8 @@ public struct WorkerConfiguration: Sendable {
     public var kinds: [String]?
     /// Runs `exec` tasks; without it they are leased and failed with `exec_not_allowed`.
     public var allowExec = false
+    /// How an `exec` attempt's processes are held together (`--exec-isolation`).
+    public var execIsolation = ExecIsolationMode.auto
     /// Sent as `Authorization: Bearer <token>` on every call.
     public var authToken: String?
     /// Asked for with each lease; heartbeats go out at a third of it.
