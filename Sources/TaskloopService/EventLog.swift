@@ -411,6 +411,12 @@ final class EventLog {
         let key = ObjectIdentifier(subscriber)
         subscribers[key] = subscriber
         reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
+        // A reader that ends its side has gone (a browser aborts a fetch by closing): a stream
+        // is only ever read, so waiting for a write to fail would keep it until the keep-alive.
+        reply.onPeerEnded { [weak self] in
+            guard self?.subscribers.removeValue(forKey: key) != nil else { return }
+            reply.responder.finish()
+        }
         subscriber.pending += Array("retry: \(Self.retryMilliseconds)\n\n".utf8)
         if let snapshot { subscriber.pending += snapshot }
         if let since, since < lastPublished {
