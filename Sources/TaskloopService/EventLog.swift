@@ -164,14 +164,17 @@ final class EventLog {
         var pending: [UInt8] = []
         /// Waiting in `dirty` for the end of the loop turn.
         var isDirty = false
-        /// Its task ended: the stream ends once what is pending is written.
+        /// `?until=`: the stream ends once the events up to this one are sent.
+        let until: UInt64?
+        /// Its task ended, or `until` was reached: the stream ends once what is pending is written.
         var ending = false
 
-        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64) {
+        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64, until: UInt64?) {
             self.reply = reply
             self.filter = filter
             self.endsWith = endsWith
             self.after = after
+            self.until = until
         }
     }
 
@@ -354,13 +357,15 @@ final class EventLog {
     private func deliver(_ events: some Sequence<StreamEvent>, to subscriber: Subscriber) {
         guard !subscriber.ending else { return }
         let before = subscriber.pending.count
-        for event in events where event.seq > subscriber.after && subscriber.filter.matches(event) {
+        let last = subscriber.until ?? .max
+        for event in events where event.seq > subscriber.after && event.seq <= last && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
             if let id = subscriber.endsWith, event.endsTask, event.taskID == id {
                 subscriber.ending = true
                 break
             }
         }
+        if lastPublished >= last { subscriber.ending = true }
         if (subscriber.pending.count > before || subscriber.ending) && !subscriber.isDirty {
             subscriber.isDirty = true
             dirty.append(subscriber)
@@ -403,11 +408,15 @@ final class EventLog {
     // MARK: subscribing
 
     /// Starts a stream: `retry:`, then (with `since`) what was published after it, or `reset`
-    /// and everything kept when that is gone, then every new matching event. `snapshot` is
-    /// written first (`GET /tasks/{id}/events`).
-    func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
-        guard reply.responder.startStream(headers: Self.streamHeaders) else { return }
-        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0)
+    /// and everything kept when that is gone, then every new matching event, up to `until` if
+    /// given. `snapshot` is written first (`GET /tasks/{id}/events`). Its head's `Event-Seq` is
+    /// the last event published: what follows it is live.
+    func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, until: UInt64? = nil, snapshot: [UInt8]? = nil,
+                   endsWith: TaskID? = nil) {
+        var headers = Self.streamHeaders
+        headers.add("Event-Seq", String(lastPublished))
+        guard reply.responder.startStream(headers: headers) else { return }
+        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0, until: until)
         let key = ObjectIdentifier(subscriber)
         subscribers[key] = subscriber
         reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
@@ -429,6 +438,7 @@ final class EventLog {
                 deliver(ring[start...], to: subscriber)
             }
         }
+        if let until, lastPublished >= until { subscriber.ending = true }
         if !subscriber.isDirty {
             subscriber.isDirty = true
             dirty.append(subscriber)

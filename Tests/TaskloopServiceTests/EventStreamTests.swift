@@ -218,6 +218,29 @@ import TaskloopTestSupport
         #expect(try eventSeq() == seqBefore, "no event was published meanwhile")
     }
 
+    /// `until` bounds a replay: the matching events up to that number, then the stream ends;
+    /// the head's Event-Seq says where the live part of a stream starts.
+    @Test func untilEndsTheStreamAfterThatEvent() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let first = try #require(try client.submit(#"{"kind":"noop","queue":"a"}"#)["id"] as? String)
+        _ = try client.submit(#"{"kind":"noop","queue":"b"}"#) // events 5...8
+        let ended = try Stream(port: service.port, "/events?queue=a&since=0&until=6")
+        let bounded = Stream.parse(try ended.connection.readUntilClosed(timeout: 5))
+        #expect(bounded.events.map(\.id) == [1, 2, 3, 4])
+        #expect(bounded.head.contains("Event-Seq: 8"))
+        // Nothing of it left, and nothing matched past it: ended all the same.
+        let empty = Stream.parse(try Stream(port: service.port, "/events?task=\(first)&since=4&until=8").connection.readUntilClosed(timeout: 5))
+        #expect(empty.events.isEmpty && empty.head.contains("200 OK"))
+        // An `until` not reached yet: it ends when that event is published.
+        let ahead = try Stream(port: service.port, "/events?since=8&until=10")
+        _ = ahead.head
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        #expect(Stream.parse(try ahead.connection.readUntilClosed(timeout: 5)).events.map(\.id) == [9, 10])
+        #expect(try client.call("GET", "/events?until=x").status == 400)
+    }
+
     /// A reader that stops reading is disconnected once its unsent bytes pass the limit; the
     /// server and the other readers go on.
     @Test func aReaderThatFallsBehindIsDisconnected() throws {
