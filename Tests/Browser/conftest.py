@@ -129,6 +129,15 @@ class Server:
         return wait_until(lambda: (lambda task: task if predicate(task) else None)(self.task(task_id)),
                           timeout, message or f"task {task_id} to satisfy {predicate}")
 
+    def event_streams(self):
+        """The server's `taskloop_event_streams` metric: event streams open now."""
+        request = urllib.request.Request(self.url + "/metrics")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+        return int(float(re.search(r"^taskloop_event_streams (\S+)$", text, re.MULTILINE).group(1)))
+
     def stop(self):
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
