@@ -1,6 +1,7 @@
 // The page's only way to the server: the public API, as curl and the CLI use it. The bearer
-// token (asked for once when the server answers 401) stays in this tab's sessionStorage.
-// Events are read with fetch, not EventSource, so that the token can be sent.
+// token (asked for once when the server answers 401) stays in this tab's sessionStorage, and
+// what it may do (GET /whoami) decides which buttons work. Events are read with fetch, not
+// EventSource, so that the token can be sent.
 
 const TOKEN_KEY = 'taskloop.token';
 let token = sessionStorage.getItem(TOKEN_KEY);
@@ -41,6 +42,7 @@ function askForToken(refused) {
       dialog.close();
       tokenPrompt = null;
       resolve(value);
+      relearnRole();
     };
     // Nothing works without it: Escape does not dismiss the dialog.
     const keepOpen = (event) => event.preventDefault();
@@ -73,9 +75,41 @@ export async function call(method, path, body) {
     if (text) {
       try { json = JSON.parse(text); } catch { json = null; }
     }
+    // The token file is re-read on SIGHUP: a token may lose (or gain) its role meanwhile.
+    if (response.status === 403 && json?.code === 'forbidden_for_role') relearnRole();
     if (!response.ok) throw new ApiError(response.status, json);
     return { status: response.status, json, headers: response.headers };
   }
+}
+
+let role = null;
+const roleListeners = new Set();
+
+/** Calls `listener(role)` whenever what the token may do changes. */
+export function onRole(listener) {
+  roleListeners.add(listener);
+}
+
+/** Asks the server what this tab's token may do; resolves with the role. */
+export async function learnRole() {
+  const { json } = await call('GET', '/whoami');
+  if (json.role !== role) {
+    role = json.role;
+    for (const listener of roleListeners) listener(role);
+  }
+  return role;
+}
+
+/** After the token changed: a call that fails leaves the role as it was. */
+function relearnRole() {
+  learnRole().catch(() => null);
+}
+
+/** Why this tab's token may not change anything (cancel, retry, pause...), or null if it may. */
+export function refusal() {
+  if (role === 'read') return 'needs an admin token; this token is read-only';
+  if (role === 'worker') return 'needs an admin token; this is a worker token (it may only lease and report)';
+  return null;
 }
 
 export const get = (path) => call('GET', path);
