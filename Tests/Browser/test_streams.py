@@ -34,6 +34,8 @@ def test_twenty_rounds_of_every_view_in_three_tabs_hold_one_stream_and_every_but
     server.wait_task(running["id"], lambda t: t["state"] == "running")
     server.wait_task(failed["id"], lambda t: t["state"] == "failed")
     server.wait_task(workflow["keys"]["bad"], lambda t: t["state"] == "failed")
+    api("PATCH", "/queues/lane", {"paused": True})
+    held = submit(api, "noop", "held", queue="lane")
     routes = ["/tasks", f"/tasks/{running['id']}", f"/workflows/{workflow['id']}", "/queues", f"/tasks/{failed['id']}"]
 
     driver = page.driver
@@ -69,6 +71,11 @@ def test_twenty_rounds_of_every_view_in_three_tabs_hold_one_stream_and_every_but
         limit.send_keys("17")
         limit.find_element(By.XPATH, "./ancestor::form//button[normalize-space()='Set']").click()
         promptly(lambda: api("GET", "/queues/default")["max_concurrency"] == 17, "the new limit to reach the server")
+        cancel_all = lambda: page.find('tr[data-queue="lane"] td.actions button.danger')  # noqa: E731
+        cancel_all().click()
+        wait_until(lambda: cancel_all().text == "Confirm: cancel all", message="Cancel all to ask for confirmation")
+        cancel_all().click()
+        promptly(lambda: server.task(held["id"])["state"] == "cancelled", "Cancel all to reach the server")
 
         page.go(f"/tasks/{running['id']}")
         wait_until(lambda: page.find("h1").text == "long-sleep", message="the running task's page")
@@ -86,6 +93,11 @@ def test_twenty_rounds_of_every_view_in_three_tabs_hold_one_stream_and_every_but
         page.row(running["id"]).find_element(By.CSS_SELECTOR, "td.select input").click()
         page.find(".bulk").find_element(By.XPATH, ".//button[normalize-space()='Cancel selected']").click()
         promptly(lambda: server.task(running["id"])["state"] == "cancelled", "Cancel selected to reach the server")
+        page.wait_row_state(running["id"], "cancelled")
+        wait_until(lambda: page.find(".bulk .selection").text == "Nothing selected", message="the selection cleared")
+        page.row(running["id"]).find_element(By.CSS_SELECTOR, "td.select input").click()
+        page.find(".bulk").find_element(By.XPATH, ".//button[normalize-space()='Retry selected']").click()
+        promptly(lambda: server.task(running["id"])["attempt"] == 3, "Retry selected to reach the server")
 
         page.go(f"/workflows/{workflow['id']}")
         wait_until(lambda: page.find_all("svg.graph a.node.state-failed"), message="the workflow graph")
