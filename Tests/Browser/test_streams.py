@@ -2,7 +2,8 @@
 opens to a server, so views that each kept their own (or left theirs open) would starve the
 buttons: a click's request would wait for a free connection. Here three tabs go through every
 view twenty times; the server never counts more than one stream, a closed leader tab hands the
-stream to another, and every action button still answers within a second."""
+stream to another, and every action button still answers within a second. Six tabs (a stream
+each filled every connection) leave a click its connection."""
 
 import os
 import time
@@ -120,6 +121,29 @@ def test_twenty_rounds_of_every_view_in_three_tabs_hold_one_stream_and_every_but
         page.go("/tasks")
         page.wait_row_state(fresh["id"], "succeeded")
         wait_until(lambda: server.event_streams() == 1, message="one stream after the handover")
+    finally:
+        for tab in driver.window_handles[1:]:
+            driver.switch_to.window(tab)
+            driver.close()
+        driver.switch_to.window(driver.window_handles[0])
+
+
+def test_six_tabs_leave_connections_for_the_buttons(page, api, server):
+    """The stall as reported: with a stream per tab, six tabs fill the browser's six connections
+    to the server and a click's PATCH waits, never sent. Shared, the click answers at once."""
+    api("PATCH", "/queues/lane", {"paused": True})
+    driver = page.driver
+    page.open("/queues")
+    try:
+        for _ in range(5):
+            driver.switch_to.new_window("tab")
+            page.open("/queues")
+        page.wait_live()
+        resume = page.wait_find('tr[data-queue="lane"] button.pause')
+        assert resume.text == "Resume"
+        resume.click()
+        promptly(lambda: not api("GET", "/queues/lane")["paused"], "Resume to reach the server")
+        assert server.event_streams() == 1
     finally:
         for tab in driver.window_handles[1:]:
             driver.switch_to.window(tab)
