@@ -144,6 +144,7 @@ export function query(params) {
 // Positions: after announcing position P the leader sends only events numbered above P.
 
 const LEADER_LOCK = 'taskloop.events.leader';
+// Web Locks exist only in secure contexts (https, localhost): elsewhere each tab leads itself.
 const shared = typeof BroadcastChannel === 'function' && navigator.locks ? new BroadcastChannel('taskloop.events') : null;
 const subscribers = new Set();
 /** The last position this tab heard from the current leader, or null when it has none yet. */
