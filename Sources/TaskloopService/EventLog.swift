@@ -173,14 +173,17 @@ final class EventLog {
         var pending: [UInt8] = []
         /// Waiting in `dirty` for the end of the loop turn.
         var isDirty = false
-        /// Its task ended: the stream ends once what is pending is written.
+        /// `?until=`: the stream ends once the events up to this one are sent.
+        let until: UInt64?
+        /// Its task ended, or `until` was reached: the stream ends once what is pending is written.
         var ending = false
 
-        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64) {
+        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64, until: UInt64?) {
             self.reply = reply
             self.filter = filter
             self.endsWith = endsWith
             self.after = after
+            self.until = until
         }
     }
 
@@ -392,13 +395,15 @@ final class EventLog {
         // A resuming stream reaches these through the ring, in order.
         guard !subscriber.ending, subscriber.replayNext == nil else { return }
         let before = subscriber.pending.count
-        for event in events where event.seq > subscriber.after && subscriber.filter.matches(event) {
+        let last = subscriber.until ?? .max
+        for event in events where event.seq > subscriber.after && event.seq <= last && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
             if let id = subscriber.endsWith, event.endsTask, event.taskID == id {
                 subscriber.ending = true
                 break
             }
         }
+        if lastPublished >= last { subscriber.ending = true }
         if (subscriber.pending.count > before || subscriber.ending) && !subscriber.isDirty {
             subscriber.isDirty = true
             dirty.append(subscriber)
@@ -463,10 +468,16 @@ final class EventLog {
         }
         var index = Int(next - oldest)
         var scanned = 0
+        let last = subscriber.until ?? .max
         while index < ring.count && subscriber.pending.count < Self.replayChunkBytes && scanned < Self.replayScanLimit {
             let event = ring[index]
             index += 1
             scanned += 1
+            guard event.seq <= last else {
+                subscriber.ending = true
+                subscriber.replayNext = nil
+                return
+            }
             guard event.seq > subscriber.after, subscriber.filter.matches(event) else { continue }
             subscriber.pending += event.frame
             account(event)
@@ -477,6 +488,7 @@ final class EventLog {
             }
         }
         subscriber.replayNext = index < ring.count ? ring[index].seq : nil
+        if subscriber.replayNext == nil && lastPublished >= last { subscriber.ending = true }
     }
 
     private static func reset(oldest: UInt64) -> [UInt8] {
@@ -502,14 +514,24 @@ final class EventLog {
     // MARK: subscribing
 
     /// Starts a stream: `retry:`, then (with `since`) what was published after it, or `reset`
-    /// and everything kept when that is gone, then every new matching event. `snapshot` is
-    /// written first (`GET /tasks/{id}/events`).
-    func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
-        guard reply.responder.startStream(headers: Self.streamHeaders) else { return }
-        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0)
+    /// and everything kept when that is gone, then every new matching event, up to `until` if
+    /// given. `snapshot` is written first (`GET /tasks/{id}/events`). Its head's `Event-Seq` is
+    /// the last event published: what follows it is live.
+    func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, until: UInt64? = nil, snapshot: [UInt8]? = nil,
+                   endsWith: TaskID? = nil) {
+        var headers = Self.streamHeaders
+        headers.add("Event-Seq", String(lastPublished))
+        guard reply.responder.startStream(headers: headers) else { return }
+        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0, until: until)
         let key = ObjectIdentifier(subscriber)
         subscribers[key] = subscriber
         reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
+        // A reader that ends its side has gone (a browser aborts a fetch by closing): a stream
+        // is only ever read, so waiting for a write to fail would keep it until the keep-alive.
+        reply.onPeerEnded { [weak self] in
+            guard self?.subscribers.removeValue(forKey: key) != nil else { return }
+            reply.responder.finish()
+        }
         subscriber.pending += Array("retry: \(Self.retryMilliseconds)\n\n".utf8)
         if let snapshot { subscriber.pending += snapshot }
         if let since, since < lastPublished {
@@ -519,6 +541,7 @@ final class EventLog {
                 subscriber.replayNext = since + 1
             }
         }
+        if let until, lastPublished >= until { subscriber.ending = true }
         markDirty(subscriber)
         scheduleKeepAlive()
     }

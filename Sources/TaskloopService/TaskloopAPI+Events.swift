@@ -30,10 +30,17 @@ extension TaskloopApplication {
                 errors.append(.init(field: "since", message: "must be an event number (the id: of an event)."))
             }
         }
+        // A bounded replay (a page catching one view up while it follows everything elsewhere).
+        var until: UInt64?
+        if let text = request.query("until") {
+            if let value = UInt64(text) { until = value } else {
+                errors.append(.init(field: "until", message: "must be an event number (the id: of an event)."))
+            }
+        }
         guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         try refuseWhileDraining()
         answered(reply, status: .ok)
-        eventLog.subscribe(reply, filter: filter, since: since)
+        eventLog.subscribe(reply, filter: filter, since: since, until: until)
     }
 
     func streamTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {

@@ -80,10 +80,10 @@ class ApiError(Exception):
 class Server:
     """A taskloop process on a free port, and `api(method, path, body)` to talk to it."""
 
-    def __init__(self, *args, token=None):
+    def __init__(self, *args, token=None, token_flag=True):
         self.token = token
         command = [taskloop_binary(), "--port", "0", "--durability", "memory", "--log-level", "warning", *args]
-        if token:
+        if token and token_flag:
             command += ["--auth-token", token]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
         self.output = []
@@ -129,6 +129,15 @@ class Server:
         return wait_until(lambda: (lambda task: task if predicate(task) else None)(self.task(task_id)),
                           timeout, message or f"task {task_id} to satisfy {predicate}")
 
+    def event_streams(self):
+        """The server's `taskloop_event_streams` metric: event streams open now."""
+        request = urllib.request.Request(self.url + "/metrics")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+        return int(float(re.search(r"^taskloop_event_streams (\S+)$", text, re.MULTILINE).group(1)))
+
     def stop(self):
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -141,11 +150,22 @@ class Server:
 
 
 @pytest.fixture
-def server(request):
-    """A fresh server for one test. `@pytest.mark.server(token="...", args=[...])` configures it."""
+def server(request, tmp_path):
+    """A fresh server for one test. `@pytest.mark.server(token="...", args=[...])` configures it;
+    `tokens=[(token, role), ...]` writes them to an --auth-token-file (the API calls of the test
+    use the first)."""
     marker = request.node.get_closest_marker("server")
     options = dict(marker.kwargs) if marker else {}
-    instance = Server(*options.get("args", []), token=options.get("token"))
+    args = list(options.get("args", []))
+    token = options.get("token")
+    token_file = None
+    if options.get("tokens"):
+        token_file = tmp_path / "tokens"
+        token_file.write_text("".join(f"{secret} {role}\n" for secret, role in options["tokens"]))
+        args += ["--auth-token-file", str(token_file)]
+        token = options["tokens"][0][0]
+    instance = Server(*args, token=token, token_flag=token_file is None)
+    instance.token_file = token_file
     yield instance
     code = instance.stop()
     assert code == 0, f"taskloop exited with {code}:\n" + "".join(instance.output)
@@ -282,5 +302,5 @@ def page(browser, server, request):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "server(token=None, args=[]): options of the test's taskloop")
+    config.addinivalue_line("markers", "server(token=None, tokens=None, args=[]): options of the test's taskloop")
     config.addinivalue_line("markers", "console_allows(*statuses): the browser may log its failed loads with these statuses")

@@ -185,6 +185,62 @@ import TaskloopTestSupport
         #expect(try client.call("GET", "/tasks/01M00000000000000000000000/events").status == 404)
     }
 
+    /// A reader that leaves ends its stream at once, whether it closes its connection (FIN, as a
+    /// browser does when a page aborts its fetch) or resets it: nothing is published meanwhile,
+    /// so no write can be what notices, and the 15 s keep-alive is far beyond the deadline.
+    @Test func aStreamEndsTheMomentItsReaderLeaves() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        func openStreams() throws -> Int {
+            let text = try client.call("GET", "/metrics").text
+            let line = text.split(separator: "\n").first { $0.hasPrefix("taskloop_event_streams ") }
+            return line.flatMap { Double($0.split(separator: " ")[1]) }.map { Int($0) } ?? -1
+        }
+        func eventSeq() throws -> String? { try client.call("GET", "/tasks?limit=1").header("Event-Seq") }
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        let seqBefore = try eventSeq()
+        var closing: [RawClient] = []
+        var resetting: [RawClient] = []
+        for index in 0..<8 {
+            let reader = try RawClient(port: service.port)
+            // HTTP/1.1 (chunked, kept alive) as browsers ask, and HTTP/1.0 (ended by closing).
+            try reader.send("GET /events?since=0 HTTP/1.\(index % 4 < 2 ? 1 : 0)\r\nHost: localhost\r\n\r\n")
+            _ = try reader.readUntil { Stream.completeDataLines($0) >= 4 }
+            if index % 2 == 0 { closing.append(reader) } else { resetting.append(reader) }
+        }
+        try pollUntil("eight streams") { try openStreams() == 8 }
+        closing = []
+        try pollUntil("the closed streams to end", timeout: 5) { try openStreams() == 4 }
+        for reader in resetting { reader.resetOnClose() }
+        resetting = []
+        try pollUntil("the reset streams to end", timeout: 5) { try openStreams() == 0 }
+        #expect(try eventSeq() == seqBefore, "no event was published meanwhile")
+    }
+
+    /// `until` bounds a replay: the matching events up to that number, then the stream ends;
+    /// the head's Event-Seq says where the live part of a stream starts.
+    @Test func untilEndsTheStreamAfterThatEvent() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let first = try #require(try client.submit(#"{"kind":"noop","queue":"a"}"#)["id"] as? String)
+        _ = try client.submit(#"{"kind":"noop","queue":"b"}"#) // events 5...8
+        let ended = try Stream(port: service.port, "/events?queue=a&since=0&until=6")
+        let bounded = Stream.parse(try ended.connection.readUntilClosed(timeout: 5))
+        #expect(bounded.events.map(\.id) == [1, 2, 3, 4])
+        #expect(bounded.head.contains("Event-Seq: 8"))
+        // Nothing of it left, and nothing matched past it: ended all the same.
+        let empty = Stream.parse(try Stream(port: service.port, "/events?task=\(first)&since=4&until=8").connection.readUntilClosed(timeout: 5))
+        #expect(empty.events.isEmpty && empty.head.contains("200 OK"))
+        // An `until` not reached yet: it ends when that event is published.
+        let ahead = try Stream(port: service.port, "/events?since=8&until=10")
+        _ = ahead.head
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        #expect(Stream.parse(try ahead.connection.readUntilClosed(timeout: 5)).events.map(\.id) == [9, 10])
+        #expect(try client.call("GET", "/events?until=x").status == 400)
+    }
+
     /// A reader that stops reading is disconnected once its unsent bytes pass the limit; the
     /// server and the other readers go on.
     @Test func aReaderThatFallsBehindIsDisconnected() throws {

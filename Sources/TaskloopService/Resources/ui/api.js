@@ -1,6 +1,7 @@
 // The page's only way to the server: the public API, as curl and the CLI use it. The bearer
-// token (asked for once when the server answers 401) stays in this tab's sessionStorage.
-// Events are read with fetch, not EventSource, so that the token can be sent.
+// token (asked for once when the server answers 401) stays in this tab's sessionStorage, and
+// what it may do (GET /whoami) decides which buttons work. Events are read with fetch, not
+// EventSource, so that the token can be sent.
 
 const TOKEN_KEY = 'taskloop.token';
 let token = sessionStorage.getItem(TOKEN_KEY);
@@ -41,6 +42,7 @@ function askForToken(refused) {
       dialog.close();
       tokenPrompt = null;
       resolve(value);
+      relearnRole();
     };
     // Nothing works without it: Escape does not dismiss the dialog.
     const keepOpen = (event) => event.preventDefault();
@@ -73,9 +75,41 @@ export async function call(method, path, body) {
     if (text) {
       try { json = JSON.parse(text); } catch { json = null; }
     }
+    // The token file is re-read on SIGHUP: a token may lose (or gain) its role meanwhile.
+    if (response.status === 403 && json?.code === 'forbidden_for_role') relearnRole();
     if (!response.ok) throw new ApiError(response.status, json);
     return { status: response.status, json, headers: response.headers };
   }
+}
+
+let role = null;
+const roleListeners = new Set();
+
+/** Calls `listener(role)` whenever what the token may do changes. */
+export function onRole(listener) {
+  roleListeners.add(listener);
+}
+
+/** Asks the server what this tab's token may do; resolves with the role. */
+export async function learnRole() {
+  const { json } = await call('GET', '/whoami');
+  if (json.role !== role) {
+    role = json.role;
+    for (const listener of roleListeners) listener(role);
+  }
+  return role;
+}
+
+/** After the token changed: a call that fails leaves the role as it was. */
+function relearnRole() {
+  learnRole().catch(() => null);
+}
+
+/** Why this tab's token may not change anything (cancel, retry, pause...), or null if it may. */
+export function refusal() {
+  if (role === 'read') return 'needs an admin token; this token is read-only';
+  if (role === 'worker') return 'needs an admin token; this is a worker token (it may only lease and report)';
+  return null;
 }
 
 export const get = (path) => call('GET', path);
@@ -101,101 +135,248 @@ export function query(params) {
   return text ? `?${text}` : '';
 }
 
+// The event stream, shared. A browser opens at most six connections to one server, and a
+// stream holds one for as long as it is open, so the views of every tab of one browser share ONE
+// stream: the tab holding the lock leads (the next one waiting takes over when it closes), reads
+// GET /events unfiltered and passes each event on over a BroadcastChannel; each view filters what
+// it wants. A view that needs events from before the shared stream's position (its list's
+// Event-Seq, or a task's whole history) gets them from a bounded replay (`until`), which ends.
+// Positions: after announcing position P the leader sends only events numbered above P.
+
+const LEADER_LOCK = 'taskloop.events.leader';
+// Web Locks exist only in secure contexts (https, localhost): elsewhere each tab leads itself.
+const shared = typeof BroadcastChannel === 'function' && navigator.locks ? new BroadcastChannel('taskloop.events') : null;
+const subscribers = new Set();
+/** The last position this tab heard from the current leader, or null when it has none yet. */
+let position = null;
+let connection = null;
 const connectionListeners = new Set();
-const streamStates = new Map();
-/** Calls `listener('live' | 'reconnecting' | 'idle')` when the page's streams change. */
+let leading = false;
+
+/** Calls `listener('live' | 'reconnecting' | 'idle')` when the page's events change. */
 export function onConnection(listener) {
   connectionListeners.add(listener);
 }
-function streamState(stream, state) {
-  if (state === null) streamStates.delete(stream); else streamStates.set(stream, state);
-  const states = [...streamStates.values()];
-  const overall = states.includes('reconnecting') ? 'reconnecting' : states.length ? 'live' : 'idle';
-  for (const listener of connectionListeners) listener(overall);
+
+function connectionChanged() {
+  const state = subscribers.size === 0 ? 'idle' : connection;
+  if (state) for (const listener of connectionListeners) listener(state);
 }
 
-/**
- * Follows GET /events with `filters` from `since` (a sequence number, usually a list's
- * Event-Seq): `onEvent(type, data)` for each event, in order; `onReset(oldest)` when the
- * server no longer has the events asked for (re-list then). Reconnects by itself, resuming
- * after the last event seen. Returns {stop()}.
- */
-export function follow(filters, since, onEvent, onReset) {
-  const controller = new AbortController();
-  const stream = {};
-  let last = since;
-  let delay = 250;
-  let stopped = false;
-
-  function dispatch(type, data, id) {
-    if (id) last = id;
-    if (type === 'reset') { onReset?.(JSON.parse(data).oldest); return; }
-    onEvent(type, JSON.parse(data));
-  }
-
-  async function read(response) {
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = '';
-    let type = 'message';
-    let data = [];
-    let id = null;
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return;
-      buffer += value;
-      let end;
-      while ((end = buffer.indexOf('\n')) >= 0) {
-        let line = buffer.slice(0, end);
-        buffer = buffer.slice(end + 1);
-        if (line.endsWith('\r')) line = line.slice(0, -1);
-        if (line === '') {
-          if (data.length) dispatch(type, data.join('\n'), id);
-          type = 'message'; data = []; id = null;
-          continue;
-        }
-        if (line.startsWith(':')) continue;
-        const colon = line.indexOf(':');
-        const field = colon < 0 ? line : line.slice(0, colon);
-        let value = colon < 0 ? '' : line.slice(colon + 1);
-        if (value.startsWith(' ')) value = value.slice(1);
-        if (field === 'data') data.push(value);
-        else if (field === 'event') type = value;
-        else if (field === 'id') id = value;
+/** Reads a server-sent event stream to its end: `dispatch(type, data, id)` for each event. */
+async function readEvents(response, dispatch) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = '';
+  let type = 'message';
+  let data = [];
+  let id = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf('\n')) >= 0) {
+      let line = buffer.slice(0, end);
+      buffer = buffer.slice(end + 1);
+      if (line.endsWith('\r')) line = line.slice(0, -1);
+      if (line === '') {
+        if (data.length) dispatch(type, data.join('\n'), id);
+        type = 'message'; data = []; id = null;
+        continue;
       }
+      if (line.startsWith(':')) continue;
+      const colon = line.indexOf(':');
+      const field = colon < 0 ? line : line.slice(0, colon);
+      let value = colon < 0 ? '' : line.slice(colon + 1);
+      if (value.startsWith(' ')) value = value.slice(1);
+      if (field === 'data') data.push(value);
+      else if (field === 'event') type = value;
+      else if (field === 'id') id = value;
     }
   }
+}
 
-  (async () => {
-    while (!stopped) {
-      try {
-        const sentWith = token;
-        const response = await fetch(`/events${query({ ...filters, since: last })}`, {
-          headers: authorized({ Accept: 'text/event-stream' }), signal: controller.signal, cache: 'no-store',
-        });
-        if (response.status === 401) {
-          await afterRefusal(sentWith);
-          continue;
-        }
-        if (!response.ok) throw new ApiError(response.status, null);
-        streamState(stream, 'live');
-        delay = 250;
-        await read(response);
-      } catch (error) {
-        if (stopped) break;
-      }
-      if (stopped) break;
-      streamState(stream, 'reconnecting');
+/** GET /events with `params`; resolves with the response once it is a stream (asking for a token on 401). */
+async function openEvents(params, signal) {
+  for (;;) {
+    const sentWith = token;
+    const response = await fetch(`/events${query(params)}`, {
+      headers: authorized({ Accept: 'text/event-stream' }), signal, cache: 'no-store',
+    });
+    if (response.status === 401) {
+      await afterRefusal(sentWith);
+      continue;
+    }
+    if (!response.ok) throw new ApiError(response.status, null);
+    return response;
+  }
+}
+
+function matches(filters, type, data) {
+  if (filters.types && !filters.types.split(',').includes(type)) return false;
+  const task = data.task;
+  if (filters.task && task?.id !== filters.task) return false;
+  if (filters.workflow && (task ? task.workflow : data.workflow?.id) !== filters.workflow) return false;
+  if (filters.queue && (task ? task.queue : data.queue?.name) !== filters.queue) return false;
+  return true;
+}
+
+// A subscriber is `waiting` for a position, `catching` up (a replay; live events wait in
+// `held`), or `live`. `complete`: every matching event up to this number has been handed over.
+
+function handOver(subscriber, seq, type, data) {
+  if (subscriber.complete !== null && seq <= subscriber.complete) return;
+  subscriber.complete = seq;
+  if (matches(subscriber.filters, type, data)) subscriber.onEvent(type, data);
+}
+
+function join(subscriber) {
+  subscriber.replay?.abort();
+  subscriber.replay = null;
+  subscriber.held = [];
+  subscriber.state = 'waiting';
+  if (position !== null) joinAt(subscriber, position);
+  else if (!leading) shared?.postMessage({ kind: 'ask' });
+}
+
+async function joinAt(subscriber, at) {
+  if (subscriber.complete === null || subscriber.complete >= at) {
+    if (subscriber.complete === null) subscriber.complete = at;
+    subscriber.state = 'live';
+    return;
+  }
+  subscriber.state = 'catching';
+  const controller = new AbortController();
+  subscriber.replay = controller;
+  const { task, workflow, queue, types } = subscriber.filters;
+  let delay = 250;
+  while (subscriber.replay === controller) {
+    try {
+      const response = await openEvents({ task, workflow, queue, types, since: subscriber.complete, until: at }, controller.signal);
+      await readEvents(response, (type, data, id) => {
+        if (type === 'reset') subscriber.onReset?.(JSON.parse(data).oldest);
+        else handOver(subscriber, Number(id), type, JSON.parse(data));
+      });
+      break;
+    } catch (error) {
+      if (subscriber.replay !== controller) return;
       await new Promise((resolve) => setTimeout(resolve, delay));
       delay = Math.min(delay * 2, 5000);
     }
-    streamState(stream, null);
-  })();
+  }
+  if (subscriber.replay !== controller) return;
+  subscriber.replay = null;
+  if (subscriber.complete < at) subscriber.complete = at;
+  subscriber.state = 'live';
+  const held = subscriber.held;
+  subscriber.held = [];
+  for (const [seq, type, data] of held) handOver(subscriber, seq, type, data);
+}
 
+/** What every tab does with the leader's messages (the leader's own tab included). */
+function receive(message) {
+  switch (message.kind) {
+    case 'event': {
+      position = message.seq;
+      let data = null;
+      for (const subscriber of subscribers) {
+        if (subscriber.state === 'waiting' || (subscriber.complete !== null && message.seq <= subscriber.complete)) continue;
+        data ??= JSON.parse(message.data);
+        if (subscriber.state === 'catching') subscriber.held.push([message.seq, message.type, data]);
+        else handOver(subscriber, message.seq, message.type, data);
+      }
+      break;
+    }
+    case 'reset':
+      for (const subscriber of subscribers) subscriber.onReset?.(message.oldest);
+      break;
+    case 'state':
+      connection = message.state;
+      connectionChanged();
+      if (message.position !== null) {
+        position = message.position;
+        for (const subscriber of subscribers) if (subscriber.state === 'waiting') joinAt(subscriber, position);
+      }
+      break;
+    case 'leader':
+      // Another tab leads now, from its own position: everyone catches up from what they have.
+      position = null;
+      for (const subscriber of subscribers) join(subscriber);
+      break;
+    case 'ask':
+      if (leading) announce();
+      break;
+  }
+}
+
+let leaderState = null;
+let leaderPosition = null;
+
+function broadcast(message) {
+  shared?.postMessage(message);
+  receive(message);
+}
+
+function announce() {
+  broadcast({ kind: 'state', state: leaderState, position: leaderPosition });
+}
+
+/** Reads GET /events for every tab, resuming after the last event it passed on. */
+async function lead() {
+  leading = true;
+  leaderPosition = position;
+  broadcast({ kind: 'leader' });
+  let delay = 250;
+  for (;;) {
+    try {
+      const response = await openEvents({ since: leaderPosition });
+      if (leaderPosition === null) leaderPosition = Number(response.headers.get('Event-Seq'));
+      leaderState = 'live';
+      announce();
+      delay = 250;
+      await readEvents(response, (type, data, id) => {
+        if (type === 'reset') { broadcast({ kind: 'reset', oldest: JSON.parse(data).oldest }); return; }
+        leaderPosition = Number(id);
+        broadcast({ kind: 'event', seq: leaderPosition, type, data });
+      });
+    } catch {
+      // Reconnects below.
+    }
+    leaderState = 'reconnecting';
+    announce();
+    await new Promise((resolve) => setTimeout(resolve, delay));
+    delay = Math.min(delay * 2, 5000);
+  }
+}
+
+if (shared) {
+  shared.onmessage = (event) => receive(event.data);
+  // Held until this tab closes; then the next tab waiting for it leads.
+  navigator.locks.request(LEADER_LOCK, () => new Promise(() => lead()));
+} else {
+  lead();
+}
+
+/**
+ * Follows the events matching `filters` ({task, workflow, queue, types}) from `since` (a
+ * sequence number, usually a list's Event-Seq; none: from now on): `onEvent(type, data)` for
+ * each, in order; `onReset(oldest)` when the server no longer has the events asked for (re-list
+ * then). Returns {stop()}.
+ */
+export function follow(filters, since, onEvent, onReset) {
+  const subscriber = {
+    filters, onEvent, onReset, complete: since === undefined || since === null ? null : Number(since),
+    state: 'waiting', held: [], replay: null,
+  };
+  subscribers.add(subscriber);
+  join(subscriber);
+  connectionChanged();
   return {
     stop() {
-      stopped = true;
-      controller.abort();
-      streamState(stream, null);
+      if (!subscribers.delete(subscriber)) return;
+      subscriber.replay?.abort();
+      subscriber.replay = null;
+      connectionChanged();
     },
   };
 }

@@ -1,8 +1,8 @@
 // The dashboard's shell: the hash router that mounts one view at a time, the connection
-// indicator, and the "open by id" box. Each view module exports mount(container, params, query)
-// returning a function that stops it (its streams and timers).
+// indicator, what the token may do, and the "open by id" box. Each view module exports
+// mount(container, params, query) returning a function that stops it (its streams and timers).
 
-import { get, onConnection, ApiError } from './api.js';
+import { get, onConnection, onRole, learnRole, refusal, ApiError } from './api.js';
 import { h, fill } from './dom.js';
 
 const views = {
@@ -84,4 +84,16 @@ document.getElementById('jump').addEventListener('submit', async (event) => {
   input.addEventListener('input', () => input.setCustomValidity(''), { once: true });
 });
 
-route();
+const access = document.getElementById('access');
+function showAccess() {
+  const reason = refusal();
+  access.hidden = !reason;
+  access.textContent = reason ? `View only: changing anything ${reason}` : '';
+}
+
+// Buttons are drawn for the token's role, so the role comes first, and a new one redraws.
+learnRole().catch(() => null).then(() => {
+  showAccess();
+  onRole(() => { showAccess(); route(); });
+  route();
+});

@@ -1,6 +1,8 @@
 // Small helpers to build the page from data without innerHTML (so no text is ever parsed as
 // markup), and the formats every view shares.
 
+import { refusal } from './api.js';
+
 export const STATES = ['pending', 'queued', 'running', 'succeeded', 'failed', 'cancelled'];
 export const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 /** The states a retry takes a task out of. */
@@ -138,6 +140,18 @@ export function confirmButton(label, confirmLabel, action, attrs = {}) {
     await action();
   } }, label);
   return button;
+}
+
+/** Disables `control` when this tab's token may not change anything, saying why (tooltip and
+ * description). The page is drawn again when the token's role changes. */
+export function adminOnly(control) {
+  const reason = refusal();
+  if (reason) {
+    control.disabled = true;
+    control.title = reason;
+    control.setAttribute('aria-description', reason);
+  }
+  return control;
 }
 
 /** Runs `work` over `items` with at most `limit` at once; resolves to [{item, ok, error}]. */

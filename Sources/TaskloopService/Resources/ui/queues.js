@@ -3,7 +3,7 @@
 // refresh the counts at most once a second (a queue's counts change with every task).
 
 import { call, get, follow, ApiError } from './api.js';
-import { h, s, fill, STATES, toast, confirmButton } from './dom.js';
+import { h, s, fill, STATES, toast, confirmButton, adminOnly } from './dom.js';
 
 function sparkline(throughput) {
   const counts = throughput.finished;
@@ -51,10 +51,10 @@ export async function mount(view) {
   }
 
   function makeRow(name) {
-    const limit = h('input', { type: 'number', min: 1, max: 10000, class: 'limit', 'aria-label': `Limit of ${name}`, name: 'max_concurrency' });
+    const limit = adminOnly(h('input', { type: 'number', min: 1, max: 10000, class: 'limit', 'aria-label': `Limit of ${name}`, name: 'max_concurrency' }));
     let dirty = false;
     limit.addEventListener('input', () => { dirty = true; });
-    const save = h('button', { type: 'submit' }, 'Set');
+    const save = adminOnly(h('button', { type: 'submit' }, 'Set'));
     const limitForm = h('form', { class: 'inline', onsubmit: async (event) => {
       event.preventDefault();
       const value = Number(limit.value);
@@ -69,7 +69,7 @@ export async function mount(view) {
     } }, limit, save);
     const dispatch = h('td');
     const status = h('td');
-    const pause = h('button', { type: 'button', class: 'pause' });
+    const pause = adminOnly(h('button', { type: 'button', class: 'pause' }));
     let paused = false;
     pause.addEventListener('click', async () => {
       try {
@@ -78,7 +78,7 @@ export async function mount(view) {
         toast(`${name}: ${error.message}`, 'error');
       }
     });
-    const cancelAll = confirmButton('Cancel all', 'Confirm: cancel all', async () => {
+    const cancelAll = adminOnly(confirmButton('Cancel all', 'Confirm: cancel all', async () => {
       try {
         const { json } = await call('POST', `/queues/${encodeURIComponent(name)}/cancel`);
         toast(`${name}: ${json.cancelled} cancelled`);
@@ -86,7 +86,7 @@ export async function mount(view) {
       } catch (error) {
         toast(`${name}: ${error.message}`, 'error');
       }
-    }, { class: 'danger', 'aria-label': `Cancel every unfinished task of ${name}` });
+    }, { class: 'danger', 'aria-label': `Cancel every unfinished task of ${name}` }));
     const counts = Object.fromEntries(STATES.map((state) => [state, h('a', {
       href: `#/tasks?queue=${encodeURIComponent(name)}&state=${state}`, 'aria-label': `${state} tasks of ${name}` })]));
     const finished = h('td');

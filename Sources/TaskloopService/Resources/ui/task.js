@@ -3,7 +3,7 @@
 // (GET /events?task=ID&since=0, which then goes on live).
 
 import { get, follow, query, actOnTask, outcome } from './api.js';
-import { h, fill, TERMINAL, RETRYABLE, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, jsonBlock, toast } from './dom.js';
+import { h, fill, adminOnly, TERMINAL, RETRYABLE, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, jsonBlock, toast } from './dom.js';
 
 function row(term, ...value) {
   return [h('dt', {}, term), h('dd', {}, ...value)];
@@ -56,8 +56,8 @@ export async function mount(view, target) {
 
   const title = h('h1');
   const stateBadge = h('span');
-  const cancel = h('button', { type: 'button', class: 'danger', onclick: () => act('cancel') }, 'Cancel');
-  const retry = h('button', { type: 'button', onclick: () => act('retry') }, 'Retry');
+  const cancel = adminOnly(h('button', { type: 'button', class: 'danger', onclick: () => act('cancel') }, 'Cancel'));
+  const retry = adminOnly(h('button', { type: 'button', onclick: () => act('retry') }, 'Retry'));
   const bar = progressBar(null, 'Progress');
   const progressText = h('p', { class: 'message' });
   const summary = h('dl', { class: 'facts' });

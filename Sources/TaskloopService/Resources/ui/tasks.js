@@ -3,8 +3,8 @@
 // draw as a 30-task one); rows are keyed by task id and patched, so focus and selection survive
 // updates. Bulk cancel and retry act on the selection.
 
-import { get, follow, query, actOnTask, outcome } from './api.js';
-import { h, fill, STATES, TERMINAL, RETRYABLE, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, toast, inBatches } from './dom.js';
+import { get, follow, query, actOnTask, outcome, refusal } from './api.js';
+import { h, fill, adminOnly, STATES, TERMINAL, RETRYABLE, badge, progressBar, setProgress, formatTime, formatDuration, runTime, taskLabel, toast, inBatches } from './dom.js';
 
 const ROW_HEIGHT = 44;
 const OVERSCAN = 10;
@@ -66,8 +66,8 @@ export async function mount(view, target) {
 
   // Bulk actions
   const selectionText = h('span', { class: 'selection', 'aria-live': 'polite' });
-  const bulkCancel = h('button', { type: 'button', class: 'danger', onclick: () => bulk('cancel') }, 'Cancel selected');
-  const bulkRetry = h('button', { type: 'button', onclick: () => bulk('retry') }, 'Retry selected');
+  const bulkCancel = adminOnly(h('button', { type: 'button', class: 'danger', onclick: () => bulk('cancel') }, 'Cancel selected'));
+  const bulkRetry = adminOnly(h('button', { type: 'button', onclick: () => bulk('retry') }, 'Retry selected'));
   const bulkClear = h('button', { type: 'button', onclick: () => { selected.clear(); selectionChanged(); } }, 'Clear selection');
   const bulkBar = h('div', { class: 'bulk', role: 'toolbar', 'aria-label': 'Selected tasks' }, selectionText, bulkCancel, bulkRetry, bulkClear);
 
@@ -133,8 +133,8 @@ export async function mount(view, target) {
     const attempt = h('td', { class: 'number' });
     const created = h('td', { class: 'time' });
     const duration = h('td', { class: 'number' });
-    const cancel = h('button', { type: 'button', class: 'danger small', onclick: () => act('cancel', row.task) }, 'Cancel');
-    const retry = h('button', { type: 'button', class: 'small', onclick: () => act('retry', row.task) }, 'Retry');
+    const cancel = adminOnly(h('button', { type: 'button', class: 'danger small', onclick: () => act('cancel', row.task) }, 'Cancel'));
+    const retry = adminOnly(h('button', { type: 'button', class: 'small', onclick: () => act('retry', row.task) }, 'Retry'));
     const element = h('tr', { class: 'task', dataset: { id } },
       h('td', { class: 'select' }, checkbox),
       h('td', { class: 'name' }, link, idText),
@@ -213,7 +213,8 @@ export async function mount(view, target) {
   function selectionChanged() {
     const count = selected.size;
     selectionText.textContent = count ? `${count} selected` : 'Nothing selected';
-    bulkCancel.disabled = bulkRetry.disabled = bulkClear.disabled = count === 0;
+    bulkCancel.disabled = bulkRetry.disabled = count === 0 || refusal() !== null;
+    bulkClear.disabled = count === 0;
     selectAll.checked = count > 0 && count >= tasks.length;
     selectAll.indeterminate = count > 0 && count < tasks.length;
     for (const [id, row] of rows) row.element.querySelector('.select input').checked = selected.has(id);

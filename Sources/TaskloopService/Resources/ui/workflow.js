@@ -4,7 +4,7 @@
 // give way to colour alone so 2,000 tasks stay legible as a shape. Live from the event stream.
 
 import { call, get, follow, query } from './api.js';
-import { h, s, fill, STATES, TERMINAL, badge, progressBar, setProgress, taskLabel, toast } from './dom.js';
+import { h, s, fill, adminOnly, STATES, TERMINAL, badge, progressBar, setProgress, taskLabel, toast } from './dom.js';
 import { layout, NODE_WIDTH, NODE_HEIGHT, GAP_X } from './graph.js';
 
 const LABEL_SCALE = 0.45;
@@ -26,18 +26,18 @@ export async function mount(view, target) {
   const bar = progressBar(null, 'Workflow progress');
   const progressText = h('p', { class: 'message' });
   const countsList = h('ul', { class: 'legend', 'aria-label': 'Tasks by state' });
-  const cancel = h('button', { type: 'button', class: 'danger', onclick: async () => {
+  const cancel = adminOnly(h('button', { type: 'button', class: 'danger', onclick: async () => {
     try {
       await call('DELETE', `/workflows/${encodeURIComponent(id)}`);
       toast(`${workflow.name || id}: cancelling its unfinished tasks`);
     } catch (error) { toast(error.message, 'error'); }
-  } }, 'Cancel workflow');
-  const retry = h('button', { type: 'button', onclick: async () => {
+  } }, 'Cancel workflow'));
+  const retry = adminOnly(h('button', { type: 'button', onclick: async () => {
     try {
       const { json } = await call('POST', `/workflows/${encodeURIComponent(id)}/retry`);
       toast(`${workflow.name || id}: ${json.retried} retried`);
     } catch (error) { toast(error.message, 'error'); }
-  } }, 'Retry failed and cancelled');
+  } }, 'Retry failed and cancelled'));
 
   // The graph
   const graph = layout(workflow.tasks);
