@@ -379,7 +379,9 @@ extension [String: Any] {
         }
         #expect(before.first?["state"] as? String == "pending" && before.first?["next_attempt_at"] is String)
         kill(binary.process.processIdentifier, SIGKILL)
-        _ = try binary.waitForExit()
+        // Reaped once the kernel lets go of it: under load, a process killed during an fsync
+        // can take seconds.
+        _ = try binary.waitForExit(timeout: 30)
 
         (binary, client) = try start()
         #expect(try client.call("GET", "/webhooks/\(id)").status == 200, "the webhook survived")
