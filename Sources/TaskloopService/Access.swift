@@ -129,7 +129,7 @@ struct AccessPolicy {
                 return APIProblem(.forbidden, detail: "A request from the web page at \(origin) may not change anything here; "
                     + "list that origin in --allowed-origins to let it.", code: "cross_origin")
             }
-            if request.method == .POST, let type = headers["Content-Type"], Self.isFormType(type) {
+            if request.method == .POST, let type = headers["Content-Type"], !BodyReader.isJSON(type), Self.isFormType(type) {
                 return APIProblem(.unsupportedMediaType, detail: "Send the body as application/json, not \(type).")
             }
         }
@@ -176,12 +176,29 @@ struct AccessPolicy {
 
     /// Loopback names with any port, or one of `--allowed-hosts`.
     func admitsHost(_ host: String) -> Bool {
+        // Every request without a token asks: the loopback names are matched on bytes first.
+        if Self.isLoopbackHost(host) { return true }
         let value = host.lowercased()
         let (name, port) = Self.splitHost(value)
         if name == "localhost" || name == "127.0.0.1" || name == "[::1]" { return true }
         return allowedHosts.contains { pattern in
             if pattern.hasPrefix("*.") { return name.hasSuffix(pattern.dropFirst()) }
             return pattern == name || (port != nil && pattern == value)
+        }
+    }
+
+    /// `localhost`, `127.0.0.1` or `[::1]`, any case, with or without a port.
+    static func isLoopbackHost(_ host: String) -> Bool {
+        var host = host
+        return host.withUTF8 { bytes in
+            var end = bytes.count
+            if let colon = bytes.lastIndex(of: UInt8(ascii: ":")), bytes.first != UInt8(ascii: "[") || bytes[colon - 1] == UInt8(ascii: "]") {
+                end = colon
+            }
+            let name = UnsafeBufferPointer(rebasing: bytes[..<end])
+            let localhost = name.count == 9 && zip(name, "localhost".utf8).allSatisfy { ($0 &- 65 < 26 ? $0 | 0x20 : $0) == $1 }
+            return localhost || name.elementsEqual("127.0.0.1".utf8)
+                || name.elementsEqual("[::1]".utf8)
         }
     }
 
