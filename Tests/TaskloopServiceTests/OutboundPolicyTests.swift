@@ -299,12 +299,18 @@ struct NamespaceServer {
         let curl = Process()
         curl.executableURL = URL(fileURLWithPath: command[0])
         curl.arguments = Array(command.dropFirst()) + ["http://127.0.0.1:\(port)\(path)"]
-        let output = Pipe()
+        // Into a file, not a pipe: a process another test starts at the same moment can inherit
+        // a pipe's write end and hold its end of file back for as long as it lives.
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("curl-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        FileManager.default.createFile(atPath: file, contents: nil)
+        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: file))
         curl.standardOutput = output
         try curl.run()
-        // Ends when curl does, within its --max-time.
-        let printed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        try output.close()
+        // Ends within its --max-time.
         curl.waitUntilExit()
+        let printed = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
         guard let newline = printed.lastIndex(of: "\n"), let status = Int(printed[printed.index(after: newline)...]),
               let body = try? JSONSerialization.jsonObject(with: Data(printed[..<newline].utf8)) as? [String: Any] else {
             throw ClientError.malformed("\(method) \(path) answered \(printed.debugDescription)")
