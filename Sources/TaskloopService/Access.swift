@@ -180,7 +180,6 @@ struct AccessPolicy {
         if Self.isLoopbackHost(host) { return true }
         let value = host.lowercased()
         let (name, port) = Self.splitHost(value)
-        if name == "localhost" || name == "127.0.0.1" || name == "[::1]" { return true }
         return allowedHosts.contains { pattern in
             if pattern.hasPrefix("*.") { return name.hasSuffix(pattern.dropFirst()) }
             return pattern == name || (port != nil && pattern == value)
