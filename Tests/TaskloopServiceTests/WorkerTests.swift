@@ -240,18 +240,7 @@ import TaskloopTestSupport
         let task = try Self.submit(client, ["kind": "exec", "retry": ["max_attempts": 2, "backoff_ms": 0],
                                             "params": ["argv": ["sh", "-c", script]]])
         let orphan = try BinaryTests.pid(in: "\(directory)/pid.1")
-        let firstPid = first.process.processIdentifier
-        kill(firstPid, SIGKILL)
-        // As in DurabilityTests: a dead process, however long its reaping takes.
-        try pollUntil("the first worker to die") { ExecTests.isGone(firstPid) }
-        #expect(!ExecTests.isGone(orphan), "the dead worker's program runs on")
-        try pollUntil("attempt 2 to be queued") {
-            let current = try client.task(task)
-            return current["attempt"] as? Int == 2 && current["state"] as? String == "queued"
-        }
-        let second = try Self.worker(port: service.port, ["--allow-exec", "--name", "second"])
-        let done = try client.waitForState(task, "succeeded")
-        #expect(done["attempt"] as? Int == 2)
+        let second = try Self.killAndRunAgain(first, leaving: orphan, task: task, service: service, client: client)
         try ExecTests.waitUntilGone(orphan, timeout: 5)
         #expect(try second.stop() == 0)
         try service.stop()
@@ -272,17 +261,7 @@ import TaskloopTestSupport
         let task = try Self.submit(client, ["kind": "exec", "retry": ["max_attempts": 2, "backoff_ms": 0],
                                             "params": ["argv": ["sh", "-c", script]]])
         let escapee = try BinaryTests.pid(in: "\(directory)/e")
-        let firstPid = first.process.processIdentifier
-        kill(firstPid, SIGKILL)
-        try pollUntil("the first worker to die") { ExecTests.isGone(firstPid) }
-        #expect(!ExecTests.isGone(escapee), "the dead worker's program runs on")
-        try pollUntil("attempt 2 to be queued") {
-            let current = try client.task(task)
-            return current["attempt"] as? Int == 2 && current["state"] as? String == "queued"
-        }
-        let second = try Self.worker(port: service.port, ["--allow-exec", "--name", "second"])
-        let done = try client.waitForState(task, "succeeded")
-        #expect(done["attempt"] as? Int == 2)
+        let second = try Self.killAndRunAgain(first, leaving: escapee, task: task, service: service, client: client)
         #expect(ExecTests.isGone(escapee), "killed before the task ran again")
         try ExecTests.waitUntilNoCgroupIsLeft(of: task)
         #expect(try second.stop() == 0)
@@ -431,6 +410,25 @@ import TaskloopTestSupport
     }
 
     // MARK: pieces
+
+    /// Kills `first` with SIGKILL while its program `survivor` runs on, waits for the task's
+    /// attempt 2 to be queued, and starts a second worker that runs it to success.
+    static func killAndRunAgain(_ first: Worker, leaving survivor: Int32, task: String, service: ServiceHarness,
+                                client: APIClient) throws -> Worker {
+        let firstPid = first.process.processIdentifier
+        kill(firstPid, SIGKILL)
+        // As in DurabilityTests: a dead process, however long its reaping takes.
+        try pollUntil("the first worker to die") { ExecTests.isGone(firstPid) }
+        #expect(!ExecTests.isGone(survivor), "the dead worker's program runs on")
+        try pollUntil("attempt 2 to be queued") {
+            let current = try client.task(task)
+            return current["attempt"] as? Int == 2 && current["state"] as? String == "queued"
+        }
+        let second = try worker(port: service.port, ["--allow-exec", "--name", "second"])
+        let done = try client.waitForState(task, "succeeded")
+        #expect(done["attempt"] as? Int == 2)
+        return second
+    }
 
     @Test func failuresAreCutToWhatTheServerTakes() {
         let long = String(repeating: "é", count: 5_000)
