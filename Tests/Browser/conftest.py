@@ -304,3 +304,26 @@ def page(browser, server, request):
 def pytest_configure(config):
     config.addinivalue_line("markers", "server(token=None, tokens=None, args=[]): options of the test's taskloop")
     config.addinivalue_line("markers", "console_allows(*statuses): the browser may log its failed loads with these statuses")
+
+
+def submit_named(api, kind, name, params=None, **fields):
+    return api("POST", "/tasks", {"kind": kind, "name": name, "params": params or {}, **fields})
+
+
+def scene(server, concurrency=10):
+    """A running task, a failed one, a paused queue with work waiting, and a workflow with both
+    a running and a failed task: every action button of every view has something to act on."""
+    api = server.api
+    api("PATCH", "/queues/default", {"max_concurrency": concurrency})
+    running = submit_named(api, "sleep", "long-sleep", {"duration_ms": 600000})
+    failed = submit_named(api, "sleep", "flaky-job", {"duration_ms": 10, "steps": 1, "outcome": "fail"})
+    api("PATCH", "/queues/lane", {"paused": True})
+    held = submit_named(api, "noop", "held", queue="lane")
+    workflow = api("POST", "/workflows", {"name": "pair", "tasks": [
+        {"key": "slow", "kind": "sleep", "params": {"duration_ms": 600000}},
+        {"key": "bad", "kind": "sleep", "params": {"duration_ms": 10, "steps": 1, "outcome": "fail"}}]})
+    server.wait_task(running["id"], lambda t: t["state"] == "running")
+    server.wait_task(failed["id"], lambda t: t["state"] == "failed")
+    server.wait_task(workflow["keys"]["bad"], lambda t: t["state"] == "failed")
+    return {"running": running["id"], "failed": failed["id"], "held": held["id"], "workflow": workflow["id"],
+            "workflow_keys": workflow["keys"]}

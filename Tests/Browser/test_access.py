@@ -7,7 +7,7 @@ import signal
 import pytest
 from selenium.webdriver.common.by import By
 
-from conftest import ApiError, wait_until
+from conftest import ApiError, scene, submit_named, wait_until
 
 ADMIN = "admin-token-0123456789"
 READER = "reader-token-0123456789"
@@ -15,28 +15,6 @@ WORKER = "worker-token-0123456789"
 TOKENS = [(ADMIN, "admin"), (READER, "read"), (WORKER, "worker")]
 # Buttons that only change what the page shows.
 LOOKING = {"Filter", "Clear", "Clear selection", "Zoom in", "Zoom out", "Fit"}
-
-
-def submit(api, kind, name, params=None, **fields):
-    return api("POST", "/tasks", {"kind": kind, "name": name, "params": params or {}, **fields})
-
-
-def scene(server):
-    """A running task, a failed one, a paused queue with work waiting, and a workflow with both
-    a running and a failed task: every action button of every view has something to act on."""
-    api = server.api
-    api("PATCH", "/queues/default", {"max_concurrency": 10})
-    running = submit(api, "sleep", "long-sleep", {"duration_ms": 600000})
-    failed = submit(api, "sleep", "flaky-job", {"duration_ms": 10, "steps": 1, "outcome": "fail"})
-    api("PATCH", "/queues/lane", {"paused": True})
-    submit(api, "noop", "held", queue="lane")
-    workflow = api("POST", "/workflows", {"name": "pair", "tasks": [
-        {"key": "slow", "kind": "sleep", "params": {"duration_ms": 600000}},
-        {"key": "bad", "kind": "sleep", "params": {"duration_ms": 10, "steps": 1, "outcome": "fail"}}]})
-    server.wait_task(running["id"], lambda t: t["state"] == "running")
-    server.wait_task(failed["id"], lambda t: t["state"] == "failed")
-    server.wait_task(workflow["keys"]["bad"], lambda t: t["state"] == "failed")
-    return {"running": running["id"], "failed": failed["id"], "workflow": workflow["id"]}
 
 
 def enter_token(page, token):
@@ -114,7 +92,7 @@ def test_a_read_token_reads_everything_and_every_change_is_disabled_saying_why(p
 
     # The stream is a read too: the page stays live.
     page.wait_live()
-    fresh = submit(server.api, "noop", "seen-live")
+    fresh = submit_named(server.api, "noop", "seen-live")
     page.wait_row_state(fresh["id"], "succeeded")
     assert server.task(ids["running"])["state"] == "running" and server.api("GET", "/queues/lane")["paused"]
 

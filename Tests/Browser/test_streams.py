@@ -6,18 +6,13 @@ stream to another, and every action button still answers within a second. Six ta
 each filled every connection) leave a click its connection."""
 
 import os
-import time
 
 from selenium.webdriver.common.by import By
 
-from conftest import wait_until
+from conftest import scene, submit_named, wait_until
 
 # What a click may take, request and answer included (TASKLOOP_UI_TIMEOUT_SCALE stretches it).
 PROMPT = 1.0 * float(os.environ.get("TASKLOOP_UI_TIMEOUT_SCALE", "1"))
-
-
-def submit(api, kind, name, params=None, **fields):
-    return api("POST", "/tasks", {"kind": kind, "name": name, "params": params or {}, **fields})
 
 
 def promptly(predicate, message):
@@ -26,18 +21,8 @@ def promptly(predicate, message):
 
 
 def test_twenty_rounds_of_every_view_in_three_tabs_hold_one_stream_and_every_button_answers(page, api, server):
-    api("PATCH", "/queues/default", {"max_concurrency": 20})
-    running = submit(api, "sleep", "long-sleep", {"duration_ms": 600000})
-    failed = submit(api, "sleep", "flaky-job", {"duration_ms": 10, "steps": 1, "outcome": "fail"})
-    workflow = api("POST", "/workflows", {"name": "pair", "tasks": [
-        {"key": "slow", "kind": "sleep", "params": {"duration_ms": 600000}},
-        {"key": "bad", "kind": "sleep", "params": {"duration_ms": 10, "steps": 1, "outcome": "fail"}}]})
-    server.wait_task(running["id"], lambda t: t["state"] == "running")
-    server.wait_task(failed["id"], lambda t: t["state"] == "failed")
-    server.wait_task(workflow["keys"]["bad"], lambda t: t["state"] == "failed")
-    api("PATCH", "/queues/lane", {"paused": True})
-    held = submit(api, "noop", "held", queue="lane")
-    routes = ["/tasks", f"/tasks/{running['id']}", f"/workflows/{workflow['id']}", "/queues", f"/tasks/{failed['id']}"]
+    ids = scene(server, concurrency=20)
+    routes = ["/tasks", f"/tasks/{ids['running']}", f"/workflows/{ids['workflow']}", "/queues", f"/tasks/{ids['failed']}"]
 
     driver = page.driver
     page.open("/queues")
@@ -76,38 +61,38 @@ def test_twenty_rounds_of_every_view_in_three_tabs_hold_one_stream_and_every_but
         cancel_all().click()
         wait_until(lambda: cancel_all().text == "Confirm: cancel all", message="Cancel all to ask for confirmation")
         cancel_all().click()
-        promptly(lambda: server.task(held["id"])["state"] == "cancelled", "Cancel all to reach the server")
+        promptly(lambda: server.task(ids["held"])["state"] == "cancelled", "Cancel all to reach the server")
 
-        page.go(f"/tasks/{running['id']}")
+        page.go(f"/tasks/{ids['running']}")
         wait_until(lambda: page.find("h1").text == "long-sleep", message="the running task's page")
         page.find(".heading button.danger").click()
-        promptly(lambda: server.task(running["id"])["state"] == "cancelled", "Cancel to reach the server")
+        promptly(lambda: server.task(ids["running"])["state"] == "cancelled", "Cancel to reach the server")
         retry = wait_until(lambda: [b for b in page.find_all(".heading button") if b.text == "Retry" and b.is_displayed()], message="Retry")
         retry[0].click()
-        promptly(lambda: server.task(running["id"])["attempt"] == 2, "Retry to reach the server")
+        promptly(lambda: server.task(ids["running"])["attempt"] == 2, "Retry to reach the server")
 
         page.go("/tasks")
-        page.wait_row_state(failed["id"], "failed")
-        page.row(failed["id"]).find_element(By.CSS_SELECTOR, 'button[aria-label="Retry flaky-job"]').click()
-        promptly(lambda: server.task(failed["id"])["attempt"] == 2, "a row's Retry to reach the server")
-        page.wait_row_state(running["id"], "running")
-        page.row(running["id"]).find_element(By.CSS_SELECTOR, "td.select input").click()
+        page.wait_row_state(ids["failed"], "failed")
+        page.row(ids["failed"]).find_element(By.CSS_SELECTOR, 'button[aria-label="Retry flaky-job"]').click()
+        promptly(lambda: server.task(ids["failed"])["attempt"] == 2, "a row's Retry to reach the server")
+        page.wait_row_state(ids["running"], "running")
+        page.row(ids["running"]).find_element(By.CSS_SELECTOR, "td.select input").click()
         page.find(".bulk").find_element(By.XPATH, ".//button[normalize-space()='Cancel selected']").click()
-        promptly(lambda: server.task(running["id"])["state"] == "cancelled", "Cancel selected to reach the server")
-        page.wait_row_state(running["id"], "cancelled")
+        promptly(lambda: server.task(ids["running"])["state"] == "cancelled", "Cancel selected to reach the server")
+        page.wait_row_state(ids["running"], "cancelled")
         wait_until(lambda: page.find(".bulk .selection").text == "Nothing selected", message="the selection cleared")
-        page.row(running["id"]).find_element(By.CSS_SELECTOR, "td.select input").click()
+        page.row(ids["running"]).find_element(By.CSS_SELECTOR, "td.select input").click()
         page.find(".bulk").find_element(By.XPATH, ".//button[normalize-space()='Retry selected']").click()
-        promptly(lambda: server.task(running["id"])["attempt"] == 3, "Retry selected to reach the server")
+        promptly(lambda: server.task(ids["running"])["attempt"] == 3, "Retry selected to reach the server")
 
-        page.go(f"/workflows/{workflow['id']}")
+        page.go(f"/workflows/{ids['workflow']}")
         wait_until(lambda: page.find_all("svg.graph a.node.state-failed"), message="the workflow graph")
         page.find(".heading button.danger").click()
-        promptly(lambda: server.task(workflow["keys"]["slow"])["state"] == "cancelled", "Cancel workflow to reach the server")
+        promptly(lambda: server.task(ids["workflow_keys"]["slow"])["state"] == "cancelled", "Cancel workflow to reach the server")
         retry = wait_until(lambda: [b for b in page.find_all(".heading button") if b.text == "Retry failed and cancelled" and b.is_displayed()],
                            message="the workflow's Retry")
         retry[0].click()
-        promptly(lambda: server.task(workflow["keys"]["bad"])["attempt"] == 2, "the workflow's Retry to reach the server")
+        promptly(lambda: server.task(ids["workflow_keys"]["bad"])["attempt"] == 2, "the workflow's Retry to reach the server")
 
         # The leading tab (the first) closes: another takes the stream over, and stays live.
         driver.switch_to.window(tabs[0])
@@ -115,7 +100,7 @@ def test_twenty_rounds_of_every_view_in_three_tabs_hold_one_stream_and_every_but
         driver.switch_to.window(tabs[1])
         page.go("/tasks")
         page.wait_live()
-        fresh = submit(api, "noop", "after-handover")
+        fresh = submit_named(api, "noop", "after-handover")
         page.wait_row_state(fresh["id"], "succeeded")
         driver.switch_to.window(tabs[2])
         page.go("/tasks")
