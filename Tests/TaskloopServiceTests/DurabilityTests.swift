@@ -68,18 +68,27 @@ import TaskloopTestSupport
         let task = try Self.id(try client.submit(body))
         try pollUntil("the program to start") { FileManager.default.fileExists(atPath: file) }
         let survivor = try #require(Int32(try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n")[0]))
-        let pid = binary.process.processIdentifier
-        kill(pid, SIGKILL)
-        try pollUntil("the server to die") { ExecTests.isGone(pid) }
-        #expect(!ExecTests.isGone(survivor), "the program outlives the server")
-        (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
-        #expect(ExecTests.isGone(survivor), "killed while the server started, before the task ran again")
-        let again = try client.waitForState(task, "running")
-        #expect(again["attempt"] as? Int == 2)
+        (binary, client) = try Self.killAndRestart(binary, directory + "/data", leaving: survivor, task: task)
         try pollUntil("the second attempt's program to start") {
             (try? String(contentsOfFile: file, encoding: .utf8))?.split(separator: "\n").count == 2
         }
         #expect(try binary.stop() == 0)
+    }
+
+    /// Kills `binary` with SIGKILL while its program `survivor` runs on, starts the next server
+    /// on the same data dir, and checks the program is gone by the time it listens and the task
+    /// runs again as attempt 2.
+    static func killAndRestart(_ binary: BinaryTests.RunningBinary, _ dataDirectory: String, leaving survivor: Int32,
+                               task: String) throws -> (BinaryTests.RunningBinary, APIClient) {
+        let pid = binary.process.processIdentifier
+        kill(pid, SIGKILL)
+        try pollUntil("the server to die") { ExecTests.isGone(pid) }
+        #expect(!ExecTests.isGone(survivor), "the program outlives the server")
+        let (next, client) = try start(dataDirectory, ["--allow-exec"])
+        #expect(ExecTests.isGone(survivor), "killed while the server started, before the task ran again")
+        let again = try client.waitForState(task, "running")
+        #expect(again["attempt"] as? Int == 2)
+        return (next, client)
     }
 
     /// The same with a program that left no mark but its cgroup: double-forked into a session
@@ -98,14 +107,7 @@ import TaskloopTestSupport
         let escapee = try BinaryTests.pid(in: "\(directory)/e")
         let environment = (try? String(contentsOfFile: "/proc/\(escapee)/environ", encoding: .utf8)) ?? ""
         #expect(!environment.contains("TASKLOOP_TASK_ID"), "the cookie cannot find it")
-        let pid = binary.process.processIdentifier
-        kill(pid, SIGKILL)
-        try pollUntil("the server to die") { ExecTests.isGone(pid) }
-        #expect(!ExecTests.isGone(escapee), "the program outlives the server")
-        (binary, client) = try Self.start(directory + "/data", ["--allow-exec"])
-        #expect(ExecTests.isGone(escapee), "killed while the server started, before the task ran again")
-        let again = try client.waitForState(task, "running")
-        #expect(again["attempt"] as? Int == 2)
+        (binary, client) = try Self.killAndRestart(binary, directory + "/data", leaving: escapee, task: task)
         #expect(ExecTests.cgroupsLeft(of: task) == ["\(task):2"], "the first attempt's cgroup is gone")
         #expect(try binary.stop() == 0)
         try ExecTests.waitUntilNoCgroupIsLeft(of: task)
