@@ -243,10 +243,18 @@ import TaskloopTestSupport
         return directory
     }
 
-    /// The pid a test program wrote to `file`, once it is there.
+    /// The pid a test program wrote as the first line of `file`, once that line is whole: the
+    /// shell creates the file before `echo` writes to it, so its existence alone says nothing.
     static func pid(in file: String) throws -> Int32 {
-        try pollUntil("\(file) to be written") { FileManager.default.fileExists(atPath: file) }
-        return try #require(Int32(try String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
+        var pid: Int32?
+        try pollUntil("\(file) to hold a pid") {
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8),
+                  let line = text.split(separator: "\n", omittingEmptySubsequences: false).first,
+                  text.count > line.count else { return false }
+            pid = Int32(line)
+            return pid != nil
+        }
+        return try #require(pid)
     }
 
     static func parent(of pid: Int32) -> Int32? {

@@ -66,8 +66,7 @@ import TaskloopTestSupport
         let body = ExecTests.json(["kind": "exec", "retry": ["max_attempts": 2, "backoff_ms": 0],
                                    "params": ["argv": ["sh", "-c", "echo $$ >> \(file); exec sleep 1000"]]])
         let task = try Self.id(try client.submit(body))
-        try pollUntil("the program to start") { FileManager.default.fileExists(atPath: file) }
-        let survivor = try #require(Int32(try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n")[0]))
+        let survivor = try BinaryTests.pid(in: file)
         (binary, client) = try Self.killAndRestart(binary, directory + "/data", leaving: survivor, task: task)
         try pollUntil("the second attempt's program to start") {
             (try? String(contentsOfFile: file, encoding: .utf8))?.split(separator: "\n").count == 2
@@ -203,8 +202,7 @@ import TaskloopTestSupport
         let body = ExecTests.json(["kind": "exec", "params": [
             "argv": ["sh", "-c", "trap '' TERM; echo $$ > \(file); while true; do sleep 1; done"], "grace_ms": 60_000]])
         let task = try Self.id(try client.submit(body))
-        try pollUntil("the program to start") { FileManager.default.fileExists(atPath: file) }
-        let program = try #require(Int32(try String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
+        let program = try BinaryTests.pid(in: file)
         let started = Date()
         kill(binary.process.processIdentifier, SIGTERM)
         _ = try binary.waitForLine(containing: "taskloop stopped", timeout: 10)
