@@ -11,9 +11,11 @@ final class DrainingThread<Item>: @unchecked Sendable {
     private let name: String
     private let start: () -> Void
     private let drain: ([Item]) -> Void
-    /// Runs when a drain left nothing queued, before the thread waits: housekeeping that queued
-    /// work should not wait behind.
+    /// Runs once nothing has been queued for `quietSeconds` after a drain: housekeeping that
+    /// must not run between the batches of a steady load (it would then slow every batch) and
+    /// that queued work should not wait behind.
     private let idle: () -> Void
+    private let quietSeconds: Double
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     private var queue: [Item] = []
@@ -24,14 +26,23 @@ final class DrainingThread<Item>: @unchecked Sendable {
     private var thread = pthread_t()
 
     /// Starts the thread, which runs `start` once, then `drain` for each gathering of items, and
-    /// `idle` whenever it has drained all there was.
-    init(name: String, start: @escaping () -> Void = {}, idle: @escaping () -> Void = {}, drain: @escaping ([Item]) -> Void) {
+    /// `idle` when a drain was followed by `quietSeconds` with nothing queued (never without an
+    /// `idle`).
+    init(name: String, start: @escaping () -> Void = {}, idle: (quietSeconds: Double, run: () -> Void)? = nil,
+         drain: @escaping ([Item]) -> Void) {
         self.name = name
         self.start = start
-        self.idle = idle
+        self.idle = idle?.run ?? {}
+        quietSeconds = idle?.quietSeconds ?? .infinity
         self.drain = drain
         pthread_mutex_init(mutex, nil)
-        pthread_cond_init(wake, nil)
+        // Quiet periods are measured on the monotonic clock: a wall clock step must not run or
+        // hold off the housekeeping.
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(wake, &attributes)
+        pthread_condattr_destroy(&attributes)
         thread = spawnThread(name) { [unowned self] in run() }
     }
 
@@ -65,19 +76,25 @@ final class DrainingThread<Item>: @unchecked Sendable {
 
     private func run() {
         start()
-        var drained = false
+        // When `idle` is due if nothing arrives before; nil when it has run since the last drain.
+        var idleDue: timespec?
         while true {
             pthread_mutex_lock(mutex)
-            if drained && queue.isEmpty && !closing {
+            var quiet = false
+            while queue.isEmpty && !closing && !quiet {
+                isWaiting = true
+                if var deadline = idleDue {
+                    quiet = pthread_cond_timedwait(wake, mutex, &deadline) == ETIMEDOUT
+                } else {
+                    pthread_cond_wait(wake, mutex)
+                }
+                isWaiting = false
+            }
+            if queue.isEmpty && !closing {
                 pthread_mutex_unlock(mutex)
-                drained = false
+                idleDue = nil
                 idle()
                 continue
-            }
-            while queue.isEmpty && !closing {
-                isWaiting = true
-                pthread_cond_wait(wake, mutex)
-                isWaiting = false
             }
             let items = queue
             queue.removeAll(keepingCapacity: true)
@@ -85,8 +102,15 @@ final class DrainingThread<Item>: @unchecked Sendable {
             pthread_mutex_unlock(mutex)
             if done { return }
             drain(items)
-            drained = true
+            if quietSeconds.isFinite { idleDue = Self.monotonicNow(plus: quietSeconds) }
         }
+    }
+
+    private static func monotonicNow(plus seconds: Double) -> timespec {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let nanoseconds = Int(now.tv_nsec) + Int(seconds.truncatingRemainder(dividingBy: 1) * 1e9)
+        return timespec(tv_sec: now.tv_sec + Int(seconds) + nanoseconds / 1_000_000_000, tv_nsec: nanoseconds % 1_000_000_000)
     }
 }
 
