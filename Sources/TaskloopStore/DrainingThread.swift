@@ -14,8 +14,7 @@ final class DrainingThread<Item>: @unchecked Sendable {
     /// Runs once nothing has been queued for `quietSeconds` after a drain: housekeeping that
     /// must not run between the batches of a steady load (it would then slow every batch) and
     /// that queued work should not wait behind.
-    private let idle: () -> Void
-    private let quietSeconds: Double
+    private let idle: (quietSeconds: Double, run: () -> Void)?
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     private var queue: [Item] = []
@@ -32,8 +31,7 @@ final class DrainingThread<Item>: @unchecked Sendable {
          drain: @escaping ([Item]) -> Void) {
         self.name = name
         self.start = start
-        self.idle = idle?.run ?? {}
-        quietSeconds = idle?.quietSeconds ?? .infinity
+        self.idle = idle
         self.drain = drain
         pthread_mutex_init(mutex, nil)
         // Quiet periods are measured on the monotonic clock: a wall clock step must not run or
@@ -93,7 +91,7 @@ final class DrainingThread<Item>: @unchecked Sendable {
             if queue.isEmpty && !closing {
                 pthread_mutex_unlock(mutex)
                 idleDue = nil
-                idle()
+                idle?.run()
                 continue
             }
             let items = queue
@@ -102,7 +100,7 @@ final class DrainingThread<Item>: @unchecked Sendable {
             pthread_mutex_unlock(mutex)
             if done { return }
             drain(items)
-            if quietSeconds.isFinite { idleDue = Self.monotonicNow(plus: quietSeconds) }
+            if let idle { idleDue = Self.monotonicNow(plus: idle.quietSeconds) }
         }
     }
 
