@@ -89,16 +89,15 @@ import TaskloopTestSupport
         /// Waits for the process to exit and returns its status.
         func waitForExit(timeout: Double = 10) throws -> Int32 {
             do {
-                try pollUntil("taskloop to exit", timeout: timeout) { !process.isRunning }
+                return try process.waitForExit("taskloop to exit", timeout: timeout)
             } catch {
                 process.terminate()
                 throw TestTimeout(what: "taskloop to exit; it printed \(String(printed.suffix(2_000)).debugDescription)")
             }
-            return process.terminationStatus
         }
 
         deinit {
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            if process.exitStatus == nil { kill(process.processIdentifier, SIGKILL) }
             if let ownDataDirectory { try? FileManager.default.removeItem(atPath: ownDataDirectory) }
         }
     }
@@ -233,7 +232,7 @@ import TaskloopTestSupport
         // alive is that it answers behind them, not how soon.
         try client.send("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         #expect(try client.readResponse(timeout: 120).status == 200)
-        #expect(binary.process.isRunning)
+        #expect(binary.process.exitStatus == nil)
         #expect(try binary.stop() == 0)
     }
 

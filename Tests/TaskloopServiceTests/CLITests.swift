@@ -36,14 +36,15 @@ import TaskloopTestSupport
         process.standardInput = try FileHandle(forReadingFrom: files[0])
         process.standardOutput = try FileHandle(forWritingTo: files[1])
         process.standardError = try FileHandle(forWritingTo: files[2])
-        let finished = DispatchSemaphore(value: 0)
-        process.terminationHandler = { _ in finished.signal() }
         try process.run()
-        guard finished.wait(timeout: .now() + timeout) == .success else {
+        let status: Int32
+        do {
+            status = try process.waitForExit("taskloop \(arguments.joined(separator: " ")) to end", timeout: timeout)
+        } catch {
             process.terminate()
-            throw TestTimeout(what: "taskloop \(arguments.joined(separator: " ")) to end")
+            throw error
         }
-        return Run(status: process.terminationStatus, stdout: try String(contentsOf: files[1], encoding: .utf8),
+        return Run(status: status, stdout: try String(contentsOf: files[1], encoding: .utf8),
                    stderr: try String(contentsOf: files[2], encoding: .utf8))
     }
 

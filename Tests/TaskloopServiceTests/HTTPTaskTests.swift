@@ -265,8 +265,7 @@ import TaskloopTestSupport
         }
         let request = try openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
                                    "-keyout", "\(directory)/key.pem", "-out", "\(directory)/cert.pem"])
-        request.waitUntilExit()
-        try #require(request.terminationStatus == 0)
+        try #require(try request.waitForExit("openssl req", timeout: 60) == 0)
         let port = try OriginServer.freePort()
         let server = try openssl(["s_server", "-accept", "127.0.0.1:\(port)", "-cert", "\(directory)/cert.pem",
                                   "-key", "\(directory)/key.pem", "-www", "-quiet"])

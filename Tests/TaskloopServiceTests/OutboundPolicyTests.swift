@@ -204,7 +204,7 @@ final class ObservedProcess: @unchecked Sendable {
         do {
             try pollUntil("\(line.debugDescription) from \(process.arguments ?? [])", timeout: timeout, every: 5_000) {
                 if lines.contains(line) { return true }
-                guard process.isRunning else { throw ClientError.malformed("it exited: \(printed.value)") }
+                guard process.exitStatus == nil else { throw ClientError.malformed("it exited: \(printed.value)") }
                 return false
             }
         } catch let timeout as TestTimeout {
@@ -214,7 +214,7 @@ final class ObservedProcess: @unchecked Sendable {
 
     deinit {
         try? input.fileHandleForWriting.close()
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        if process.exitStatus == nil { kill(process.processIdentifier, SIGKILL) }
     }
 }
 
@@ -230,8 +230,7 @@ final class NetworkNamespace {
         probe.standardOutput = FileHandle.nullDevice
         probe.standardError = FileHandle.nullDevice
         guard getuid() == 0, (try? probe.run()) != nil else { return false }
-        probe.waitUntilExit()
-        return probe.terminationStatus == 0
+        return (try? probe.waitForExit("the namespace probe", timeout: 30)) == 0
     }()
 
     static let originScript = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
@@ -309,7 +308,7 @@ struct NamespaceServer {
         try curl.run()
         try output.close()
         // Ends within its --max-time.
-        curl.waitUntilExit()
+        _ = try curl.waitForExit("curl \(method) \(path)", timeout: 60)
         let printed = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
         guard let newline = printed.lastIndex(of: "\n"), let status = Int(printed[printed.index(after: newline)...]),
               let body = try? JSONSerialization.jsonObject(with: Data(printed[..<newline].utf8)) as? [String: Any] else {

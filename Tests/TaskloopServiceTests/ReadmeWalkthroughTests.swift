@@ -48,17 +48,15 @@ import TaskloopTestSupport
         process.environment = environment
         process.standardOutput = try FileHandle(forWritingTo: stdoutFile)
         process.standardError = try FileHandle(forWritingTo: stderrFile)
-        let finished = DispatchSemaphore(value: 0)
-        process.terminationHandler = { _ in finished.signal() }
         try process.run()
-        let ended = finished.wait(timeout: .now() + 70) == .success
+        let status = try? process.waitForExit("the walkthrough", timeout: 70)
         // Whatever the script started in the background and left behind goes with its group.
-        kill(-process.processIdentifier, ended ? SIGTERM : SIGKILL)
-        try #require(ended, "the walkthrough outlived its 60 s bound")
+        kill(-process.processIdentifier, status != nil ? SIGTERM : SIGKILL)
+        guard let status else { throw TestTimeout(what: "the walkthrough, which outlived its 60 s bound") }
         let lines = try String(contentsOf: stdoutFile, encoding: .utf8).split(separator: "\n").map(String.init)
         let stderr = try String(contentsOf: stderrFile, encoding: .utf8)
-        #expect(process.terminationStatus != 124, "the walkthrough took longer than 60 s")
-        return Run(status: process.terminationStatus, lines: lines, stderr: stderr)
+        #expect(status != 124, "the walkthrough took longer than 60 s")
+        return Run(status: status, lines: lines, stderr: stderr)
     }
 
     @Test func readmeWalkthroughRunsAsDocumented() throws {

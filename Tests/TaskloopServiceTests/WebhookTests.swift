@@ -50,9 +50,9 @@ final class WebhookReceiver: @unchecked Sendable {
     deinit { stop() }
 
     func stop() {
-        guard process.isRunning else { return }
+        guard process.exitStatus == nil else { return }
         kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        _ = try? process.waitForExit("the receiver to exit", timeout: 10)
     }
 
     func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }

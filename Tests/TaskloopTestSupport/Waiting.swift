@@ -31,3 +31,32 @@ public final class Locked<Value>: @unchecked Sendable {
     }
     public var value: Value { withLock { $0 } }
 }
+
+extension Process {
+    /// How the process ended: its exit status, or the number of the signal that ended it (as
+    /// `terminationStatus` says); nil while it runs. Read from the kernel without reaping the
+    /// child, not from Foundation: Foundation learns of an exit when a socket the child inherited
+    /// closes, and in a test process that also starts programs from a libuv loop, a spawn that
+    /// marks every descriptor close-on-exec can take that socket from a child started at the same
+    /// moment. Foundation then waits for that child on its one monitoring thread, and the exits
+    /// of every other child go unnoticed for as long as that one runs.
+    public var exitStatus: Int32? {
+        var info = siginfo_t()
+        guard waitid(P_PID, id_t(processIdentifier), &info, WEXITED | WNOHANG | WNOWAIT) == 0 else {
+            // Already reaped: by Foundation, which then knows the status.
+            return errno == ECHILD && !isRunning ? terminationStatus : nil
+        }
+        guard info._sifields._sigchld.si_pid == processIdentifier else { return nil }
+        return info._sifields._sigchld.si_status
+    }
+
+    /// Waits until the process has exited and returns `exitStatus`, or throws `TestTimeout`.
+    public func waitForExit(_ what: @autoclosure () -> String, timeout: Double) throws -> Int32 {
+        var status: Int32?
+        try pollUntil(what(), timeout: timeout, every: 5_000) {
+            status = exitStatus
+            return status != nil
+        }
+        return status!
+    }
+}
