@@ -84,6 +84,9 @@ let package = Package(
         // The database: SQLite on a writer thread of its own, the data dir and its lock, the
         // schema and its migrations; PostgreSQL shared by replicas, on the loop.
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres"]),
+        // A cluster of replicas on PostgreSQL: cells, which replica owns each (rendezvous
+        // hashing, leases with epochs), and the rules of owning them, as values.
+        .target(name: "TaskloopCluster"),
         .target(
             name: "TaskloopEngine",
             dependencies: [
@@ -167,6 +170,10 @@ let package = Package(
             ],
             // Run by the tests as programs of their own (python3).
             exclude: ["Fixtures"]
+        ),
+        .testTarget(
+            name: "TaskloopClusterTests",
+            dependencies: ["TaskloopCluster", "TaskloopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopEngineTests",
