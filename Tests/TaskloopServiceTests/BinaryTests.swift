@@ -375,7 +375,7 @@ import TaskloopTestSupport
         // leave hundreds more.
         try pollUntil("descriptors to return to \(before) (now \(openDescriptors()))") { openDescriptors() <= before }
         #expect(children().isEmpty, "children left: \(children())")
-        #expect(try binary.stop() == 0)
+        #expect(try binary.stop() == 0, "it printed \(String(binary.printed.suffix(1_500)).debugDescription)")
     }
 
     /// Two batches of a thousand `http` tasks (successes, error statuses, timed-out hangs): the
