@@ -78,13 +78,18 @@ private let crockfordValues: [UInt8] = {
 }()
 
 /// Makes ids that increase strictly, even within one millisecond or when the wall clock steps
-/// back. Engine thread only.
+/// back. In a cluster (`cell` set), every id carries its cell in the 16 bits below the time, so
+/// any replica knows from an id alone which cell, hence which owner, holds the task; the rest
+/// stays random per millisecond and counts up within one. Engine thread only.
 public struct TaskIDGenerator {
     private var last = TaskID(high: 0, low: 0)
     private var random: any RandomNumberGenerator
+    /// The cell every id made carries, or nil (a single server: those bits are random too).
+    public let cell: UInt16?
 
-    public init(random: any RandomNumberGenerator = SystemRandomNumberGenerator()) {
+    public init(random: any RandomNumberGenerator = SystemRandomNumberGenerator(), cell: UInt16? = nil) {
         self.random = random
+        self.cell = cell
     }
 
     /// Makes every later id sort after `id` (one restored from a store), whatever the clock
@@ -97,14 +102,30 @@ public struct TaskIDGenerator {
         let stamp = UInt64(max(0, wallClockMilliseconds)) & 0xFFFF_FFFF_FFFF
         let next: TaskID
         if stamp > last.high >> 16 {
-            let randomBits = random.next()
-            next = TaskID(high: stamp << 16 | (randomBits >> 48), low: random.next())
+            next = TaskID(high: stamp << 16 | lowBitsOfHigh(), low: random.next())
         } else {
             // Same (or an earlier) millisecond: count up from the last id.
             let (low, carry) = last.low.addingReportingOverflow(1)
-            next = TaskID(high: last.high &+ (carry ? 1 : 0), low: low)
+            if !carry && (cell == nil || last.cell == cell) {
+                next = TaskID(high: last.high, low: low)
+            } else if cell != nil {
+                // The cell's bits must not change (and the last id may be another cell's, one
+                // restored): the next millisecond instead.
+                next = TaskID(high: ((last.high >> 16) + 1) << 16 | lowBitsOfHigh(), low: random.next())
+            } else {
+                next = TaskID(high: last.high &+ 1, low: low)
+            }
         }
         last = next
         return next
     }
+
+    private mutating func lowBitsOfHigh() -> UInt64 {
+        cell.map(UInt64.init) ?? random.next() >> 48
+    }
+}
+
+extension TaskID {
+    /// The cell an id made in a cluster carries (see `TaskIDGenerator`); meaningless otherwise.
+    public var cell: UInt16 { UInt16(truncatingIfNeeded: high) }
 }

@@ -55,3 +55,33 @@ import TaskloopTestSupport
         #expect(table.endIndex(below: TaskID(high: .max, low: .max)) == 100)
     }
 }
+
+@Suite struct TaskIDCellTests {
+    @Test func idsMadeForACellCarryItAndStillIncrease() {
+        var generator = TaskIDGenerator(random: SplitMix64(seed: 5), cell: 0x0A3F)
+        var previous = TaskID(high: 0, low: 0)
+        for step in 0..<2_000 {
+            // Many ids per millisecond, and the clock stepping back now and then.
+            let id = generator.next(wallClockMilliseconds: 1_700_000_000_000 + Int64(step / 100) - (step % 250 == 0 ? 5 : 0))
+            #expect(id.cell == 0x0A3F)
+            #expect(id > previous)
+            #expect(TaskID(id.description) == id)
+            previous = id
+        }
+    }
+
+    @Test func countingPastTheLowWordMovesToTheNextMillisecondKeepingTheCell() {
+        var generator = TaskIDGenerator(random: SplitMix64(seed: 5), cell: 7)
+        generator.continueAfter(TaskID(high: 1_000 << 16 | 7, low: .max))
+        let id = generator.next(wallClockMilliseconds: 1_000)
+        #expect(id.cell == 7 && id.timestamp == 1_001)
+        // After an id of another cell in the same millisecond (a restored one), too.
+        generator.continueAfter(TaskID(high: 2_000 << 16 | 9, low: 5))
+        let after = generator.next(wallClockMilliseconds: 2_000)
+        #expect(after.cell == 7 && after > TaskID(high: 2_000 << 16 | 9, low: 5))
+        // A single server's ids keep random bits there, and carry into them as before.
+        var single = TaskIDGenerator(random: SplitMix64(seed: 5))
+        single.continueAfter(TaskID(high: 1_000 << 16 | 7, low: .max))
+        #expect(single.next(wallClockMilliseconds: 1_000) == TaskID(high: 1_000 << 16 | 8, low: 0))
+    }
+}
