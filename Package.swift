@@ -86,7 +86,7 @@ let package = Package(
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres"]),
         // A cluster of replicas on PostgreSQL: cells, which replica owns each (rendezvous
         // hashing, leases with epochs), and the rules of owning them, as values.
-        .target(name: "TaskloopCluster"),
+        .target(name: "TaskloopCluster", dependencies: ["TaskloopLoop", "TaskloopPostgres"]),
         .target(
             name: "TaskloopEngine",
             dependencies: [
@@ -173,7 +173,7 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopClusterTests",
-            dependencies: ["TaskloopCluster", "TaskloopTestSupport"]
+            dependencies: ["TaskloopCluster", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopEngineTests",

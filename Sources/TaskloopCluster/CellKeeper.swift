@@ -1,0 +1,276 @@
+import Glibc
+import TaskloopLoop
+import TaskloopPostgres
+
+/// One replica's hold on its cells in the shared database: it registers the replica, renews,
+/// claims and releases as `CellOwnership` decides, on a connection of its own, and tells the
+/// replica which cells to open, drain and close. The tables (`taskloop.cluster`, `members`,
+/// `cells`) are created by the first replica, with the cell count it was given; later replicas
+/// take the stored count.
+///
+/// Times for the ownership rules come from CLOCK_BOOTTIME read at the moment, not from the
+/// loop's cached clock: after a pause (SIGSTOP, a suspended VM) the keeper must see at once how
+/// long it was away, and close its cells before it does anything else.
+///
+/// Lifecycle: `start`, then `stop` (graceful: cells drained and released, the member row
+/// removed) or `abandon` (as a crash leaves things: nothing released).
+///
+/// Threading: the loop's thread only, callbacks included.
+public final class CellKeeper {
+    public struct Settings: Sendable {
+        public var url: String
+        public var identity: ReplicaIdentity
+        /// Where other replicas forward requests for this replica's cells.
+        public var address: String
+        /// The cell count for a cluster this replica creates; an existing cluster keeps its own.
+        public var cells: Int = CellLayout.defaultCount
+        public var ownership: CellOwnership.Settings
+        /// Replicas of another protocol never own cells together: an older one refuses to join.
+        public var protocolVersion = ClusterSchema.protocolVersion
+
+        public init(url: String, identity: ReplicaIdentity, address: String, ownership: CellOwnership.Settings) {
+            self.url = url
+            self.identity = identity
+            self.address = address
+            self.ownership = ownership
+        }
+    }
+
+    public let settings: Settings
+    private let loop: EventLoop
+    private var connection: PGConnection
+    private let timer: LoopTimer
+    private let reconnectTimer: LoopTimer
+    private var ownership: CellOwnership?
+    /// The live members' addresses, as the last renewal read them.
+    public private(set) var addresses: [String: String] = [:]
+    /// Each cell's owner, as the last renewal read it.
+    public private(set) var owners: [Cell: ReplicaIdentity] = [:]
+    private var stopping: (() -> Void)?
+    private var isAbandoned = false
+
+    /// Open the cell's engine: it commits under `epoch`.
+    public var onOpen: ((Cell, UInt64) -> Void)?
+    /// Finish the cell's commits and stop its engine and attempts, then call the closure.
+    public var onDrain: ((Cell, @escaping () -> Void) -> Void)?
+    /// Stop the cell's engine and attempts now; commit nothing more for it.
+    public var onClose: ((Cell, CellOwnership.CloseReason) -> Void)?
+
+    public init(loop: EventLoop, settings: Settings) throws(UVError) {
+        self.loop = loop
+        self.settings = settings
+        connection = PGConnection(loop: loop)
+        timer = try LoopTimer(loop: loop)
+        do {
+            reconnectTimer = try LoopTimer(loop: loop)
+        } catch {
+            timer.close()
+            throw error
+        }
+    }
+
+    /// Milliseconds on CLOCK_BOOTTIME: monotonic, and counting time the machine was suspended.
+    public static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &time)
+        return UInt64(time.tv_sec) * 1_000 + UInt64(time.tv_nsec) / 1_000_000
+    }
+
+    /// The cells whose engines run here, with their epochs.
+    public var openCells: [Cell: UInt64] { ownership?.openCells ?? [:] }
+
+    /// Until when the last confirmed renewal keeps this replica's cells (`now()` time).
+    public var keptUntil: UInt64? { ownership?.keptUntil }
+
+    /// Connects, creates or checks the tables, registers this replica (taking the name over
+    /// from a previous process of it), and starts renewing. The layout is the cluster's.
+    public func start(_ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        connect(takingTheNameOver: true) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure(let error):
+                completion(.failure(error))
+            case .success(let layout):
+                ownership = CellOwnership(me: settings.identity, layout: layout, settings: settings.ownership)
+                tick()
+                completion(.success(layout))
+            }
+        }
+    }
+
+    /// A start takes this replica's name over from whatever process had it (one killed, or one
+    /// still running that will find itself replaced); a reconnect only takes up its own row.
+    private func connect(takingTheNameOver: Bool, _ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        connection.onClosed = { [weak self] _ in self?.connectionLost() }
+        let completion = { [weak self] (result: Result<CellLayout, PGError>) in
+            if case .failure = result, let self {
+                connection.onClosed = nil
+                connection.close()
+            }
+            completion(result)
+        }
+        connection.connect(settings.url) { [weak self] result in
+            guard let self else { return }
+            if case .failure(let error) = result { return completion(.failure(error)) }
+            connection.execute(ClusterSchema.setUp(self.settings, takingTheNameOver: takingTheNameOver)) { [weak self] result in
+                guard let self else { return }
+                switch result {
+                case .failure(let error):
+                    completion(.failure(error))
+                case .success(let results):
+                    let row = results[ClusterSchema.setUpClusterRow]
+                    let cells = Int(row.int(0, 0) ?? 0), version = Int(row.int(0, 1) ?? 0)
+                    guard version <= settings.protocolVersion else {
+                        return completion(.failure(PGError(message: "the cluster runs protocol \(version), newer than this "
+                            + "replica's \(settings.protocolVersion): upgrade this replica before it joins")))
+                    }
+                    guard (1...CellLayout.maximumCount).contains(cells) else {
+                        return completion(.failure(PGError(message: "the cluster's cell count \(cells) is out of range")))
+                    }
+                    completion(.success(CellLayout(count: cells)))
+                }
+            }
+        }
+    }
+
+    // MARK: the clock
+
+    private func tick() {
+        guard !isAbandoned, var ownership else { return }
+        let actions = ownership.tick(now: Self.now())
+        self.ownership = ownership
+        perform(actions)
+        scheduleTick()
+    }
+
+    private func scheduleTick() {
+        guard let ownership, !isAbandoned else { return }
+        let now = Self.now()
+        let deadline = ownership.nextDeadline
+        // Woken at the deadline at the latest, and every 100 ms while a drain or a claim waits.
+        let delay = deadline > now ? min(deadline - now, 100) : 0
+        timer.start(after: delay) { [weak self] in self?.tick() }
+    }
+
+    // MARK: actions
+
+    private func perform(_ actions: [CellOwnership.Action]) {
+        for action in actions {
+            switch action {
+            case .renew: renew()
+            case .claim(let cell, let epoch): claim(cell, from: epoch)
+            case .release(let cell, let epoch): release(cell, epoch: epoch)
+            case .open(let cell, let epoch): onOpen?(cell, epoch)
+            case .close(let cell, let reason): onClose?(cell, reason)
+            case .drain(let cell):
+                if let onDrain {
+                    onDrain(cell) { [weak self] in self?.drained(cell) }
+                } else {
+                    drained(cell)
+                }
+            }
+        }
+        if stopping != nil, ownership?.isStopped == true { finishStopping() }
+    }
+
+    private func update(_ change: (inout CellOwnership) -> [CellOwnership.Action]) {
+        guard !isAbandoned, var ownership else { return }
+        let actions = change(&ownership)
+        self.ownership = ownership
+        perform(actions)
+        scheduleTick()
+    }
+
+    private func drained(_ cell: Cell) {
+        update { $0.drained(cell) }
+    }
+
+    private func renew() {
+        let sentAt = Self.now()
+        connection.execute(ClusterSchema.renewal(settings)) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure:
+                update { ownership in
+                    ownership.renewalFailed()
+                    return []
+                }
+            case .success(let results):
+                let answer = ClusterSchema.readRenewal(results)
+                addresses = answer.addresses
+                owners = answer.owners
+                update { $0.renewed(sentAt: sentAt, now: Self.now(), answer.answer) }
+            }
+        }
+    }
+
+    private func claim(_ cell: Cell, from epoch: UInt64) {
+        connection.execute([ClusterSchema.claim(cell, from: epoch, settings)]) { [weak self] result in
+            guard let self else { return }
+            if case .success(let results) = result, results[0].rowCount == 1, let epoch = results[0].int(0, 0) {
+                update { $0.claimed(cell, epoch: UInt64(epoch), now: Self.now()) }
+            } else {
+                update { ownership in
+                    ownership.claimFailed(cell)
+                    return []
+                }
+            }
+        }
+    }
+
+    private func release(_ cell: Cell, epoch: UInt64) {
+        connection.execute([ClusterSchema.release(cell, epoch: epoch, settings)]) { [weak self] _ in
+            self?.update { ownership in
+                ownership.released(cell)
+                return []
+            }
+        }
+    }
+
+    // MARK: failures
+
+    /// The connection ended: whatever was under way on it failed (its callbacks said so); a
+    /// new one is made a second later, and renewals go on through it. The cells stay open
+    /// until the ownership rules close them.
+    private func connectionLost() {
+        guard !isAbandoned, stopping == nil || ownership?.isStopped == false else { return }
+        reconnectTimer.start(after: 1_000) { [weak self] in
+            guard let self, !isAbandoned else { return }
+            connection = PGConnection(loop: loop)
+            connect(takingTheNameOver: false) { [weak self] result in
+                if case .failure = result { self?.connectionLost() }
+            }
+        }
+    }
+
+    // MARK: stopping
+
+    /// Drains and releases every cell, removes this replica's row, closes the connection.
+    public func stop(_ completion: @escaping () -> Void) {
+        stopping = completion
+        update { $0.stop() }
+    }
+
+    private func finishStopping() {
+        guard let completion = stopping else { return }
+        stopping = nil
+        connection.execute([ClusterSchema.deregister(settings)]) { [weak self] _ in
+            guard let self else { return completion() }
+            closeEverything()
+            completion()
+        }
+    }
+
+    /// Stops at once as a crash would: nothing released, the row left to expire.
+    public func abandon() {
+        closeEverything()
+    }
+
+    private func closeEverything() {
+        isAbandoned = true
+        timer.close()
+        reconnectTimer.close()
+        connection.onClosed = nil
+        connection.close()
+    }
+}

@@ -1,0 +1,145 @@
+import TaskloopPostgres
+
+/// The cluster's tables in schema `taskloop` and the statements of `CellKeeper`. Every time in
+/// them is the database's `clock_timestamp()` (the moment of the statement, not of its
+/// transaction's start): leases are compared on one clock, the database's.
+public enum ClusterSchema {
+    /// Bumped when replicas must not own cells together with older ones.
+    public static let protocolVersion = 1
+
+    /// Serialises the creation of the tables ("TLCELLS" would read better in a lock listing;
+    /// the number only has to be fixed and unlikely to collide).
+    static let setUpLock: Int64 = 7_361_000_000_003
+
+    /// The index, among `setUp`'s results, of the cluster's row (cells, protocol).
+    static let setUpClusterRow = 9
+
+    static func milliseconds(_ value: UInt64) -> PGValue { .int(Int64(value)) }
+
+    static func setUp(_ settings: CellKeeper.Settings, takingTheNameOver: Bool) -> [PGQuery] {
+        let me = settings.identity
+        let lease = milliseconds(settings.ownership.leaseMilliseconds)
+        // A reconnect refreshes the row only while it is still this process's.
+        let takeOver = takingTheNameOver ? "" : " WHERE taskloop.members.incarnation = excluded.incarnation"
+        return [
+            // A renewal that cannot finish within a renewal interval is as good as lost; the
+            // ownership rules then decide, on time.
+            PGQuery("SET statement_timeout = \(settings.ownership.renewalInterval)"),
+            PGQuery("SET idle_in_transaction_session_timeout = \(settings.ownership.renewalInterval)"),
+            // The batch is one transaction (one sync): the lock holds until the tables are committed.
+            PGQuery("SELECT pg_advisory_xact_lock(\(setUpLock))"),
+            PGQuery("CREATE SCHEMA IF NOT EXISTS taskloop"),
+            PGQuery("CREATE TABLE IF NOT EXISTS taskloop.cluster (id int PRIMARY KEY CHECK (id = 1), cells int NOT NULL, "
+                    + "protocol int NOT NULL)"),
+            PGQuery("INSERT INTO taskloop.cluster VALUES (1, $1, $2) ON CONFLICT (id) DO NOTHING",
+                    [.int(settings.cells), .int(settings.protocolVersion)]),
+            PGQuery("""
+                CREATE TABLE IF NOT EXISTS taskloop.members (name text PRIMARY KEY, incarnation text NOT NULL,
+                    address text NOT NULL, protocol int NOT NULL, started_at timestamptz NOT NULL, expires_at timestamptz NOT NULL)
+                """),
+            PGQuery("""
+                CREATE TABLE IF NOT EXISTS taskloop.cells (cell int PRIMARY KEY, owner text, incarnation text,
+                    epoch bigint NOT NULL DEFAULT 0, lease_until timestamptz)
+                """),
+            PGQuery("INSERT INTO taskloop.cells (cell) SELECT generate_series(0, cells - 1) FROM taskloop.cluster "
+                    + "ON CONFLICT (cell) DO NOTHING"),
+            PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
+            PGQuery("""
+                INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)
+                VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5 * interval '1 millisecond')
+                ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, address = excluded.address,
+                    protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at\(takeOver)
+                """, [.text(me.name), .text(me.incarnation), .text(settings.address), .int(settings.protocolVersion), lease]),
+        ]
+    }
+
+    static let renewMember = PGStatement("cells_renew_member", """
+        UPDATE taskloop.members SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+        WHERE name = $1 AND incarnation = $2
+        """)
+    static let renewCells = PGStatement("cells_renew_cells", """
+        UPDATE taskloop.cells SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+        WHERE owner = $1 AND incarnation = $2
+            AND EXISTS (SELECT 1 FROM taskloop.members WHERE name = $1 AND incarnation = $2)
+        """)
+    static let liveMembers = PGStatement("cells_live_members", """
+        SELECT name, address FROM taskloop.members WHERE expires_at > clock_timestamp() AND protocol = $1 ORDER BY name
+        """)
+    static let cellRows = PGStatement("cells_rows", """
+        SELECT cell, owner, incarnation, epoch,
+            owner IS NOT NULL AND lease_until + $1 * interval '1 millisecond' < clock_timestamp()
+        FROM taskloop.cells ORDER BY cell
+        """)
+    static let claimCell = PGStatement("cells_claim", """
+        UPDATE taskloop.cells SET owner = $2, incarnation = $3, epoch = epoch + 1,
+            lease_until = clock_timestamp() + $4 * interval '1 millisecond'
+        WHERE cell = $1 AND epoch = $5
+            AND (owner IS NULL OR (owner = $2 AND incarnation = $3) OR lease_until + $6 * interval '1 millisecond' < clock_timestamp())
+        RETURNING epoch
+        """)
+    static let releaseCell = PGStatement("cells_release", """
+        UPDATE taskloop.cells SET owner = NULL, incarnation = NULL, lease_until = NULL
+        WHERE cell = $1 AND owner = $2 AND incarnation = $3 AND epoch = $4
+        """)
+    static let removeMember = PGStatement("cells_remove_member", "DELETE FROM taskloop.members WHERE name = $1 AND incarnation = $2")
+
+    /// One transaction: this replica's row and its cells' leases, then who is live and every
+    /// cell's row.
+    static func renewal(_ settings: CellKeeper.Settings) -> [PGQuery] {
+        let me = [PGValue.text(settings.identity.name), .text(settings.identity.incarnation),
+                  milliseconds(settings.ownership.leaseMilliseconds)]
+        return [
+            PGQuery("BEGIN"),
+            PGQuery(renewMember, me),
+            PGQuery(renewCells, me),
+            PGQuery(liveMembers, [.int(settings.protocolVersion)]),
+            PGQuery(cellRows, [milliseconds(settings.ownership.marginMilliseconds)]),
+            PGQuery("COMMIT"),
+        ]
+    }
+
+    struct Renewal {
+        var answer: RenewalAnswer
+        var addresses: [String: String]
+        var owners: [Cell: ReplicaIdentity]
+    }
+
+    static func readRenewal(_ results: [PGResult]) -> Renewal {
+        let isRegistered = results[1].affectedRows == 1
+        let members = results[3], rows = results[4]
+        var addresses: [String: String] = [:]
+        for row in 0..<members.rowCount {
+            if let name = members.text(row, 0) { addresses[name] = members.text(row, 1) ?? "" }
+        }
+        var cells: [CellRow] = []
+        var owners: [Cell: ReplicaIdentity] = [:]
+        cells.reserveCapacity(rows.rowCount)
+        for row in 0..<rows.rowCount {
+            guard let index = rows.int(row, 0), let epoch = rows.int(row, 3) else { continue }
+            let cell = Cell(UInt16(truncatingIfNeeded: index))
+            var owner: ReplicaIdentity?
+            if let name = rows.text(row, 1), let incarnation = rows.text(row, 2) {
+                owner = ReplicaIdentity(name: name, incarnation: incarnation)
+                owners[cell] = owner
+            }
+            cells.append(CellRow(cell: cell, owner: owner, epoch: UInt64(epoch), expired: rows.bool(row, 4) ?? false))
+        }
+        return Renewal(answer: RenewalAnswer(isRegistered: isRegistered, live: addresses.keys.sorted(), cells: cells),
+                       addresses: addresses, owners: owners)
+    }
+
+    static func claim(_ cell: Cell, from epoch: UInt64, _ settings: CellKeeper.Settings) -> PGQuery {
+        PGQuery(claimCell, [.int(Int(cell.index)), .text(settings.identity.name), .text(settings.identity.incarnation),
+                            milliseconds(settings.ownership.leaseMilliseconds), .int(Int64(epoch)),
+                            milliseconds(settings.ownership.marginMilliseconds)])
+    }
+
+    static func release(_ cell: Cell, epoch: UInt64, _ settings: CellKeeper.Settings) -> PGQuery {
+        PGQuery(releaseCell, [.int(Int(cell.index)), .text(settings.identity.name), .text(settings.identity.incarnation),
+                              .int(Int64(epoch))])
+    }
+
+    static func deregister(_ settings: CellKeeper.Settings) -> PGQuery {
+        PGQuery(removeMember, [.text(settings.identity.name), .text(settings.identity.incarnation)])
+    }
+}

@@ -1,0 +1,133 @@
+import Foundation
+import Testing
+import TaskloopLoop
+import TaskloopLoopTestSupport
+import TaskloopTestSupport
+@testable import TaskloopCluster
+
+/// CellKeeper against a real PostgreSQL: replicas share the cells, give them up gracefully,
+/// and take a crashed or replaced replica's cells only once its lease and the margin are over.
+@Suite struct CellKeeperTests {
+    static let ownership = CellOwnership.Settings(leaseMilliseconds: 2_000, marginMilliseconds: 300)
+
+    /// Keepers on one loop thread, and what they were told, for the test thread.
+    final class Cluster: @unchecked Sendable {
+        let thread = LoopThread(try! EventLoop(), name: "cells-test")
+        let url: String
+        var keepers: [String: CellKeeper] = [:]
+        /// "name open 3 @1", "name close 3 lost", "name drain 3", with the time of each.
+        let log = Locked<[(line: String, at: UInt64)]>([])
+
+        init(cells: Int = 16) throws {
+            url = try PostgresCluster.shared().makeDatabase()
+            self.cells = cells
+        }
+        let cells: Int
+
+        func start(_ name: String, incarnation: String? = nil) throws {
+            let started = Locked<String?>(nil)
+            thread.run { [self] in
+                var settings = CellKeeper.Settings(url: url, identity: ReplicaIdentity(name: name, incarnation: incarnation ?? name),
+                                                   address: "http://\(name).invalid", ownership: CellKeeperTests.ownership)
+                settings.cells = cells
+                let keeper = try! CellKeeper(loop: thread.loop, settings: settings)
+                keepers[name + (incarnation ?? "")] = keeper
+                let log = self.log
+                keeper.onOpen = { cell, epoch in log.withLock { $0.append(("\(name) open \(cell.index) @\(epoch)", CellKeeper.now())) } }
+                keeper.onClose = { cell, reason in log.withLock { $0.append(("\(name) close \(cell.index) \(reason)", CellKeeper.now())) } }
+                keeper.onDrain = { cell, done in
+                    log.withLock { $0.append(("\(name) drain \(cell.index)", CellKeeper.now())) }
+                    done()
+                }
+                keeper.start { result in started.withLock { $0 = "\(result.map { $0.count })" } }
+            }
+            try pollUntil("\(name) to start") { started.value != nil }
+            #expect(started.value == "success(\(cells))")
+        }
+
+        func open(_ key: String) -> Set<UInt16> {
+            thread.run { [self] in Set(keepers[key]!.openCells.keys.map(\.index)) }
+        }
+
+        func lines(containing text: String) -> [(line: String, at: UInt64)] { log.value.filter { $0.line.contains(text) } }
+
+        func finish() throws {
+            thread.run { [self] in
+                for keeper in keepers.values { keeper.abandon() }
+                thread.loop.finish()
+            }
+            try thread.waitForExit(timeout: 10)
+        }
+    }
+
+    static func rendezvous(_ cells: Int, _ replicas: [String]) -> [String: Set<UInt16>] {
+        var owned: [String: Set<UInt16>] = [:]
+        for (cell, owner) in Rendezvous.assignment(CellLayout(count: cells), among: replicas) { owned[owner, default: []].insert(cell.index) }
+        return owned
+    }
+
+    @Test func replicasShareTheCellsAsRendezvousSays() throws {
+        let cluster = try Cluster()
+        try cluster.start("a")
+        try cluster.start("b")
+        let expected = Self.rendezvous(16, ["a", "b"])
+        try pollUntil("the cells to settle: a \(cluster.open("a")), b \(cluster.open("b"))", timeout: 20) {
+            cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"]
+        }
+        // a had them all for a moment: the cells that moved to b were drained by a first.
+        for cell in expected["b"]! {
+            let drained = cluster.lines(containing: "a drain \(cell)").first
+            let opened = cluster.lines(containing: "b open \(cell) ").first
+            if let drained { #expect(drained.at <= opened!.at) }
+        }
+        try cluster.finish()
+    }
+
+    @Test func aGracefulStopHandsEveryCellOverAtOnce() throws {
+        let cluster = try Cluster()
+        try cluster.start("a")
+        try cluster.start("b")
+        let expected = Self.rendezvous(16, ["a", "b"])
+        try pollUntil("the cells to settle", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        let stopped = Locked(false)
+        cluster.thread.run { cluster.keepers["b"]!.stop { stopped.withLock { $0 = true } } }
+        try pollUntil("b to stop") { stopped.value }
+        #expect(Set(cluster.lines(containing: "b drain").map { UInt16($0.line.split(separator: " ")[2])! }) == expected["b"])
+        #expect(cluster.lines(containing: "b close").isEmpty, "nothing was cut short")
+        // Well within a lease: released cells are claimed at a's next renewal.
+        try pollUntil("a to take every cell", timeout: 1.5) { cluster.open("a").count == 16 }
+        try cluster.finish()
+    }
+
+    @Test func aCrashedReplicasCellsWaitForItsLeaseAndTheMargin() throws {
+        let cluster = try Cluster()
+        try cluster.start("a")
+        try cluster.start("b")
+        let expected = Self.rendezvous(16, ["a", "b"])
+        try pollUntil("the cells to settle", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        let keptUntil = cluster.thread.run { cluster.keepers["b"]!.keptUntil! }
+        cluster.thread.run { cluster.keepers["b"]!.abandon() }
+        try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
+        for cell in expected["b"]! {
+            let taken = try #require(cluster.lines(containing: "a open \(cell) ").last)
+            // b would have closed them by keptUntil; a may take them two margins after that.
+            #expect(taken.at >= keptUntil + 2 * Self.ownership.marginMilliseconds - 50, "\(taken.line) at \(taken.at), b kept until \(keptUntil)")
+            let held = try #require(cluster.lines(containing: "b open \(cell) ").last)
+            let epochs = [held, taken].map { UInt64($0.line.split(separator: "@").last!)! }
+            #expect(epochs[1] == epochs[0] + 1, "a new epoch: \(held.line), then \(taken.line)")
+        }
+        try cluster.finish()
+    }
+
+    @Test func aNewProcessUnderTheSameNameReplacesTheOldOne() throws {
+        let cluster = try Cluster()
+        try cluster.start("a", incarnation: "first")
+        try pollUntil("a to take every cell", timeout: 10) { cluster.open("afirst").count == 16 }
+        try cluster.start("a", incarnation: "second")
+        try pollUntil("the old process to close everything", timeout: 10) { cluster.lines(containing: "close").count == 16 }
+        #expect(cluster.lines(containing: "close").allSatisfy { $0.line.hasSuffix("replaced") })
+        try pollUntil("the new process to take every cell", timeout: 10) { cluster.open("asecond").count == 16 }
+        #expect(cluster.open("afirst").isEmpty)
+        try cluster.finish()
+    }
+}
