@@ -226,9 +226,11 @@ import TaskloopTestSupport
     @Test func aTimeoutKillsDescendantsThatLeftTheGroup() throws {
         let service = try ServiceHarness { $0.allowExec = true }
         let client = try service.client()
-        let family = try startEscapees(client, then: "sleep 300", extra: ["timeout_ms": 1_000])
+        // Time enough for the escapees to start first, on a loaded machine too: a timeout that
+        // comes before them kills a family that has not yet left the group.
+        let family = try startEscapees(client, then: "sleep 300", extra: ["timeout_ms": 5_000])
         defer { try? FileManager.default.removeItem(atPath: family.directory) }
-        let failed = try client.waitForState(family.task, "failed", timeout: 6)
+        let failed = try client.waitForState(family.task, "failed", timeout: 20)
         #expect((failed["error"] as? [String: Any])?["code"] as? String == "timeout")
         for pid in family.escapees { try Self.waitUntilGone(pid, timeout: 5) }
         try service.stop()
