@@ -24,10 +24,10 @@ import TaskloopTestSupport
         }
         let cells: Int
 
-        func start(_ name: String, incarnation: String? = nil) throws {
+        func start(_ name: String, incarnation: String? = nil, through url: String? = nil) throws {
             let started = Locked<String?>(nil)
             thread.run { [self] in
-                var settings = CellKeeper.Settings(url: url, identity: ReplicaIdentity(name: name, incarnation: incarnation ?? name),
+                var settings = CellKeeper.Settings(url: url ?? self.url, identity: ReplicaIdentity(name: name, incarnation: incarnation ?? name),
                                                    address: "http://\(name).invalid", ownership: CellKeeperTests.ownership)
                 settings.cells = cells
                 let keeper = try! CellKeeper(loop: thread.loop, settings: settings)
@@ -128,6 +128,30 @@ import TaskloopTestSupport
         #expect(cluster.lines(containing: "close").allSatisfy { $0.line.hasSuffix("replaced") })
         try pollUntil("the new process to take every cell", timeout: 10) { cluster.open("asecond").count == 16 }
         #expect(cluster.open("afirst").isEmpty)
+        try cluster.finish()
+    }
+
+    /// A partition: b's connection hangs (nothing forwarded, nothing closed). b closes its cells
+    /// on its own clock before a may take them, and once the partition heals the cells go back
+    /// to b, each under a new epoch.
+    @Test func aReplicaCutOffClosesItsCellsBeforeAnyoneTakesThem() throws {
+        let cluster = try Cluster()
+        let port = try #require(cluster.url.firstRange(of: /127\.0\.0\.1:(\d+)\//).flatMap { Int(cluster.url[$0].dropFirst(10).dropLast()) })
+        let proxy = try FreezableProxy(targetPort: port)
+        defer { proxy.close() }
+        try cluster.start("a")
+        try cluster.start("b", through: cluster.url.replacingOccurrences(of: ":\(port)/", with: ":\(proxy.port)/"))
+        let expected = Self.rendezvous(16, ["a", "b"])
+        try pollUntil("the cells to settle", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        proxy.isFrozen = true
+        try pollUntil("a to take every cell", timeout: 15) { cluster.open("a").count == 16 }
+        for cell in expected["b"]! {
+            let fenced = try #require(cluster.lines(containing: "b close \(cell) fenced").last, "b closed \(cell) itself")
+            let taken = try #require(cluster.lines(containing: "a open \(cell) ").last)
+            #expect(taken.at >= fenced.at + Self.ownership.marginMilliseconds, "b closed \(cell) at \(fenced.at), a took it at \(taken.at)")
+        }
+        proxy.isFrozen = false
+        try pollUntil("the cells to go back to b", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
         try cluster.finish()
     }
 }
