@@ -118,7 +118,7 @@ public final class CellKeeper {
                 case .failure(let error):
                     completion(.failure(error))
                 case .success(let results):
-                    let row = results[ClusterSchema.setUpClusterRow]
+                    let row = ClusterSchema.clusterRow(amongSetUp: results)
                     let cells = Int(row.int(0, 0) ?? 0), version = Int(row.int(0, 1) ?? 0)
                     guard version <= settings.protocolVersion else {
                         return completion(.failure(PGError(message: "the cluster runs protocol \(version), newer than this "

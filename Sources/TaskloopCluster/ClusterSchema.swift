@@ -11,8 +11,20 @@ public enum ClusterSchema {
     /// the number only has to be fixed and unlikely to collide).
     static let setUpLock: Int64 = 7_361_000_000_003
 
-    /// The index, among `setUp`'s results, of the cluster's row (cells, protocol).
-    static let setUpClusterRow = 9
+    /// Among `setUp`'s results, the cluster's row (cells, protocol): the one before the
+    /// registration, which comes last.
+    static func clusterRow(amongSetUp results: [PGResult]) -> PGResult { results[results.count - 2] }
+
+    /// The SQLSTATE a commit of a deposed owner fails with.
+    public static let deposedState = "TL001"
+
+    /// The first statement of every commit of `cell` (inside its transaction): see
+    /// `check_epoch` in `setUp`.
+    public static func checkEpoch(_ cell: Cell, epoch: UInt64, by owner: ReplicaIdentity) -> PGQuery {
+        PGQuery(checkEpochStatement, [.int(Int(cell.index)), .text(owner.name), .text(owner.incarnation), .int(Int64(epoch))])
+    }
+
+    static let checkEpochStatement = PGStatement("cells_check_epoch", "SELECT taskloop.check_epoch($1, $2, $3, $4)")
 
     static func milliseconds(_ value: UInt64) -> PGValue { .int(Int64(value)) }
 
@@ -43,6 +55,22 @@ public enum ClusterSchema {
                 """),
             PGQuery("INSERT INTO taskloop.cells (cell) SELECT generate_series(0, cells - 1) FROM taskloop.cluster "
                     + "ON CONFLICT (cell) DO NOTHING"),
+            // A cell's commit starts with this: it fails (and with it the transaction) unless the
+            // row still names the committer under its epoch. The share lock makes a claim's
+            // update wait for commits under way, and commits wait for a claim under way, so no
+            // write of a deposed owner lands after the claim that deposed it.
+            PGQuery("""
+                CREATE OR REPLACE FUNCTION taskloop.check_epoch(p_cell int, p_owner text, p_incarnation text, p_epoch bigint)
+                RETURNS void LANGUAGE plpgsql AS $$
+                BEGIN
+                    PERFORM 1 FROM taskloop.cells
+                    WHERE cell = p_cell AND owner = p_owner AND incarnation = p_incarnation AND epoch = p_epoch FOR SHARE;
+                    IF NOT FOUND THEN
+                        RAISE EXCEPTION 'cell % is no longer held by % at epoch %', p_cell, p_owner, p_epoch
+                            USING ERRCODE = '\(ClusterSchema.deposedState)';
+                    END IF;
+                END $$
+                """),
             PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
             PGQuery("""
                 INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)

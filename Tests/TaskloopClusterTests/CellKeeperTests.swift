@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import TaskloopLoop
 import TaskloopLoopTestSupport
+import TaskloopPostgres
 import TaskloopTestSupport
 @testable import TaskloopCluster
 
@@ -49,11 +50,42 @@ import TaskloopTestSupport
             thread.run { [self] in Set(keepers[key]!.openCells.keys.map(\.index)) }
         }
 
+        var connections: [PGConnection] = []
+
+        /// A connection of the test's own to the cluster's database, on the loop; its index.
+        func connection() throws -> Int {
+            let connected = Locked<Result<Void, PGError>?>(nil)
+            let index = thread.run { [self] in
+                let connection = PGConnection(loop: thread.loop)
+                connections.append(connection)
+                connection.connect(url) { result in connected.withLock { $0 = result } }
+                return connections.count - 1
+            }
+            try pollUntil("a connection") { connected.value != nil }
+            try connected.value!.get()
+            return index
+        }
+
+        /// Runs a batch on connection `index`; its error's SQLSTATE (or message), or nil.
+        func execute(_ index: Int, _ queries: [PGQuery]) throws -> String? {
+            let outcome = Locked<String??>(nil)
+            thread.run { [self] in
+                connections[index].execute(queries) { result in
+                    var error: String?
+                    if case .failure(let failure) = result { error = failure.sqlState ?? failure.message }
+                    outcome.withLock { $0 = .some(error) }
+                }
+            }
+            try pollUntil("the batch to end") { outcome.value != nil }
+            return outcome.value!
+        }
+
         func lines(containing text: String) -> [(line: String, at: UInt64)] { log.value.filter { $0.line.contains(text) } }
 
         func finish() throws {
             thread.run { [self] in
                 for keeper in keepers.values { keeper.abandon() }
+                for connection in connections { connection.close() }
                 thread.loop.finish()
             }
             try thread.waitForExit(timeout: 10)
@@ -152,6 +184,34 @@ import TaskloopTestSupport
         }
         proxy.isFrozen = false
         try pollUntil("the cells to go back to b", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        try cluster.finish()
+    }
+
+    /// Every commit of a cell checks its epoch first: commits under way hold a claim back, and
+    /// once the cell is claimed again the former holder's commit fails and writes nothing.
+    @Test func aDeposedOwnersCommitChangesNothing() throws {
+        let cluster = try Cluster()
+        try cluster.start("a")
+        try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
+        let epoch = cluster.thread.run { cluster.keepers["a"]!.openCells[Cell(0)]! }
+        let a = ReplicaIdentity(name: "a", incarnation: "a")
+        try PostgresCluster.shared().sql("CREATE TABLE written (x int)", database: cluster.url)
+        func commit(_ x: Int, on connection: Int, ending: Bool = true) throws -> String? {
+            try cluster.execute(connection, [PGQuery("BEGIN"), ClusterSchema.checkEpoch(Cell(0), epoch: epoch, by: a),
+                                             PGQuery("INSERT INTO written VALUES ($1)", [.int(x)])] + (ending ? [PGQuery("COMMIT")] : []))
+        }
+        let writer = try cluster.connection(), claimer = try cluster.connection()
+        #expect(try commit(1, on: writer) == nil)
+        // A commit under way holds the cell's row: a claim waits for it.
+        #expect(try commit(2, on: writer, ending: false) == nil)
+        let claim = [PGQuery("SET lock_timeout = 200"), PGQuery("UPDATE taskloop.cells SET epoch = epoch + 1 WHERE cell = 0")]
+        #expect(try cluster.execute(claimer, claim) == "55P03", "the claim waited for the commit and gave up")
+        #expect(try cluster.execute(writer, [PGQuery("COMMIT")]) == nil)
+        #expect(try cluster.execute(claimer, claim) == nil)
+        // Deposed: the commit fails and writes nothing.
+        #expect(try commit(3, on: writer) == ClusterSchema.deposedState)
+        #expect(try cluster.execute(writer, [PGQuery("ROLLBACK")]) == nil)
+        #expect(try PostgresCluster.shared().sql("SELECT string_agg(x::text, ',' ORDER BY x) FROM written", database: cluster.url).trimmingCharacters(in: .whitespacesAndNewlines) == "1,2")
         try cluster.finish()
     }
 }
