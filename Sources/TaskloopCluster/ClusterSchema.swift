@@ -71,6 +71,7 @@ public enum ClusterSchema {
                     END IF;
                 END $$
                 """),
+        ] + ClusterEvents.setUp + [
             PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
             PGQuery("""
                 INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)

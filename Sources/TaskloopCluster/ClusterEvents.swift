@@ -1,0 +1,131 @@
+import TaskloopPostgres
+
+/// Where an event stands in the cluster's one order of events: the id of the transaction that
+/// committed it (PostgreSQL's 64-bit `xid8`) and its place among that transaction's events.
+/// Cells commit side by side, so their transactions commit in any order; a reader takes only
+/// events of transactions older than the oldest one still running (`pg_snapshot_xmin`), so no
+/// event can later appear behind a position a reader has passed: a resume after any position,
+/// on any replica, gets every later event exactly once.
+public struct EventPosition: Comparable, Hashable, Sendable, CustomStringConvertible {
+    public let transaction: UInt64
+    public let index: UInt32
+
+    public init(transaction: UInt64, index: UInt32) {
+        self.transaction = transaction
+        self.index = index
+    }
+
+    public static let start = EventPosition(transaction: 0, index: 0)
+
+    public static func < (lhs: EventPosition, rhs: EventPosition) -> Bool {
+        (lhs.transaction, lhs.index) < (rhs.transaction, rhs.index)
+    }
+
+    /// The opaque id clients see (`id:` of a stream, `Last-Event-ID`): fixed-width hex, so ids
+    /// also sort as text.
+    public var description: String {
+        let transaction = String(transaction, radix: 16), index = String(index, radix: 16)
+        return String(repeating: "0", count: 16 - transaction.count) + transaction
+            + String(repeating: "0", count: 8 - index.count) + index
+    }
+
+    /// Reads an id made by `description`; nil for anything else.
+    public init?(_ id: String) {
+        guard id.utf8.count == 24, id.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) }),
+              let transaction = UInt64(id.prefix(16), radix: 16), let index = UInt32(id.suffix(8), radix: 16) else { return nil }
+        self.init(transaction: transaction, index: index)
+    }
+}
+
+/// The cluster's events table and its two statements: written in each cell's commit, read in
+/// order by any replica.
+public enum ClusterEvents {
+    static let setUp = [
+        PGQuery("""
+            CREATE TABLE IF NOT EXISTS taskloop.cell_events (transaction xid8 NOT NULL DEFAULT pg_current_xact_id(),
+                index int NOT NULL, cell int NOT NULL, time bigint NOT NULL, type text NOT NULL, task text, workflow text,
+                queue text, data bytea NOT NULL, PRIMARY KEY (transaction, index))
+            """),
+        // Kept by time: the oldest are dropped by `time`.
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_events_time ON taskloop.cell_events (time)"),
+    ]
+
+    /// One event as a cell's commit writes it.
+    public struct Written: Sendable {
+        public var time: Int64
+        public var type: String
+        public var task: String?
+        public var workflow: String?
+        public var queue: String?
+        public var data: [UInt8]
+
+        public init(time: Int64, type: String, task: String?, workflow: String?, queue: String?, data: [UInt8]) {
+            self.time = time
+            self.type = type
+            self.task = task
+            self.workflow = workflow
+            self.queue = queue
+            self.data = data
+        }
+    }
+
+    /// One event as a reader gets it.
+    public struct Read: Sendable {
+        public var position: EventPosition
+        public var cell: Cell
+        public var event: Written
+    }
+
+    /// The statements that write `events` inside a commit of `cell` (numbered in order; the
+    /// transaction's id comes from the database).
+    public static func insert(_ events: [Written], cell: Cell) -> [PGQuery] {
+        stride(from: 0, to: events.count, by: 500).map { chunk in
+            let rows = events[chunk..<min(chunk + 500, events.count)]
+            var values: [PGValue] = []
+            values.reserveCapacity(rows.count * 8)
+            var placeholders = ""
+            for (offset, event) in rows.enumerated() {
+                let base = offset * 8
+                placeholders += offset == 0 ? "(" : ", ("
+                placeholders += (1...8).map { "$\(base + $0)" }.joined(separator: ", ") + ")"
+                values += [.int(chunk + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
+                           .optional(event.workflow), .optional(event.queue), .bytes(event.data)]
+            }
+            return PGQuery("INSERT INTO taskloop.cell_events (index, cell, time, type, task, workflow, queue, data) VALUES "
+                           + placeholders, values)
+        }
+    }
+
+    static let readAfter = PGStatement("cell_events_after", """
+        SELECT transaction::text, index, cell, time, type, task, workflow, queue, data FROM taskloop.cell_events
+        WHERE (transaction, index) > ($1::text::xid8, $2) AND transaction < pg_snapshot_xmin(pg_current_snapshot())
+        ORDER BY transaction, index LIMIT $3
+        """)
+
+    /// At most `limit` events after `position`, in order, of transactions that no running
+    /// transaction can come before.
+    public static func read(after position: EventPosition, limit: Int) -> PGQuery {
+        PGQuery(readAfter, [.text(String(position.transaction)), .int(Int(position.index)), .int(limit)], binaryResults: true)
+    }
+
+    public static func events(of result: PGResult) -> [Read] {
+        (0..<result.rowCount).compactMap { row in
+            guard let transaction = result.text(row, 0).flatMap({ UInt64($0) }), let index = result.int(row, 1),
+                  let cell = result.int(row, 2), let time = result.int(row, 3), let type = result.text(row, 4) else { return nil }
+            let data = result.bytes(row, 8) ?? []
+            return Read(position: EventPosition(transaction: transaction, index: UInt32(index)),
+                        cell: Cell(UInt16(truncatingIfNeeded: cell)),
+                        event: Written(time: time, type: type, task: result.text(row, 5), workflow: result.text(row, 6),
+                                       queue: result.text(row, 7), data: data))
+        }
+    }
+
+    /// Drops events older than `time` (wall-clock ms), at most `limit` of them: the history is
+    /// kept by time, in bounded steps.
+    public static func trim(before time: Int64, limit: Int) -> PGQuery {
+        PGQuery("""
+            DELETE FROM taskloop.cell_events WHERE (transaction, index) IN
+                (SELECT transaction, index FROM taskloop.cell_events WHERE time < $1 ORDER BY time LIMIT $2)
+            """, [.int(time), .int(limit)])
+    }
+}
