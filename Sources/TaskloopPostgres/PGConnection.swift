@@ -38,7 +38,7 @@ public final class PGConnection {
 
     private enum Expected {
         /// A statement being prepared: its result is not the caller's.
-        case prepare
+        case prepare(String)
         case query
         case sync
     }
@@ -172,7 +172,7 @@ public final class PGConnection {
                         return lose(PGError(message: errorMessage(), isConnectionLost: true), andFail: completion)
                     }
                     prepared.insert(statement.name)
-                    expected.append(.prepare)
+                    expected.append(.prepare(statement.name))
                 }
                 sent = send(prepared: statement.name, query)
             }
@@ -257,7 +257,17 @@ public final class PGConnection {
                     continue
                 }
                 let wrapped = PGResult(result)
-                if case .query = expected[expectedHead] { batch.results.append(wrapped) }
+                switch expected[expectedHead] {
+                case .query:
+                    batch.results.append(wrapped)
+                case .prepare(let name):
+                    // Not prepared after all (its SQL was refused, or an earlier query of the batch
+                    // failed and the server skipped the rest): prepared again when next used. A
+                    // batch sent meanwhile that uses it fails once, as its caller's batches may.
+                    if wrapped.error != nil { prepared.remove(name) }
+                case .sync:
+                    break
+                }
                 if batch.error == nil, let error = wrapped.error { batch.error = error }
             case .sync:
                 guard let result else { continue }

@@ -101,6 +101,16 @@ import TaskloopTestSupport
         let inTransaction = try harness.execute(connection, [PGQuery("BEGIN"), PGQuery("SELECT 1 / 0")])
         #expect(inTransaction.failureState == "22012")
         #expect(try harness.execute(connection, [PGQuery("ROLLBACK"), PGQuery("SELECT 'after'")]).get() == " | after")
+        // A statement first used after the failing query of its batch was not prepared (the
+        // server skips what follows a failure, its Parse included): it is prepared when next used.
+        let late = PGStatement("prepared_after_a_failure", "SELECT $1::int * 2")
+        #expect(try harness.execute(connection, [PGQuery("SELECT 1 / 0"), PGQuery(late, [.int(1)])]).failureState == "22012")
+        #expect(try harness.execute(connection, [PGQuery(late, [.int(21)])]).get() == "42")
+        // A statement whose SQL the server refuses is prepared again when next used.
+        let refused = PGStatement("refused_then_fixed", "SELECT * FROM a_table_made_later")
+        #expect(try harness.execute(connection, [PGQuery(refused)]).failureState == "42P01")
+        #expect(try harness.execute(connection, [PGQuery("CREATE TABLE a_table_made_later (x int)")]).failureState == nil)
+        #expect(try harness.execute(connection, [PGQuery(refused)]).get() == "")
         try harness.finish()
     }
 
