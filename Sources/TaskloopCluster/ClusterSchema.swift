@@ -71,7 +71,7 @@ public enum ClusterSchema {
                     END IF;
                 END $$
                 """),
-        ] + ClusterEvents.setUp + [
+        ] + ClusterEvents.setUp + ClusterMessages.setUp + [
             PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
             PGQuery("""
                 INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)
