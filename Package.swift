@@ -86,7 +86,7 @@ let package = Package(
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres"]),
         // A cluster of replicas on PostgreSQL: cells, which replica owns each (rendezvous
         // hashing, leases with epochs), and the rules of owning them, as values.
-        .target(name: "TaskloopCluster", dependencies: ["TaskloopLoop", "TaskloopPostgres"]),
+        .target(name: "TaskloopCluster", dependencies: ["TaskloopEngine", "TaskloopLoop", "TaskloopPostgres", "TaskloopStore"]),
         .target(
             name: "TaskloopEngine",
             dependencies: [
@@ -173,7 +173,8 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopClusterTests",
-            dependencies: ["TaskloopCluster", "TaskloopLoop", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
+            dependencies: ["TaskloopCluster", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres", "TaskloopStore",
+                           "TaskloopTestSupport", "TaskloopLoopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopEngineTests",

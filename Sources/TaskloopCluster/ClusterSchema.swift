@@ -1,4 +1,5 @@
 import TaskloopPostgres
+import TaskloopStore
 
 /// The cluster's tables in schema `taskloop` and the statements of `CellKeeper`. Every time in
 /// them is the database's `clock_timestamp()` (the moment of the statement, not of its
@@ -71,7 +72,7 @@ public enum ClusterSchema {
                     END IF;
                 END $$
                 """),
-        ] + ClusterEvents.setUp + ClusterMessages.setUp + [
+        ] + ClusterEvents.setUp + ClusterMessages.setUp + CellSchema.setUp + [
             PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
             PGQuery("""
                 INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)

@@ -357,7 +357,7 @@ public final class PostgresJournal {
         }
     }
 
-    private static func tasks(_ rows: PGResult) throws -> [TaskSnapshot] {
+    static func tasks(_ rows: PGResult) throws -> [TaskSnapshot] {
         var tasks: [TaskSnapshot] = []
         tasks.reserveCapacity(rows.rowCount)
         for row in 0..<rows.rowCount {
@@ -370,7 +370,7 @@ public final class PostgresJournal {
         return tasks
     }
 
-    private static func workflows(_ rows: PGResult) throws -> [WorkflowSnapshot] {
+    static func workflows(_ rows: PGResult) throws -> [WorkflowSnapshot] {
         try (0..<rows.rowCount).map { row in
             guard let id = rows.text(row, 0).flatMap({ TaskID($0) }) else { throw RecordDecodingError(table: "workflows", reason: "a bad id") }
             let bytes = rows.bytes(row, 1) ?? []
@@ -378,14 +378,14 @@ public final class PostgresJournal {
         }
     }
 
-    private static func queues(_ rows: PGResult) -> [QueueSnapshot] {
+    static func queues(_ rows: PGResult) -> [QueueSnapshot] {
         (0..<rows.rowCount).map { row in
             QueueSnapshot(name: rows.text(row, 0) ?? "", maxConcurrency: Int(rows.int(row, 1) ?? 1), paused: rows.bool(row, 2) ?? false,
                           dispatch: QueueDispatch(rawValue: rows.text(row, 3) ?? "") ?? .server)
         }
     }
 
-    private static func keys(_ rows: PGResult) -> [IdempotencyRecord] {
+    static func keys(_ rows: PGResult) -> [IdempotencyRecord] {
         (0..<rows.rowCount).map { row in
             IdempotencyRecord(key: rows.text(row, 0) ?? "", requestHash: rows.bytes(row, 1) ?? [], status: Int(rows.int(row, 2) ?? 0),
                               resource: rows.text(row, 3) ?? "", expiresAt: rows.int(row, 4) ?? 0)

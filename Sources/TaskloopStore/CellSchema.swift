@@ -1,0 +1,117 @@
+import TaskloopEngine
+import TaskloopPostgres
+
+/// The records of cells in the shared database: each row names its cell, and a cell's owner
+/// writes its engine's settled batches here (in a commit that checks the cell's epoch first,
+/// `TaskloopCluster`'s `ClusterSchema.checkEpoch`) and reads them back when it takes the cell.
+/// Records are the SQLite store's binary forms (`RecordCodec`); the columns beside them are
+/// what lists and routing read without decoding a record. No turn numbers, no removals: nobody
+/// absorbs another cell's writes.
+public enum CellSchema {
+    public static let setUp = [
+        PGQuery("""
+            CREATE TABLE IF NOT EXISTS taskloop.cell_tasks (id text PRIMARY KEY, cell int NOT NULL, sequence bigint NOT NULL,
+                queue text NOT NULL, state text NOT NULL, workflow text, record bytea NOT NULL)
+            """),
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_tasks_cell ON taskloop.cell_tasks (cell, sequence)"),
+        // Lists by state, newest first or after a cursor: ids sort by creation time.
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_tasks_state ON taskloop.cell_tasks (state, id)"),
+        PGQuery("CREATE TABLE IF NOT EXISTS taskloop.cell_workflows (id text PRIMARY KEY, cell int NOT NULL, record bytea NOT NULL)"),
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_workflows_cell ON taskloop.cell_workflows (cell)"),
+        PGQuery("""
+            CREATE TABLE IF NOT EXISTS taskloop.cell_queues (name text PRIMARY KEY, cell int NOT NULL, max_concurrency int NOT NULL,
+                paused boolean NOT NULL, dispatch text NOT NULL)
+            """),
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_queues_cell ON taskloop.cell_queues (cell)"),
+        PGQuery("""
+            CREATE TABLE IF NOT EXISTS taskloop.cell_idempotency_keys (key text PRIMARY KEY, cell int NOT NULL,
+                request_hash bytea NOT NULL, status int NOT NULL, resource text NOT NULL, expires_at bigint NOT NULL)
+            """),
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_idempotency_keys_cell ON taskloop.cell_idempotency_keys (cell)"),
+    ]
+
+    static let deleteTask = PGStatement("cell_delete_task", "DELETE FROM taskloop.cell_tasks WHERE id = $1")
+    static let upsertWorkflow = PGStatement("cell_upsert_workflow", """
+        INSERT INTO taskloop.cell_workflows (id, cell, record) VALUES ($1, $2, $3)
+        ON CONFLICT (id) DO UPDATE SET record = excluded.record
+        """)
+    static let deleteWorkflow = PGStatement("cell_delete_workflow", "DELETE FROM taskloop.cell_workflows WHERE id = $1")
+    static let upsertQueue = PGStatement("cell_upsert_queue", """
+        INSERT INTO taskloop.cell_queues (name, cell, max_concurrency, paused, dispatch) VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency, paused = excluded.paused,
+            dispatch = excluded.dispatch
+        """)
+    static let deleteQueue = PGStatement("cell_delete_queue", "DELETE FROM taskloop.cell_queues WHERE name = $1")
+    static let upsertKey = PGStatement("cell_upsert_key", """
+        INSERT INTO taskloop.cell_idempotency_keys (key, cell, request_hash, status, resource, expires_at)
+        VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT (key) DO UPDATE SET request_hash = excluded.request_hash, status = excluded.status,
+            resource = excluded.resource, expires_at = excluded.expires_at
+        """)
+    static let deleteKey = PGStatement("cell_delete_key", "DELETE FROM taskloop.cell_idempotency_keys WHERE key = $1")
+
+    /// The statements that write `batch`, a settled batch of `cell`'s engine. Webhooks and
+    /// their deliveries are not a cell's (the batch must carry none).
+    public static func writes(of batch: StoreBatch, cell: UInt16) -> [PGQuery] {
+        precondition(batch.webhooks.isEmpty && batch.deletedWebhooks.isEmpty && batch.deliveries.isEmpty
+                     && batch.deletedDeliveries.isEmpty, "webhooks are not a cell's records")
+        let cellValue = PGValue.int(Int(cell))
+        var queries: [PGQuery] = []
+        var writer = RecordWriter()
+        // Many rows a statement: a busy commit writes hundreds, and a statement per row costs
+        // the database more than the rows do.
+        for chunk in stride(from: 0, to: batch.tasks.count, by: 1_000) {
+            let rows = batch.tasks[chunk..<min(chunk + 1_000, batch.tasks.count)]
+            var values: [PGValue] = []
+            values.reserveCapacity(rows.count * 7)
+            for task in rows {
+                values += [.text(task.id.description), cellValue, .int(Int64(task.sequence)), .text(task.queue),
+                           .text(task.state.rawValue), .optional(task.workflow?.description), .bytes(writer.record(of: task))]
+            }
+            queries.append(PGQuery(
+                "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, workflow, record) VALUES "
+                    + SharedSchema.placeholders(rows: rows.count, columns: 7)
+                    + " ON CONFLICT (id) DO UPDATE SET state = excluded.state, record = excluded.record", values))
+        }
+        for key in batch.evictedTasks { queries.append(PGQuery(deleteTask, [.text(key.id.description)])) }
+        for workflow in batch.workflows {
+            queries.append(PGQuery(upsertWorkflow, [.text(workflow.id.description), cellValue, .bytes(writer.record(of: workflow))]))
+        }
+        for id in batch.evictedWorkflows { queries.append(PGQuery(deleteWorkflow, [.text(id.description)])) }
+        for queue in batch.queues {
+            queries.append(PGQuery(upsertQueue, [.text(queue.name), cellValue, .int(queue.maxConcurrency), .bool(queue.paused),
+                                                 .text(queue.dispatch.rawValue)]))
+        }
+        for name in batch.forgottenQueues { queries.append(PGQuery(deleteQueue, [.text(name)])) }
+        for key in batch.idempotencyKeys {
+            queries.append(PGQuery(upsertKey, [.text(key.key), cellValue, .bytes(key.requestHash), .int(key.status),
+                                               .text(key.resource), .int(key.expiresAt)]))
+        }
+        for key in batch.expiredIdempotencyKeys { queries.append(PGQuery(deleteKey, [.text(key)])) }
+        return queries
+    }
+
+    /// Reads everything of `cell` in one snapshot, for its new owner; `loaded` decodes it.
+    public static func load(cell: UInt16) -> [PGQuery] {
+        let cellValue = [PGValue.int(Int(cell))]
+        return [
+            PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+            PGQuery("SELECT sequence, record FROM taskloop.cell_tasks WHERE cell = $1 ORDER BY sequence", cellValue, binaryResults: true),
+            PGQuery("SELECT id, record FROM taskloop.cell_workflows WHERE cell = $1", cellValue, binaryResults: true),
+            PGQuery("SELECT name, max_concurrency, paused, dispatch FROM taskloop.cell_queues WHERE cell = $1", cellValue,
+                    binaryResults: true),
+            PGQuery("SELECT key, request_hash, status, resource, expires_at FROM taskloop.cell_idempotency_keys WHERE cell = $1",
+                    cellValue, binaryResults: true),
+            PGQuery("COMMIT"),
+        ]
+    }
+
+    public static func loaded(_ results: [PGResult]) throws -> StoredState {
+        var state = StoredState()
+        state.tasks = try PostgresJournal.tasks(results[1])
+        state.workflows = try PostgresJournal.workflows(results[2])
+        state.queues = PostgresJournal.queues(results[3])
+        state.idempotencyKeys = PostgresJournal.keys(results[4])
+        return state
+    }
+}
