@@ -20,12 +20,19 @@ public enum ClusterSchema {
     public static let deposedState = "TL001"
 
     /// The first statement of every commit of `cell` (inside its transaction): see
-    /// `check_epoch` in `setUp`.
-    public static func checkEpoch(_ cell: Cell, epoch: UInt64, by owner: ReplicaIdentity) -> PGQuery {
-        PGQuery(checkEpochStatement, [.int(Int(cell.index)), .text(owner.name), .text(owner.incarnation), .int(Int64(epoch))])
+    /// `fence_commit` in `setUp`. `token` names the commit, unique per cell.
+    public static func fenceCommit(_ cell: Cell, epoch: UInt64, by owner: ReplicaIdentity, token: String) -> PGQuery {
+        PGQuery(fenceCommitStatement, [.int(Int(cell.index)), .text(owner.name), .text(owner.incarnation), .int(Int64(epoch)),
+                                       .text(token)])
     }
 
-    static let checkEpochStatement = PGStatement("cells_check_epoch", "SELECT taskloop.check_epoch($1, $2, $3, $4)")
+    static let fenceCommitStatement = PGStatement("cells_fence_commit", "SELECT taskloop.fence_commit($1, $2, $3, $4, $5)")
+
+    /// The token of each cell's last commit, for resolving commits whose outcome was lost.
+    public static func commitTokens(of cells: [Cell]) -> PGQuery {
+        PGQuery("SELECT cell, commit_token FROM taskloop.cells WHERE cell = ANY($1::int[])",
+                [.text("{" + cells.map { String($0.index) }.joined(separator: ",") + "}")])
+    }
 
     static func milliseconds(_ value: UInt64) -> PGValue { .int(Int64(value)) }
 
@@ -52,20 +59,22 @@ public enum ClusterSchema {
                 """),
             PGQuery("""
                 CREATE TABLE IF NOT EXISTS taskloop.cells (cell int PRIMARY KEY, owner text, incarnation text,
-                    epoch bigint NOT NULL DEFAULT 0, lease_until timestamptz)
+                    epoch bigint NOT NULL DEFAULT 0, lease_until timestamptz, commit_token text)
                 """),
             PGQuery("INSERT INTO taskloop.cells (cell) SELECT generate_series(0, cells - 1) FROM taskloop.cluster "
                     + "ON CONFLICT (cell) DO NOTHING"),
             // A cell's commit starts with this: it fails (and with it the transaction) unless the
-            // row still names the committer under its epoch. The share lock makes a claim's
-            // update wait for commits under way, and commits wait for a claim under way, so no
-            // write of a deposed owner lands after the claim that deposed it.
+            // row still names the committer under its epoch, and it leaves the commit's token in
+            // the row. The row lock makes a claim wait for commits under way and commits wait for
+            // a claim under way, so no write of a deposed owner lands after the claim that
+            // deposed it; the token tells, after a connection lost during a commit, whether it
+            // committed (a cell's commits are in order: the row shows the last that did).
             PGQuery("""
-                CREATE OR REPLACE FUNCTION taskloop.check_epoch(p_cell int, p_owner text, p_incarnation text, p_epoch bigint)
-                RETURNS void LANGUAGE plpgsql AS $$
+                CREATE OR REPLACE FUNCTION taskloop.fence_commit(p_cell int, p_owner text, p_incarnation text, p_epoch bigint,
+                    p_token text) RETURNS void LANGUAGE plpgsql AS $$
                 BEGIN
-                    PERFORM 1 FROM taskloop.cells
-                    WHERE cell = p_cell AND owner = p_owner AND incarnation = p_incarnation AND epoch = p_epoch FOR SHARE;
+                    UPDATE taskloop.cells SET commit_token = p_token
+                    WHERE cell = p_cell AND owner = p_owner AND incarnation = p_incarnation AND epoch = p_epoch;
                     IF NOT FOUND THEN
                         RAISE EXCEPTION 'cell % is no longer held by % at epoch %', p_cell, p_owner, p_epoch
                             USING ERRCODE = '\(ClusterSchema.deposedState)';

@@ -3,7 +3,7 @@ import TaskloopPostgres
 
 /// The records of cells in the shared database: each row names its cell, and a cell's owner
 /// writes its engine's settled batches here (in a commit that checks the cell's epoch first,
-/// `TaskloopCluster`'s `ClusterSchema.checkEpoch`) and reads them back when it takes the cell.
+/// `TaskloopCluster`'s `ClusterSchema.fenceCommit`) and reads them back when it takes the cell.
 /// Records are the SQLite store's binary forms (`RecordCodec`); the columns beside them are
 /// what lists and routing read without decoding a record. No turn numbers, no removals: nobody
 /// absorbs another cell's writes.

@@ -197,7 +197,7 @@ import TaskloopTestSupport
         let a = ReplicaIdentity(name: "a", incarnation: "a")
         try PostgresCluster.shared().sql("CREATE TABLE written (x int)", database: cluster.url)
         func commit(_ x: Int, on connection: Int, ending: Bool = true) throws -> String? {
-            try cluster.execute(connection, [PGQuery("BEGIN"), ClusterSchema.checkEpoch(Cell(0), epoch: epoch, by: a),
+            try cluster.execute(connection, [PGQuery("BEGIN"), ClusterSchema.fenceCommit(Cell(0), epoch: epoch, by: a, token: "t1"),
                                              PGQuery("INSERT INTO written VALUES ($1)", [.int(x)])] + (ending ? [PGQuery("COMMIT")] : []))
         }
         let writer = try cluster.connection(), claimer = try cluster.connection()

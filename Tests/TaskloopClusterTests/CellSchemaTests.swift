@@ -27,7 +27,7 @@ import TaskloopTestSupport
         let epochs = cluster.thread.run { cluster.keepers["a"]!.openCells }
         let writer = try cluster.connection(), reader = try cluster.connection()
         func commit(_ batch: StoreBatch, cell: UInt16, epoch: UInt64? = nil) throws -> String? {
-            try cluster.execute(writer, [PGQuery("BEGIN"), ClusterSchema.checkEpoch(Cell(cell), epoch: epoch ?? epochs[Cell(cell)]!, by: a)]
+            try cluster.execute(writer, [PGQuery("BEGIN"), ClusterSchema.fenceCommit(Cell(cell), epoch: epoch ?? epochs[Cell(cell)]!, by: a, token: "t1")]
                                 + CellSchema.writes(of: batch, cell: cell) + [PGQuery("COMMIT")])
         }
         func load(_ cell: UInt16) throws -> StoredState {

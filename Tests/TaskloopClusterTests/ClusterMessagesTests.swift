@@ -41,7 +41,7 @@ import TaskloopTestSupport
         #expect(messages.map(\.sender) == [Cell(1), Cell(1), Cell(2), Cell(1)])
 
         // Claimed by another meanwhile: the old owner's commit applies nothing.
-        let applied = [PGQuery("BEGIN"), ClusterSchema.checkEpoch(Cell(5), epoch: epoch, by: a),
+        let applied = [PGQuery("BEGIN"), ClusterSchema.fenceCommit(Cell(5), epoch: epoch, by: a, token: "t1"),
                        ClusterMessages.acknowledge(messages.prefix(2).map(\.id), of: Cell(5)), PGQuery("COMMIT")]
         #expect(try cluster.execute(receiver, [PGQuery("UPDATE taskloop.cells SET epoch = epoch + 1, owner = 'b', incarnation = 'b', "
                                                        + "lease_until = now() + interval '1 hour' WHERE cell = 5")]) == nil)
@@ -49,7 +49,7 @@ import TaskloopTestSupport
         #expect(try cluster.execute(receiver, [PGQuery("ROLLBACK")]) == nil)
         #expect(try read().count == 4)
         // The holder's commit deletes what it applied; the rest wait.
-        let current = [PGQuery("BEGIN"), ClusterSchema.checkEpoch(Cell(5), epoch: epoch + 1, by: ReplicaIdentity(name: "b", incarnation: "b")),
+        let current = [PGQuery("BEGIN"), ClusterSchema.fenceCommit(Cell(5), epoch: epoch + 1, by: ReplicaIdentity(name: "b", incarnation: "b"), token: "t2"),
                        ClusterMessages.acknowledge(messages.prefix(2).map(\.id), of: Cell(5)), PGQuery("COMMIT")]
         let outcome = try cluster.execute(receiver, current)
         #expect(outcome == nil, "\(outcome ?? "")")
