@@ -94,11 +94,17 @@ let package = Package(
             ],
             swiftSettings: hotPathSettings
         ),
+        // The executors that do real work (`exec`, `http`), for the server and the worker alike.
+        .target(
+            name: "TaskloopExecutors",
+            dependencies: ["TaskloopBytes", "TaskloopEngine", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"],
+            swiftSettings: hotPathSettings
+        ),
         .target(
             name: "TaskloopService",
             dependencies: [
                 "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopClient", "TaskloopEngine",
-                "TaskloopJSON", "TaskloopStore",
+                "TaskloopExecutors", "TaskloopJSON", "TaskloopStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -125,6 +131,7 @@ let package = Package(
             name: "taskloop",
             dependencies: [
                 "TaskloopService",
+                "TaskloopExecutors",
                 "TaskloopCLI",
                 "TaskloopLoop",
                 "TaskloopHTTP",
