@@ -100,10 +100,19 @@ let package = Package(
             dependencies: ["TaskloopBytes", "TaskloopEngine", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"],
             swiftSettings: hotPathSettings
         ),
+        // The reference worker (`taskloop worker`): leases a queue's tasks from a server and runs
+        // them with the server's own executors in an engine of its own.
+        .target(
+            name: "TaskloopWorker",
+            dependencies: [
+                "TaskloopClient", "TaskloopEngine", "TaskloopExecutors", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopClient", "TaskloopEngine",
+                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine",
                 "TaskloopExecutors", "TaskloopJSON", "TaskloopStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -132,6 +141,7 @@ let package = Package(
             dependencies: [
                 "TaskloopService",
                 "TaskloopExecutors",
+                "TaskloopWorker",
                 "TaskloopCLI",
                 "TaskloopLoop",
                 "TaskloopHTTP",
@@ -167,7 +177,7 @@ let package = Package(
         .testTarget(
             name: "TaskloopServiceTests",
             dependencies: [
-                "TaskloopService", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopService", "TaskloopWorker", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
                 "TaskloopTestSupport", "TaskloopLoopTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
