@@ -94,7 +94,8 @@ let package = Package(
             ],
             swiftSettings: hotPathSettings
         ),
-        // The executors that do real work (`exec`, `http`), for the server and the worker alike.
+        // The executors that do real work (`exec`, `http`) and the engine's clock on the loop, for
+        // the server and the worker alike.
         .target(
             name: "TaskloopExecutors",
             dependencies: ["TaskloopBytes", "TaskloopEngine", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"],
