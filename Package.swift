@@ -97,11 +97,27 @@ let package = Package(
             ],
             swiftSettings: hotPathSettings
         ),
+        // The executors that do real work (`exec`, `http`) and the engine's clock on the loop, for
+        // the server and the worker alike.
+        .target(
+            name: "TaskloopExecutors",
+            dependencies: ["TaskloopBytes", "TaskloopEngine", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"],
+            swiftSettings: hotPathSettings
+        ),
+        // The reference worker (`taskloop worker`): leases a queue's tasks from a server and runs
+        // them with the server's own executors in an engine of its own.
+        .target(
+            name: "TaskloopWorker",
+            dependencies: [
+                "TaskloopClient", "TaskloopEngine", "TaskloopExecutors", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopClient", "TaskloopEngine",
-                "TaskloopJSON", "TaskloopStore",
+                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine",
+                "TaskloopExecutors", "TaskloopJSON", "TaskloopStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -128,6 +144,8 @@ let package = Package(
             name: "taskloop",
             dependencies: [
                 "TaskloopService",
+                "TaskloopExecutors",
+                "TaskloopWorker",
                 "TaskloopCLI",
                 "TaskloopLoop",
                 "TaskloopHTTP",
@@ -163,7 +181,7 @@ let package = Package(
         .testTarget(
             name: "TaskloopServiceTests",
             dependencies: [
-                "TaskloopService", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
+                "TaskloopService", "TaskloopWorker", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine", "TaskloopJSON",
                 "TaskloopTestSupport", "TaskloopLoopTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

@@ -1,4 +1,5 @@
 import TaskloopEngine
+import TaskloopExecutors
 import TaskloopHTTP
 import TaskloopHTTPClient
 

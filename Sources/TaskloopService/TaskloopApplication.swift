@@ -2,6 +2,7 @@ import Dispatch
 import Glibc
 import Logging
 import TaskloopEngine
+import TaskloopExecutors
 import TaskloopHTTP
 import TaskloopLoop
 import TaskloopHTTPClient

@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import Glibc
 import Logging
+import TaskloopExecutors
 import TaskloopHTTP
 import TaskloopLoop
 import TaskloopHTTPClient

@@ -6,6 +6,7 @@ import TaskloopEngine
 import TaskloopHTTPClient
 import TaskloopLoop
 import TaskloopService
+import TaskloopWorker
 
 /// `taskloop worker`: the reference worker. Leases tasks of a `dispatch: workers` queue from a
 /// server and runs them here as the server would.

@@ -3,6 +3,7 @@ import Testing
 import TaskloopEngine
 @testable import TaskloopService
 import TaskloopTestSupport
+@testable import TaskloopWorker
 
 /// `taskloop worker` as users run it: the built binary against a real server over real
 /// sockets, its `exec` programs real processes checked by pid. One at a time: workers, their

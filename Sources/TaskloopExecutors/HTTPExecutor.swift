@@ -12,18 +12,18 @@ import TaskloopJSON
 /// timeouts cancel the transfer at once, which closes its connection.
 ///
 /// Threading: loop thread only.
-final class HTTPExecutor: TaskExecutor {
+public final class HTTPExecutor: TaskExecutor {
     private let client: HTTPClient
     private let scheduler: EngineScheduler
 
-    init(client: HTTPClient, scheduler: EngineScheduler) {
+    public init(client: HTTPClient, scheduler: EngineScheduler) {
         self.client = client
         self.scheduler = scheduler
     }
 
     /// Header fields sent like `headers` whose values no answer, event, webhook or log shows
     /// (contract v3, Secrets in params): `Representation` masks them.
-    static let secretParameter = "secret_headers"
+    public static let secretParameter = "secret_headers"
 
     static let methods: Set<String> = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
     static let maxKeptBytes = 16 << 20
@@ -134,14 +134,14 @@ final class HTTPExecutor: TaskExecutor {
         return fields
     }
 
-    struct URLProblem: Error {
+    public struct URLProblem: Error {
         /// Completes a sentence that starts with the field's name.
-        let message: String
+        public let message: String
     }
 
     /// An absolute http(s) URL that the host policy lets the server reach (webhook URLs obey
     /// the same rules).
-    static func checkedURL(_ text: String, policy: HostPolicy) -> Result<HTTPURL, URLProblem> {
+    public static func checkedURL(_ text: String, policy: HostPolicy) -> Result<HTTPURL, URLProblem> {
         guard isDocumentedURL(text) else {
             return .failure(URLProblem(message: "must be an absolute http or https URL of at most 8192 characters, without user "
                 + "information, with its path, query and fragment in printable ASCII (percent-encode the rest)."))
@@ -236,11 +236,11 @@ final class HTTPExecutor: TaskExecutor {
         }
     }
 
-    func validate(_ params: JSONValue) throws(EngineError) {
+    public func validate(_ params: JSONValue) throws(EngineError) {
         _ = try Self.parse(params, policy: client.policy)
     }
 
-    func start(_ run: TaskRun) {
+    public func start(_ run: TaskRun) {
         let params: Params
         do {
             params = try Self.parse(run.params, policy: client.policy)

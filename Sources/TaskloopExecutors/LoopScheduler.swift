@@ -1,39 +1,38 @@
 import Glibc
 import TaskloopEngine
-import TaskloopHTTP
 import TaskloopLoop
 
 /// The engine's clock on the libuv loop: one `uv_timer` armed for the earliest deadline of a
 /// `TimerQueue`, however many timeouts, backoffs and long polls are waiting.
 ///
 /// Threading: loop thread only; actions run on it.
-final class LoopScheduler: EngineScheduler {
+public final class LoopScheduler: EngineScheduler {
     private let loop: EventLoop
     private var timers = TimerQueue()
     private var timer: LoopTimer?
     private var armedFor: UInt64?
 
-    init(loop: EventLoop) throws(UVError) {
+    public init(loop: EventLoop) throws(UVError) {
         self.loop = loop
         timer = try LoopTimer(loop: loop)
     }
 
-    var now: UInt64 { loop.now }
+    public var now: UInt64 { loop.now }
 
-    var wallClock: Int64 {
+    public var wallClock: Int64 {
         var spec = timespec()
         clock_gettime(CLOCK_REALTIME, &spec)
         return Int64(spec.tv_sec) * 1_000 + Int64(spec.tv_nsec) / 1_000_000
     }
 
-    func schedule(after delay: UInt64, _ action: @escaping () -> Void) -> ScheduledAction {
+    public func schedule(after delay: UInt64, _ action: @escaping () -> Void) -> ScheduledAction {
         let scheduled = timers.schedule(at: now + delay, action)
         arm()
         return scheduled
     }
 
     /// Frees the timer handle; pending actions never run. The last step of a shutdown.
-    func close() {
+    public func close() {
         timer?.close()
         timer = nil
     }

@@ -1,3 +1,4 @@
+import TaskloopExecutors
 import TaskloopHTTPClient
 
 /// Settings of a worker; `taskloop worker`'s flags fill it.

@@ -1,6 +1,5 @@
 import Glibc
 import TaskloopEngine
-import TaskloopHTTP
 import TaskloopLoop
 import TaskloopJSON
 
@@ -16,7 +15,7 @@ import TaskloopJSON
 /// cgroup is removed once empty.
 ///
 /// Threading: loop thread only.
-final class ExecExecutor: TaskExecutor {
+public final class ExecExecutor: TaskExecutor {
     let loop: EventLoop
     let scheduler: EngineScheduler
     private var live: [ObjectIdentifier: ExecAttempt] = [:]
@@ -29,39 +28,39 @@ final class ExecExecutor: TaskExecutor {
 
     /// Variables set like `env` whose values no answer, event, webhook or log shows (contract
     /// v3, Secrets in params): `Representation` masks them.
-    static let secretParameter = "secret_env"
+    public static let secretParameter = "secret_env"
 
     /// The names of the cookie every program and its descendants carry.
     static let cookieNames: Set<String> = ["TASKLOOP_TASK_ID", "TASKLOOP_TASK_ATTEMPT"]
 
     /// Cgroups or the cookie alone; chosen once, at start.
-    let isolation: ProcessIsolation
+    public let isolation: ProcessIsolation
     /// Cgroups of ended attempts that still held processes when last tried; tried again, more
     /// and more slowly, until they are empty and removed.
     private var cgroupsToRemove: [Cgroup] = []
     private var removalRetry: ScheduledAction?
 
-    init(loop: EventLoop, scheduler: EngineScheduler, isolation: ProcessIsolation) {
+    public init(loop: EventLoop, scheduler: EngineScheduler, isolation: ProcessIsolation) {
         self.loop = loop
         self.scheduler = scheduler
         self.isolation = isolation
     }
 
     /// Attempts whose child has not been reaped yet.
-    var liveAttempts: Int { live.count }
+    public var liveAttempts: Int { live.count }
 
     /// The server is stopping: stops are cut to end by `deadline`.
-    func stopBy(_ deadline: UInt64) {
+    public func stopBy(_ deadline: UInt64) {
         stopDeadline = deadline
     }
 
     /// The end of the shutdown grace: every tree still running is killed now.
-    func killAll() {
+    public func killAll() {
         for attempt in live.values { attempt.kill() }
     }
 
     /// Past the end: stop waiting for output that killed trees still hold open.
-    func abandonOutput() {
+    public func abandonOutput() {
         for attempt in live.values { attempt.abandonOutput() }
     }
 
@@ -74,12 +73,12 @@ final class ExecExecutor: TaskExecutor {
 
     /// Called whenever an attempt's child has been reaped (the application waits for the last
     /// one when it stops).
-    var onIdle: (() -> Void)?
+    public var onIdle: (() -> Void)?
 
     /// The task and attempt a run's cookie names: on a server, the run's own. A worker runs a
     /// local copy of each task it leases and names the server's task and attempt instead: they
     /// are what the program should see, and what finds a dead worker's leftovers later.
-    var cookieIdentity: (TaskRun) -> (task: String, attempt: Int) = { ($0.taskID.description, $0.attempt) }
+    public var cookieIdentity: (TaskRun) -> (task: String, attempt: Int) = { ($0.taskID.description, $0.attempt) }
 
     struct Params {
         var arguments: [String]
@@ -149,11 +148,11 @@ final class ExecExecutor: TaskExecutor {
         return variables
     }
 
-    func validate(_ params: JSONValue) throws(EngineError) {
+    public func validate(_ params: JSONValue) throws(EngineError) {
         _ = try Self.parse(params)
     }
 
-    func start(_ run: TaskRun) {
+    public func start(_ run: TaskRun) {
         let params: Params
         do {
             params = try Self.parse(run.params)
@@ -168,7 +167,7 @@ final class ExecExecutor: TaskExecutor {
 
     /// A program of an attempt that was running when the server died may outlive it (it runs
     /// detached, and orphans go to init): it is killed before the task can run again.
-    func stopInterrupted(_ id: TaskID) {
+    public func stopInterrupted(_ id: TaskID) {
         removeWhenEmpty(Self.killLeftovers(ofTask: id.description, isolation: isolation))
     }
 
@@ -178,7 +177,7 @@ final class ExecExecutor: TaskExecutor {
     /// for a process that moved itself out of its cgroup). Returns once the signals are sent
     /// and the cgroups have emptied (or a second has passed), with those still in use, for
     /// `removeWhenEmpty`. Blocks: any thread, the loop's only while starting.
-    static func killLeftovers(ofTask task: String, isolation: ProcessIsolation) -> [Cgroup] {
+    public static func killLeftovers(ofTask task: String, isolation: ProcessIsolation) -> [Cgroup] {
         var killed: [Cgroup] = []
         if case .cgroup(let parent) = isolation { killed = parent.killCgroups(prefix: cgroupName(task: task, attempt: nil)) }
         ProcessTreeKiller.shared.signal(SIGKILL, carrying: ["TASKLOOP_TASK_ID=\(task)"])
@@ -209,7 +208,7 @@ final class ExecExecutor: TaskExecutor {
 
     /// Removes each of `cgroups` once no process is left in it. A killed process takes a moment
     /// to go (one in uninterruptible sleep, longer): those still in use are tried again later.
-    func removeWhenEmpty(_ cgroups: [Cgroup]) {
+    public func removeWhenEmpty(_ cgroups: [Cgroup]) {
         cgroupsToRemove += cgroups.filter { !$0.remove() }
         retryRemovals(after: 5)
     }
@@ -417,12 +416,14 @@ private struct OutputTail {
 /// `exec` on a server started without `--allow-exec`. Such tasks are accepted only into queues
 /// that workers lease (there the worker's own flag decides); one that comes to run here anyway
 /// (its queue was switched back to server dispatch) fails instead of running.
-final class ExecRefusingExecutor: TaskExecutor {
-    func validate(_ params: JSONValue) throws(EngineError) {
+public final class ExecRefusingExecutor: TaskExecutor {
+    public init() {}
+
+    public func validate(_ params: JSONValue) throws(EngineError) {
         _ = try ExecExecutor.parse(params)
     }
 
-    func start(_ run: TaskRun) {
+    public func start(_ run: TaskRun) {
         run.fail(TaskError(code: "exec_not_allowed",
                            message: "exec tasks are disabled on this server (--allow-exec); its queue is no longer leased by workers."))
     }
@@ -432,7 +433,7 @@ final class ExecRefusingExecutor: TaskExecutor {
 /// tree kills sent so far are carried out, then the children adopted from stopped tasks are
 /// killed and reaped, so none outlives the process or is left a zombie, and the attempts'
 /// emptied cgroups removed.
-func finishProcessTrees(exec: ExecExecutor?, orphanReaper: OrphanReaper?) {
+public func finishProcessTrees(exec: ExecExecutor?, orphanReaper: OrphanReaper?) {
     if exec != nil { ProcessTreeKiller.shared.waitUntilIdle() }
     if let orphanReaper {
         orphanReaper.close()
@@ -455,13 +456,13 @@ public enum ExecIsolationMode: String, Sendable, CaseIterable {
 
 /// What holds a server's (or worker's) `exec` programs together; `GET /healthz` names it
 /// (`process_isolation`).
-enum ProcessIsolation: Sendable {
+public enum ProcessIsolation: Sendable {
     /// Each attempt in a cgroup of its own under this parent (plus the group and cookie).
     case cgroup(CgroupParent)
     /// The process group and the cookie only, and why (for the log).
     case cookie(reason: String)
 
-    var name: String {
+    public var name: String {
         switch self {
         case .cgroup: "cgroup"
         case .cookie: "cookie"
@@ -469,7 +470,7 @@ enum ProcessIsolation: Sendable {
     }
 
     /// How it will be here; throws only when `cgroup` was asked for and cannot be had.
-    static func choose(_ mode: ExecIsolationMode) throws(ExecIsolationUnavailable) -> ProcessIsolation {
+    public static func choose(_ mode: ExecIsolationMode) throws(ExecIsolationUnavailable) -> ProcessIsolation {
         guard mode != .cookie else { return .cookie(reason: "--exec-isolation cookie") }
         do {
             return .cgroup(try CgroupParent.probe())
@@ -480,7 +481,7 @@ enum ProcessIsolation: Sendable {
     }
 
     /// One line for the start's log.
-    var summary: String {
+    public var summary: String {
         switch self {
         case .cgroup(let parent): "exec attempts run in cgroups of their own under \(parent.path)"
         case .cookie(let reason): "exec attempts are held by process group and environment cookie only (\(reason))"
@@ -488,7 +489,7 @@ enum ProcessIsolation: Sendable {
     }
 }
 
-struct ExecIsolationUnavailable: Error, CustomStringConvertible {
+public struct ExecIsolationUnavailable: Error, CustomStringConvertible {
     let reason: String
-    var description: String { "--exec-isolation cgroup: this process cannot run programs in cgroups: \(reason)" }
+    public var description: String { "--exec-isolation cgroup: this process cannot run programs in cgroups: \(reason)" }
 }

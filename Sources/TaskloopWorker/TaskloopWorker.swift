@@ -3,6 +3,7 @@ import Glibc
 import Logging
 import TaskloopClient
 import TaskloopEngine
+import TaskloopExecutors
 import TaskloopHTTPClient
 import TaskloopJSON
 import TaskloopLoop

@@ -1,5 +1,6 @@
 import Glibc
 import TaskloopEngine
+import TaskloopExecutors
 import TaskloopJSON
 
 /// How engine objects look on the wire. One place, so every endpoint shows a task the same way.
