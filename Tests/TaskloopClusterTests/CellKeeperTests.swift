@@ -46,6 +46,15 @@ import TaskloopTestSupport
             #expect(started.value == "success(\(cells))")
         }
 
+        /// Waits until a and b run exactly the cells rendezvous gives each; those cells.
+        func settle() throws -> [String: Set<UInt16>] {
+            let expected = CellKeeperTests.rendezvous(cells, ["a", "b"])
+            try pollUntil("the cells to settle: a \(open("a")), b \(open("b"))", timeout: 20) {
+                open("a") == expected["a"] && open("b") == expected["b"]
+            }
+            return expected
+        }
+
         func open(_ key: String) -> Set<UInt16> {
             thread.run { [self] in Set(keepers[key]!.openCells.keys.map(\.index)) }
         }
@@ -102,10 +111,7 @@ import TaskloopTestSupport
         let cluster = try Cluster()
         try cluster.start("a")
         try cluster.start("b")
-        let expected = Self.rendezvous(16, ["a", "b"])
-        try pollUntil("the cells to settle: a \(cluster.open("a")), b \(cluster.open("b"))", timeout: 20) {
-            cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"]
-        }
+        let expected = try cluster.settle()
         // a had them all for a moment: the cells that moved to b were drained by a first.
         for cell in expected["b"]! {
             let drained = cluster.lines(containing: "a drain \(cell)").first
@@ -119,8 +125,7 @@ import TaskloopTestSupport
         let cluster = try Cluster()
         try cluster.start("a")
         try cluster.start("b")
-        let expected = Self.rendezvous(16, ["a", "b"])
-        try pollUntil("the cells to settle", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        let expected = try cluster.settle()
         let stopped = Locked(false)
         cluster.thread.run { cluster.keepers["b"]!.stop { stopped.withLock { $0 = true } } }
         try pollUntil("b to stop") { stopped.value }
@@ -135,8 +140,7 @@ import TaskloopTestSupport
         let cluster = try Cluster()
         try cluster.start("a")
         try cluster.start("b")
-        let expected = Self.rendezvous(16, ["a", "b"])
-        try pollUntil("the cells to settle", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        let expected = try cluster.settle()
         let keptUntil = cluster.thread.run { cluster.keepers["b"]!.keptUntil! }
         cluster.thread.run { cluster.keepers["b"]!.abandon() }
         try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
@@ -173,8 +177,7 @@ import TaskloopTestSupport
         defer { proxy.close() }
         try cluster.start("a")
         try cluster.start("b", through: cluster.url.replacingOccurrences(of: ":\(port)/", with: ":\(proxy.port)/"))
-        let expected = Self.rendezvous(16, ["a", "b"])
-        try pollUntil("the cells to settle", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        let expected = try cluster.settle()
         proxy.isFrozen = true
         try pollUntil("a to take every cell", timeout: 15) { cluster.open("a").count == 16 }
         for cell in expected["b"]! {
@@ -183,7 +186,7 @@ import TaskloopTestSupport
             #expect(taken.at >= fenced.at + Self.ownership.marginMilliseconds, "b closed \(cell) at \(fenced.at), a took it at \(taken.at)")
         }
         proxy.isFrozen = false
-        try pollUntil("the cells to go back to b", timeout: 20) { cluster.open("a") == expected["a"] && cluster.open("b") == expected["b"] }
+        _ = try cluster.settle()
         try cluster.finish()
     }
 
