@@ -133,6 +133,14 @@ public final class CellKeeper {
         }
     }
 
+    /// A commit resolution moved one of this replica's cells to `epoch` (`CellCommitter`).
+    public func epochAdvanced(_ cell: Cell, to epoch: UInt64) {
+        update { ownership in
+            ownership.epochAdvanced(cell, to: epoch)
+            return []
+        }
+    }
+
     // MARK: the clock
 
     private func tick() {

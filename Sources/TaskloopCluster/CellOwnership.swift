@@ -247,6 +247,16 @@ public struct CellOwnership: Sendable {
         return [.open(cell, epoch: epoch)]
     }
 
+    /// This replica moved its own cell to a newer epoch (resolving commits a lost connection
+    /// left unanswered): the cell stays its own under that epoch.
+    public mutating func epochAdvanced(_ cell: Cell, to epoch: UInt64) {
+        switch cells[cell] {
+        case .owned(let current)? where epoch > current: cells[cell] = .owned(epoch: epoch)
+        case .draining(let current)? where epoch > current: cells[cell] = .draining(epoch: epoch)
+        default: break
+        }
+    }
+
     public mutating func claimFailed(_ cell: Cell) {
         if case .claiming = cells[cell] { cells[cell] = nil }
     }

@@ -28,10 +28,14 @@ public enum ClusterSchema {
 
     static let fenceCommitStatement = PGStatement("cells_fence_commit", "SELECT taskloop.fence_commit($1, $2, $3, $4, $5)")
 
-    /// The token of each cell's last commit, for resolving commits whose outcome was lost.
-    public static func commitTokens(of cells: [Cell]) -> PGQuery {
-        PGQuery("SELECT cell, commit_token FROM taskloop.cells WHERE cell = ANY($1::int[])",
-                [.text("{" + cells.map { String($0.index) }.joined(separator: ",") + "}")])
+    /// Moves each of `cells` still held by `owner` to a new epoch, after any commit still
+    /// running on them, and returns (cell, new epoch, token of the last commit that went
+    /// through): `CellCommitter` resolves commits whose answer a lost connection took.
+    static func refence(_ cells: [Cell], by owner: ReplicaIdentity) -> PGQuery {
+        PGQuery("""
+            UPDATE taskloop.cells SET epoch = epoch + 1 WHERE cell = ANY($1::int[]) AND owner = $2 AND incarnation = $3
+            RETURNING cell, epoch, commit_token
+            """, [.text("{" + cells.map { String($0.index) }.joined(separator: ",") + "}"), .text(owner.name), .text(owner.incarnation)])
     }
 
     static func milliseconds(_ value: UInt64) -> PGValue { .int(Int64(value)) }

@@ -129,3 +129,18 @@ import Testing
         #expect(ownership.tick(now: 100_000) == [], "a stopped replica renews nothing")
     }
 }
+
+extension CellOwnershipTests {
+    @Test func aCellMovedToANewerEpochByItsOwnerStaysItsOwn() {
+        var ownership = Self.owning(Self.a, among: ["a"])
+        ownership.epochAdvanced(Cell(2), to: 5)
+        ownership.epochAdvanced(Cell(3), to: 1)
+        #expect(ownership.openCells[Cell(2)] == 5 && ownership.openCells[Cell(3)] == 1)
+        _ = ownership.tick(now: 2_500)
+        let actions = ownership.renewed(sentAt: 2_500, now: 2_500, RenewalAnswer(isRegistered: true, live: ["a"],
+                                                                                 cells: Self.rows({ _ in Self.a }, epoch: 1).map {
+            $0.cell == Cell(2) ? CellRow(cell: $0.cell, owner: Self.a, epoch: 5, expired: false) : $0
+        }))
+        #expect(actions.isEmpty, "nothing is lost: \(actions)")
+    }
+}

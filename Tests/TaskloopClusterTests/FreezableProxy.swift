@@ -8,8 +8,10 @@ final class FreezableProxy: @unchecked Sendable {
     let port: Int
     private let listener: Int32
     private let targetPort: Int
-    private let frozen = Locked(false)
+    private let frozenToServer = Locked(false)
+    private let frozenToClient = Locked(false)
     private let closed = Locked(false)
+    private let sockets = Locked<[Int32]>([])
 
     init(targetPort: Int) throws {
         (listener, port) = try loopbackListener(backlog: 16)
@@ -18,8 +20,23 @@ final class FreezableProxy: @unchecked Sendable {
     }
 
     var isFrozen: Bool {
-        get { frozen.value }
-        set { frozen.withLock { $0 = newValue } }
+        get { frozenToServer.value && frozenToClient.value }
+        set {
+            frozenToServer.withLock { $0 = newValue }
+            frozenToClient.withLock { $0 = newValue }
+        }
+    }
+
+    /// Holds back only what goes to the server (requests) or only what comes back (answers).
+    func freeze(toServer: Bool, toClient: Bool) {
+        frozenToServer.withLock { $0 = toServer }
+        frozenToClient.withLock { $0 = toClient }
+    }
+
+    /// Ends every connection made so far, both sides, as a dropped network does for the
+    /// client; what was held back is lost.
+    func cutConnections() {
+        for socket in sockets.withLock({ taken in defer { taken = [] }; return taken }) { shutdown(socket, Int32(SHUT_RDWR)) }
     }
 
     func close() {
@@ -45,12 +62,13 @@ final class FreezableProxy: @unchecked Sendable {
                 Glibc.close(client)
                 continue
             }
-            Thread { [self] in pump(from: client, to: server) }.start()
-            Thread { [self] in pump(from: server, to: client) }.start()
+            sockets.withLock { $0 += [client, server] }
+            Thread { [self] in pump(from: client, to: server, frozen: frozenToServer) }.start()
+            Thread { [self] in pump(from: server, to: client, frozen: frozenToClient) }.start()
         }
     }
 
-    private func pump(from source: Int32, to destination: Int32) {
+    private func pump(from source: Int32, to destination: Int32, frozen: Locked<Bool>) {
         defer {
             shutdown(destination, Int32(SHUT_WR))
             shutdown(source, Int32(SHUT_RD))
@@ -70,7 +88,8 @@ final class FreezableProxy: @unchecked Sendable {
             guard count > 0 else { return }
             var sent = 0
             while sent < count {
-                let written = buffer.withUnsafeBytes { write(destination, $0.baseAddress! + sent, count - sent) }
+                // Not write(2): a peer gone (a cut) must not raise SIGPIPE in the test process.
+                let written = buffer.withUnsafeBytes { send(destination, $0.baseAddress! + sent, count - sent, Int32(MSG_NOSIGNAL)) }
                 guard written > 0 else { return }
                 sent += written
             }
