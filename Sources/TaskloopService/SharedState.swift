@@ -336,6 +336,7 @@ final class SharedState: Journal, EngineGate {
         let fresh = PostgresJournal(loop: loop, settings: journal.settings)
         journal.onLost = nil
         journal.onTurnCommitted = nil
+        journal.discard()
         journal = fresh
         listen(to: fresh)
         fresh.open { [weak self] result in

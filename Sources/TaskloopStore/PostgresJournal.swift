@@ -295,6 +295,16 @@ public final class PostgresJournal {
         }
     }
 
+    /// Closes the connections without leaving: a replica starting over on a new journal keeps
+    /// its row. (A connection dropped unclosed would leave its socket's poll behind, and the
+    /// next connection given the same descriptor could not be watched.)
+    public func discard() {
+        guard !lost else { return }
+        lost = true
+        connection.close()
+        listener.close()
+    }
+
     private func lose(_ error: PGError) {
         guard !lost else { return }
         lost = true
