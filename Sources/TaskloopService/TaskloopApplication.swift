@@ -143,6 +143,7 @@ public final class TaskloopApplication {
         }
         var engineConfiguration = configuration.engine
         engineConfiguration.replica = configuration.sharedDatabase?.replica
+        engineConfiguration.startsAfterCommit = configuration.sharedDatabase != nil
         let engine = Engine(configuration: engineConfiguration, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }

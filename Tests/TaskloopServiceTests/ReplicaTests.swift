@@ -6,10 +6,10 @@ import TaskloopTestSupport
 /// Several replicas on one PostgreSQL (a throwaway cluster), each a whole service on a loop of
 /// its own: they behave as one service.
 @Suite struct ReplicaTests {
-    /// `count` replicas sharing a new database.
-    static func replicas(_ count: Int, configure: @escaping (inout ServiceConfiguration) -> Void = { _ in }) throws
-        -> [ServiceHarness] {
-        let url = try PostgresCluster.shared().makeDatabase()
+    /// `count` replicas sharing a database (a new one unless given).
+    static func replicas(_ count: Int, on database: String? = nil,
+                         configure: @escaping (inout ServiceConfiguration) -> Void = { _ in }) throws -> [ServiceHarness] {
+        let url = try database ?? PostgresCluster.shared().makeDatabase()
         return try (0..<count).map { index in
             try ServiceHarness { configuration in
                 configuration.sharedDatabase = SharedDatabaseSettings(url: url, replica: "r\(index)")
@@ -115,6 +115,43 @@ import TaskloopTestSupport
             (try setup.call("GET", "/queues/contended").json["counts"] as? [String: Any])?["succeeded"] as? Int == 300
         }
         _ = lessees
+        for replica in replicas { try replica.stop() }
+    }
+
+    /// Work starts only after the commit that started it: a turn that starts an `exec` task and
+    /// then fails at COMMIT (a deferred trigger raises there) has spawned no program; once the
+    /// replica has started over from the database (where the task is still queued), the task
+    /// runs once.
+    @Test func aTurnThatFailsToCommitHasStartedNoProgram() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let replicas = try Self.replicas(2, on: url) { $0.allowExec = true }
+        let clients = try replicas.map { try $0.client() }
+        let marker = FileManager.default.temporaryDirectory.appendingPathComponent("taskloop-started-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: marker) }
+        #expect(try clients[0].call("PATCH", "/queues/held", json: #"{"paused":true}"#).status == 200)
+        let body = ExecTests.json(["kind": "exec", "queue": "held", "params": ["argv": ["sh", "-c", "echo started >> '\(marker)'"]]])
+        let id = try #require(try clients[0].submit(body)["id"] as? String)
+
+        try PostgresCluster.shared().sql("""
+            CREATE FUNCTION public.refuse_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'the test refuses this commit'; END $$;
+            CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT OR UPDATE ON taskloop.tasks
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.refuse_commit();
+            """, database: url)
+        // The turn unpauses the queue and starts the task, then cannot commit.
+        let refused = try clients[0].call("PATCH", "/queues/held", json: #"{"paused":false}"#)
+        #expect(refused.status == 503, "\(refused.text)")
+        try PostgresCluster.shared().sql("DROP TRIGGER refuse_commit ON taskloop.tasks", database: url)
+        // Started over: the replica holds what the database holds.
+        try pollUntil("the replica to serve again", timeout: 30, every: 20_000) {
+            let task = try clients[0].call("GET", "/tasks/\(id)")
+            return task.status == 200 && task.json["state"] as? String == "queued"
+        }
+        #expect(!FileManager.default.fileExists(atPath: marker), "a program ran for a start that never committed")
+
+        #expect(try clients[1].call("PATCH", "/queues/held", json: #"{"paused":false}"#).status == 200)
+        _ = try clients[0].waitForState(id, "succeeded")
+        #expect(try String(contentsOfFile: marker, encoding: .utf8) == "started\n", "the task ran once")
         for replica in replicas { try replica.stop() }
     }
 }

@@ -153,6 +153,9 @@ final class ExecExecutor: TaskExecutor {
         _ = try Self.parse(params)
     }
 
+    /// A program spawned cannot be taken back.
+    var startHasEffects: Bool { true }
+
     func start(_ run: TaskRun) {
         let params: Params
         do {

@@ -240,6 +240,9 @@ final class HTTPExecutor: TaskExecutor {
         _ = try Self.parse(params, policy: client.policy)
     }
 
+    /// A request sent cannot be taken back.
+    var startHasEffects: Bool { true }
+
     func start(_ run: TaskRun) {
         let params: Params
         do {
