@@ -311,7 +311,9 @@ final class SharedState: Journal, EngineGate {
             logger.error("the shared database failed while stopping", metadata: ["error": "\(error)"])
             return finishClosing(closing)
         }
-        guard phase != .recovering else { return }
+        // The journal reports its lost connection itself once the turn being committed has its
+        // outcome; until then nobody is answered (a lease renewal failing meanwhile included).
+        guard phase != .recovering, !journal.isResolvingCommit else { return }
         logger.error("the shared database failed; serving 503 until it is back", metadata: ["error": "\(error)"])
         startOver(reason: "\(error)")
     }

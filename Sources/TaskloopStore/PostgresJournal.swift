@@ -51,6 +51,12 @@ public final class PostgresJournal {
     /// Called once if either connection ends; the journal is then done.
     public var onLost: ((PGError) -> Void)?
     private var lost = false
+    /// The transaction of the turn under way, taken as the turn begins.
+    private var turnTransaction: String?
+    /// The connection ended during a commit, and another connection asks what became of it:
+    /// the loss is reported (`onLost`) once the commit's outcome is known.
+    public private(set) var isResolvingCommit = false
+    private var lossAfterResolving: PGError?
 
     public init(loop: EventLoop, settings: Settings) {
         self.loop = loop
@@ -192,20 +198,27 @@ public final class PostgresJournal {
     /// `commitTurn` or `abandonTurn`. Nil when this replica fell behind the retained history
     /// (it must reload everything).
     public func beginTurn(after applied: UInt64, _ completion: @escaping (Result<SharedDelta?, PGError>) -> Void) {
+        turnTransaction = nil
         connection.execute([
             PGQuery("BEGIN"),
+            // Should the connection end before COMMIT's answer, this says whether the turn committed.
+            PGQuery(SharedSchema.currentTransaction),
             PGQuery(SharedSchema.takeTurnLock),
             PGQuery(SharedSchema.readState, binaryResults: true),
         ] + Self.deltaQueries(after: applied) + [
             PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)]),
         ]) { [unowned self] result in
-            completion(result.flatMap { results in delta(results, stateAt: 2, after: applied, goneAt: results.count - 1) })
+            if case .success(let results) = result { turnTransaction = results[1].text(0, 0) }
+            completion(result.flatMap { results in delta(results, stateAt: 3, after: applied, goneAt: results.count - 1) })
         }
     }
 
     /// Writes this replica's turn (number `turn`, one after what `beginTurn` read) and commits,
     /// announcing it. What is written: `batch` (tasks, workflows, queues, keys, webhooks and
     /// deliveries; deletions as removals), `events`, and the replicas this turn found gone.
+    /// When the connection ends before COMMIT's answer, the outcome is asked for on another
+    /// connection before `completion` is called (`resolveOutcome`): success when the turn did
+    /// commit.
     public func commitTurn(_ turn: UInt64, _ batch: StoreBatch, events: [SharedEvent], eventSequence: UInt64,
                            goneReplicas: [String] = [], deliveryOwners: [String: String] = [:],
                            _ completion: @escaping (Result<Void, PGError>) -> Void) {
@@ -224,11 +237,53 @@ public final class PostgresJournal {
             switch result {
             case .success: completion(.success(()))
             case .failure(let error):
+                guard !error.isConnectionLost else {
+                    guard let transaction = turnTransaction else { return completion(.failure(error)) }
+                    return resolveOutcome(of: transaction, lostWith: error, completion)
+                }
                 // Whatever failed, the transaction must not stay open (or aborted) on the
                 // connection; a lost connection ends it by itself.
-                guard !error.isConnectionLost else { return completion(.failure(error)) }
                 connection.execute([PGQuery("ROLLBACK")]) { _ in completion(.failure(error)) }
             }
+        }
+    }
+
+    /// The connection ended before COMMIT's answer came: the turn may have committed. Another
+    /// connection asks what became of its transaction, and only then is `completion` called
+    /// (and the loss reported): `committed` is a success; `aborted` the failure it was; while
+    /// the transaction is still `in progress` (its server process has not yet noticed that the
+    /// connection ended) or the database cannot be asked, the question is asked again, a little
+    /// later each time.
+    private func resolveOutcome(of transaction: String, lostWith error: PGError, attempt: Int = 0,
+                                _ completion: @escaping (Result<Void, PGError>) -> Void) {
+        isResolvingCommit = true
+        let askAgain = { [unowned self] in
+            guard let timer = try? LoopTimer(loop: loop) else { return finishResolving(.failure(error), completion) }
+            timer.start(after: min(1_000, 10 << UInt64(min(attempt, 7)))) { [unowned self] in
+                timer.close()
+                resolveOutcome(of: transaction, lostWith: error, attempt: attempt + 1, completion)
+            }
+        }
+        let probe = PGConnection(loop: loop)
+        probe.connect(settings.url) { [unowned self] connected in
+            guard case .success = connected else { return askAgain() }
+            probe.execute([PGQuery(SharedSchema.transactionStatus, [.text(transaction)])]) { [unowned self] result in
+                probe.close()
+                switch result.map({ $0[0].text(0, 0) }) {
+                case .success("committed"): finishResolving(.success(()), completion)
+                case .success("in progress"), .failure: askAgain()
+                case .success: finishResolving(.failure(error), completion)
+                }
+            }
+        }
+    }
+
+    private func finishResolving(_ outcome: Result<Void, PGError>, _ completion: (Result<Void, PGError>) -> Void) {
+        isResolvingCommit = false
+        completion(outcome)
+        if let loss = lossAfterResolving {
+            lossAfterResolving = nil
+            onLost?(loss)
         }
     }
 
@@ -310,7 +365,9 @@ public final class PostgresJournal {
         lost = true
         connection.close()
         listener.close()
-        onLost?(error)
+        // A commit under way gets its outcome first (closing the connection may have begun
+        // asking for it).
+        if isResolvingCommit { lossAfterResolving = error } else { onLost?(error) }
     }
 
     // MARK: reading rows

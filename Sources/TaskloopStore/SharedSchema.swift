@@ -86,6 +86,8 @@ enum SharedSchema {
     ]
 
     static let takeTurnLock = PGStatement("take_turn_lock", "SELECT pg_advisory_xact_lock(\(turnLock))")
+    static let currentTransaction = PGStatement("current_transaction", "SELECT pg_current_xact_id()")
+    static let transactionStatus = PGStatement("transaction_status", "SELECT pg_xact_status($1::xid8)")
     static let readState = PGStatement("read_state", "SELECT turn, event_seq FROM taskloop.state")
     /// The oldest turn whose removals and events are still kept.
     static let horizon = PGStatement("horizon", "SELECT horizon FROM taskloop.state")

@@ -154,4 +154,31 @@ import TaskloopTestSupport
         #expect(try String(contentsOfFile: marker, encoding: .utf8) == "started\n", "the task ran once")
         for replica in replicas { try replica.stop() }
     }
+
+    /// A commit whose answer is lost (the connection drops once the database has committed) is
+    /// resolved before anyone is answered: the submission answers 201, not 503 (after which a
+    /// client would submit again), and the task exists once.
+    @Test func aCommitWhoseAnswerIsLostIsResolvedBeforeTheClientIsAnswered() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let proxy = try CommitCuttingProxy(forwardingTo: url)
+        defer { proxy.stop() }
+        let replicas = try Self.replicas(1, on: proxy.url(through: url))
+        let client = try replicas[0].client()
+        // Answered once its turn has committed: nothing is under way when the cut is armed.
+        _ = try client.submit(#"{"kind":"noop","name":"before"}"#)
+        proxy.cutNextCommit()
+        let answer = try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"cut"}"#, timeout: 30)
+        #expect(proxy.cuts.value == 1, "the COMMIT's answer was cut")
+        #expect(answer.status == 201, "\(answer.status) \(answer.text)")
+        #expect(try PostgresCluster.shared().sql("SELECT count(*) FROM taskloop.tasks", database: url) == "2\n")
+        // The replica started over from the database, where the task is, once.
+        var listed: [[String: Any]] = []
+        try pollUntil("the replica to serve again", timeout: 30, every: 20_000) {
+            let page = try client.call("GET", "/tasks")
+            listed = page.json["tasks"] as? [[String: Any]] ?? []
+            return page.status == 200
+        }
+        #expect(listed.filter { $0["name"] as? String == "cut" }.map { $0["id"] as? String } == [answer.json["id"] as? String])
+        for replica in replicas { try replica.stop() }
+    }
 }
