@@ -347,6 +347,7 @@ public final class TaskloopApplication {
         var journalSettings = PostgresJournal.Settings(url: settings.url, replica: settings.replica)
         journalSettings.leaseMilliseconds = settings.leaseMilliseconds
         journalSettings.loadedEvents = configuration.eventBufferSize
+        journalSettings.eventHistoryMilliseconds = configuration.eventHistoryMilliseconds
         let journal = PostgresJournal(loop: loop, settings: journalSettings)
         var outcome: Result<PostgresJournal.Loaded, PGError>?
         journal.open { outcome = $0 }

@@ -21,9 +21,9 @@ public final class PostgresJournal {
         public var replica: String
         /// A replica that has not renewed its lease for this long is gone.
         public var leaseMilliseconds: UInt64 = 10_000
-        /// Removals and events older than this many turns are trimmed; a replica further
-        /// behind than that reloads everything.
-        public var retainedTurns: UInt64 = 100_000
+        /// Events and removals older than this are dropped (`--event-history-seconds`); a
+        /// replica further behind than the oldest turn kept reloads everything.
+        public var eventHistoryMilliseconds: Int64 = 3_600_000
         /// The newest events loaded at start (for resumes).
         public var loadedEvents = 10_000
 
@@ -51,6 +51,9 @@ public final class PostgresJournal {
     /// Called once if either connection ends; the journal is then done.
     public var onLost: ((PGError) -> Void)?
     private var lost = false
+    /// When a turn next drops history past `eventHistoryMilliseconds` (loop time, ms): a second
+    /// after the last drop, or at once while drops find whole chunks.
+    private var nextTrim: UInt64 = 0
     /// The transaction of the turn under way, taken as the turn begins.
     private var turnTransaction: String?
     /// The connection ended during a commit, and another connection asks what became of it:
@@ -226,16 +229,19 @@ public final class PostgresJournal {
         queries += SharedSchema.insert(events, turn: turn)
         for name in goneReplicas { queries.append(PGQuery(SharedSchema.forgetReplica, [.text(name)])) }
         queries.append(PGQuery(SharedSchema.advance, [.int(Int64(turn)), .int(Int64(eventSequence))]))
-        if turn % 1_000 == 0 && turn > settings.retainedTurns {
-            let horizon = Int64(turn - settings.retainedTurns)
-            queries += [PGQuery(SharedSchema.trimRemovals, [.int(horizon)]), PGQuery(SharedSchema.trimEvents, [.int(horizon)]),
-                        PGQuery(SharedSchema.moveHorizon, [.int(horizon)])]
+        var trim: Int?
+        if loop.now >= nextTrim {
+            nextTrim = loop.now + 1_000
+            trim = queries.count
+            queries.append(PGQuery(SharedSchema.trimHistory, [.int(settings.eventHistoryMilliseconds), .int(SharedSchema.trimChunk)]))
         }
         queries.append(PGQuery("SELECT pg_notify('taskloop', $1)", [.text(String(turn))]))
         queries.append(PGQuery("COMMIT"))
         connection.execute(queries) { [unowned self] result in
             switch result {
-            case .success: completion(.success(()))
+            case .success(let results):
+                if let trim, (results[trim].int(0, 0) ?? 0) >= Int64(SharedSchema.trimChunk) { nextTrim = 0 }
+                completion(.success(()))
             case .failure(let error):
                 guard !error.isConnectionLost else {
                     guard let transaction = turnTransaction else { return completion(.failure(error)) }

@@ -181,4 +181,40 @@ import TaskloopTestSupport
         #expect(listed.filter { $0["name"] as? String == "cut" }.map { $0["id"] as? String } == [answer.json["id"] as? String])
         for replica in replicas { try replica.stop() }
     }
+
+    /// History is kept by time (`--event-history-seconds`): events older than it leave the
+    /// database (and the horizon moves past their turns), newer ones stay, and a replica that
+    /// starts afterwards resumes a stream from within the window, or says `reset` from before it.
+    @Test func eventsOlderThanTheHistoryAreDroppedAndNewerOnesResumeOnAnotherReplica() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let cluster = try PostgresCluster.shared()
+        let first = try Self.replicas(1, on: url)[0]
+        let client = try first.client()
+        for _ in 0..<2 { _ = try client.submit(#"{"kind":"noop","name":"old"}"#) }
+        let lastOld = try #require(Int(try cluster.sql("SELECT max(seq) FROM taskloop.events", database: url)
+            .trimmingCharacters(in: .whitespacesAndNewlines)))
+        // Made an hour and a minute ago, as far as the history can tell.
+        try cluster.sql("UPDATE taskloop.events SET time = time - 3660000", database: url)
+        for _ in 0..<2 { _ = try client.submit(#"{"kind":"noop","name":"new"}"#) }
+        // Each turn may drop what is past the window (at most one a second drops nothing new).
+        try pollUntil("the old events to be dropped", timeout: 15, every: 100_000) {
+            _ = try client.submit(#"{"kind":"noop","name":"tick"}"#)
+            return try cluster.sql("SELECT count(*) FROM taskloop.events WHERE seq <= \(lastOld)", database: url) == "0\n"
+        }
+        #expect(try cluster.sql("SELECT min(seq) FROM taskloop.events", database: url) == "\(lastOld + 1)\n", "newer events stay")
+        #expect(Int(try cluster.sql("SELECT horizon FROM taskloop.state", database: url)
+            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0 > 1, "the horizon moved past the dropped turns")
+
+        let second = try ServiceHarness { $0.sharedDatabase = SharedDatabaseSettings(url: url, replica: "r1") }
+        let within = try EventStreamTests.Stream(port: second.port, "/events?types=task.created", headers: ["Last-Event-ID": "\(lastOld)"])
+        let created = try within.waitFor(3).prefix(3)
+        #expect(created.map { ($0.data["task"] as? [String: Any])?["name"] as? String } == ["new", "new", "tick"])
+        #expect(created.allSatisfy { ($0.id ?? 0) > UInt64(lastOld) })
+        let before = try EventStreamTests.Stream(port: second.port, "/events", headers: ["Last-Event-ID": "1"])
+        let replayed = try before.waitFor(2)
+        #expect(replayed[0].type == "reset" && replayed[0].data["oldest"] as? Int == lastOld + 1)
+        #expect(replayed[1].id == UInt64(lastOld + 1))
+        try second.stop()
+        try first.stop()
+    }
 }
