@@ -22,6 +22,11 @@ public struct EngineConfiguration: Sendable {
     /// This replica's name when several replicas share one database (docs/SCALING.md): it marks
     /// the attempts this process runs. Nil for a server on its own.
     public var replica: String?
+    /// Work starts only after the commit that started it: an attempt whose start has effects
+    /// (`TaskExecutor.startHasEffects`) is made (`running`, its timers armed), but its executor
+    /// is called once the journal says the change is durable (`Engine+HeldStarts`). Without it
+    /// a commit that fails leaves a program running for a task the store holds as `queued`.
+    public var startsAfterCommit = false
 
     public init() {}
 }
@@ -117,6 +122,11 @@ public final class Engine {
     /// Tasks under lease now, in every queue.
     public internal(set) var leasedCount = 0
     var leaseTokens = RandomBytes()
+    /// Attempts made but not yet started, in order (`startsAfterCommit`), and how many were
+    /// ever held and taken off the front: a journal's mark counts them.
+    var heldStarts = Deque<TaskRun>()
+    var startsHeld: UInt64 = 0
+    var startsTaken: UInt64 = 0
     /// With several replicas: when this one may change the shared state (Engine+Replication).
     public var gate: EngineGate?
     var absorbing = false
@@ -237,6 +247,8 @@ public final class Engine {
             // The worker runs it; the engine keeps the lease's clock.
             run.stopGraceMilliseconds = lease.milliseconds
             armExpiry(of: lease, on: record)
+        } else if configuration.startsAfterCommit && record.executor.startHasEffects {
+            hold(run)
         } else {
             record.executor.start(run)
         }

@@ -28,10 +28,17 @@ public protocol TaskExecutor: AnyObject {
     /// The work is done by someone outside this process, who reports it (`external`): a
     /// shutdown neither waits for it nor stops it, and a restart finds it still running.
     var runsOutsideTheProcess: Bool { get }
+
+    /// Starting an attempt does something a failed commit cannot take back (a program spawned,
+    /// a request sent): with `EngineConfiguration.startsAfterCommit` the engine holds the start
+    /// until the change that made the task running is durable.
+    var startHasEffects: Bool { get }
 }
 
 extension TaskExecutor {
     public var runsOutsideTheProcess: Bool { false }
+
+    public var startHasEffects: Bool { false }
 
     /// Work that lives only in this process died with it: nothing to stop.
     public func stopInterrupted(_ id: TaskID) {}

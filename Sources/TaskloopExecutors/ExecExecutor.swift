@@ -152,6 +152,9 @@ public final class ExecExecutor: TaskExecutor {
         _ = try Self.parse(params)
     }
 
+    /// A program spawned cannot be taken back.
+    public var startHasEffects: Bool { true }
+
     public func start(_ run: TaskRun) {
         let params: Params
         do {

@@ -240,6 +240,9 @@ public final class HTTPExecutor: TaskExecutor {
         _ = try Self.parse(params, policy: client.policy)
     }
 
+    /// A request sent cannot be taken back.
+    public var startHasEffects: Bool { true }
+
     public func start(_ run: TaskRun) {
         let params: Params
         do {

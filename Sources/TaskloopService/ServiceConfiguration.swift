@@ -49,6 +49,9 @@ public struct ServiceConfiguration: Sendable {
     public var eventBufferSize = 100_000
     /// ...and the most bytes of them kept rendered (`--event-buffer-bytes`).
     public var eventBufferBytes = 256 << 20
+    /// How long the shared database keeps events (and removals) for resumes and for replicas
+    /// catching up (`--event-history-seconds`).
+    public var eventHistoryMilliseconds: Int64 = 3_600_000
     /// A page of `GET /tasks` stops once its body passes this (`--max-response-bytes`); its
     /// `next` goes on from there.
     public var maxResponseBytes = 64 << 20

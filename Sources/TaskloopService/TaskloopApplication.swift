@@ -144,6 +144,10 @@ public final class TaskloopApplication {
         }
         var engineConfiguration = configuration.engine
         engineConfiguration.replica = configuration.sharedDatabase?.replica
+        // With a store too: a crash then never leaves a program running (or a request sent) for
+        // a task the disk holds as queued, and waiting for the group commit was within the noise
+        // of Benchmarks/service's exec and http bursts.
+        engineConfiguration.startsAfterCommit = configuration.sharedDatabase != nil || configuration.durability != .memory
         let engine = Engine(configuration: engineConfiguration, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
@@ -347,6 +351,7 @@ public final class TaskloopApplication {
         var journalSettings = PostgresJournal.Settings(url: settings.url, replica: settings.replica)
         journalSettings.leaseMilliseconds = settings.leaseMilliseconds
         journalSettings.loadedEvents = configuration.eventBufferSize
+        journalSettings.eventHistoryMilliseconds = configuration.eventHistoryMilliseconds
         let journal = PostgresJournal(loop: loop, settings: journalSettings)
         var outcome: Result<PostgresJournal.Loaded, PGError>?
         journal.open { outcome = $0 }

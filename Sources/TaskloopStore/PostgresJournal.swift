@@ -21,9 +21,9 @@ public final class PostgresJournal {
         public var replica: String
         /// A replica that has not renewed its lease for this long is gone.
         public var leaseMilliseconds: UInt64 = 10_000
-        /// Removals and events older than this many turns are trimmed; a replica further
-        /// behind than that reloads everything.
-        public var retainedTurns: UInt64 = 100_000
+        /// Events and removals older than this are dropped (`--event-history-seconds`); a
+        /// replica further behind than the oldest turn kept reloads everything.
+        public var eventHistoryMilliseconds: Int64 = 3_600_000
         /// The newest events loaded at start (for resumes).
         public var loadedEvents = 10_000
 
@@ -51,6 +51,15 @@ public final class PostgresJournal {
     /// Called once if either connection ends; the journal is then done.
     public var onLost: ((PGError) -> Void)?
     private var lost = false
+    /// When a turn next drops history past `eventHistoryMilliseconds` (loop time, ms): a second
+    /// after the last drop, or at once while drops find whole chunks.
+    private var nextTrim: UInt64 = 0
+    /// The transaction of the turn under way, taken as the turn begins.
+    private var turnTransaction: String?
+    /// The connection ended during a commit, and another connection asks what became of it:
+    /// the loss is reported (`onLost`) once the commit's outcome is known.
+    public private(set) var isResolvingCommit = false
+    private var lossAfterResolving: PGError?
 
     public init(loop: EventLoop, settings: Settings) {
         self.loop = loop
@@ -192,20 +201,27 @@ public final class PostgresJournal {
     /// `commitTurn` or `abandonTurn`. Nil when this replica fell behind the retained history
     /// (it must reload everything).
     public func beginTurn(after applied: UInt64, _ completion: @escaping (Result<SharedDelta?, PGError>) -> Void) {
+        turnTransaction = nil
         connection.execute([
             PGQuery("BEGIN"),
+            // Should the connection end before COMMIT's answer, this says whether the turn committed.
+            PGQuery(SharedSchema.currentTransaction),
             PGQuery(SharedSchema.takeTurnLock),
             PGQuery(SharedSchema.readState, binaryResults: true),
         ] + Self.deltaQueries(after: applied) + [
             PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)]),
         ]) { [unowned self] result in
-            completion(result.flatMap { results in delta(results, stateAt: 2, after: applied, goneAt: results.count - 1) })
+            if case .success(let results) = result { turnTransaction = results[1].text(0, 0) }
+            completion(result.flatMap { results in delta(results, stateAt: 3, after: applied, goneAt: results.count - 1) })
         }
     }
 
     /// Writes this replica's turn (number `turn`, one after what `beginTurn` read) and commits,
     /// announcing it. What is written: `batch` (tasks, workflows, queues, keys, webhooks and
     /// deliveries; deletions as removals), `events`, and the replicas this turn found gone.
+    /// When the connection ends before COMMIT's answer, the outcome is asked for on another
+    /// connection before `completion` is called (`resolveOutcome`): success when the turn did
+    /// commit.
     public func commitTurn(_ turn: UInt64, _ batch: StoreBatch, events: [SharedEvent], eventSequence: UInt64,
                            goneReplicas: [String] = [], deliveryOwners: [String: String] = [:],
                            _ completion: @escaping (Result<Void, PGError>) -> Void) {
@@ -213,22 +229,67 @@ public final class PostgresJournal {
         queries += SharedSchema.insert(events, turn: turn)
         for name in goneReplicas { queries.append(PGQuery(SharedSchema.forgetReplica, [.text(name)])) }
         queries.append(PGQuery(SharedSchema.advance, [.int(Int64(turn)), .int(Int64(eventSequence))]))
-        if turn % 1_000 == 0 && turn > settings.retainedTurns {
-            let horizon = Int64(turn - settings.retainedTurns)
-            queries += [PGQuery(SharedSchema.trimRemovals, [.int(horizon)]), PGQuery(SharedSchema.trimEvents, [.int(horizon)]),
-                        PGQuery(SharedSchema.moveHorizon, [.int(horizon)])]
+        var trim: Int?
+        if loop.now >= nextTrim {
+            nextTrim = loop.now + 1_000
+            trim = queries.count
+            queries.append(PGQuery(SharedSchema.trimHistory, [.int(settings.eventHistoryMilliseconds), .int(SharedSchema.trimChunk)]))
         }
         queries.append(PGQuery("SELECT pg_notify('taskloop', $1)", [.text(String(turn))]))
         queries.append(PGQuery("COMMIT"))
         connection.execute(queries) { [unowned self] result in
             switch result {
-            case .success: completion(.success(()))
+            case .success(let results):
+                if let trim, (results[trim].int(0, 0) ?? 0) >= Int64(SharedSchema.trimChunk) { nextTrim = 0 }
+                completion(.success(()))
             case .failure(let error):
+                guard !error.isConnectionLost else {
+                    guard let transaction = turnTransaction else { return completion(.failure(error)) }
+                    return resolveOutcome(of: transaction, lostWith: error, completion)
+                }
                 // Whatever failed, the transaction must not stay open (or aborted) on the
                 // connection; a lost connection ends it by itself.
-                guard !error.isConnectionLost else { return completion(.failure(error)) }
                 connection.execute([PGQuery("ROLLBACK")]) { _ in completion(.failure(error)) }
             }
+        }
+    }
+
+    /// The connection ended before COMMIT's answer came: the turn may have committed. Another
+    /// connection asks what became of its transaction, and only then is `completion` called
+    /// (and the loss reported): `committed` is a success; `aborted` the failure it was; while
+    /// the transaction is still `in progress` (its server process has not yet noticed that the
+    /// connection ended) or the database cannot be asked, the question is asked again, a little
+    /// later each time.
+    private func resolveOutcome(of transaction: String, lostWith error: PGError, attempt: Int = 0,
+                                _ completion: @escaping (Result<Void, PGError>) -> Void) {
+        isResolvingCommit = true
+        let askAgain = { [unowned self] in
+            guard let timer = try? LoopTimer(loop: loop) else { return finishResolving(.failure(error), completion) }
+            timer.start(after: min(1_000, 10 << UInt64(min(attempt, 7)))) { [unowned self] in
+                timer.close()
+                resolveOutcome(of: transaction, lostWith: error, attempt: attempt + 1, completion)
+            }
+        }
+        let probe = PGConnection(loop: loop)
+        probe.connect(settings.url) { [unowned self] connected in
+            guard case .success = connected else { return askAgain() }
+            probe.execute([PGQuery(SharedSchema.transactionStatus, [.text(transaction)])]) { [unowned self] result in
+                probe.close()
+                switch result.map({ $0[0].text(0, 0) }) {
+                case .success("committed"): finishResolving(.success(()), completion)
+                case .success("in progress"), .failure: askAgain()
+                case .success: finishResolving(.failure(error), completion)
+                }
+            }
+        }
+    }
+
+    private func finishResolving(_ outcome: Result<Void, PGError>, _ completion: (Result<Void, PGError>) -> Void) {
+        isResolvingCommit = false
+        completion(outcome)
+        if let loss = lossAfterResolving {
+            lossAfterResolving = nil
+            onLost?(loss)
         }
     }
 
@@ -295,12 +356,24 @@ public final class PostgresJournal {
         }
     }
 
+    /// Closes the connections without leaving: a replica starting over on a new journal keeps
+    /// its row. (A connection dropped unclosed would leave its socket's poll behind, and the
+    /// next connection given the same descriptor could not be watched.)
+    public func discard() {
+        guard !lost else { return }
+        lost = true
+        connection.close()
+        listener.close()
+    }
+
     private func lose(_ error: PGError) {
         guard !lost else { return }
         lost = true
         connection.close()
         listener.close()
-        onLost?(error)
+        // A commit under way gets its outcome first (closing the connection may have begun
+        // asking for it).
+        if isResolvingCommit { lossAfterResolving = error } else { onLost?(error) }
     }
 
     // MARK: reading rows

@@ -6,7 +6,7 @@ import TaskloopPostgres
 /// that last wrote it, and a deletion leaves a removal, so a replica reads "what changed after
 /// turn N" with one indexed query per table.
 enum SharedSchema {
-    static let version = 2
+    static let version = 3
 
     /// Advisory lock keys ("TLMIGRAT", "TLTURN__" as 64-bit integers would be clearer in a
     /// lock listing, but the numbers only have to be fixed and unlikely to collide).
@@ -62,6 +62,13 @@ enum SharedSchema {
         // A delivery's record (format 2) carries its earlier attempts. The tables stay as they
         // are, but a replica of version 1 cannot read such records: the version keeps it out.
         Migration(version: 2, statements: []),
+        // History is dropped by time, not by turns: removals carry when they were made (by the
+        // database's clock), and both tables are read by time when old rows go.
+        Migration(version: 3, statements: [
+            "ALTER TABLE taskloop.removals ADD COLUMN time bigint NOT NULL DEFAULT (extract(epoch FROM now()) * 1000)::bigint",
+            "CREATE INDEX removals_time ON taskloop.removals (time)",
+            "CREATE INDEX events_time ON taskloop.events (time)",
+        ]),
     ]
 
     enum Removal: Int {
@@ -86,8 +93,10 @@ enum SharedSchema {
     ]
 
     static let takeTurnLock = PGStatement("take_turn_lock", "SELECT pg_advisory_xact_lock(\(turnLock))")
+    static let currentTransaction = PGStatement("current_transaction", "SELECT pg_current_xact_id()")
+    static let transactionStatus = PGStatement("transaction_status", "SELECT pg_xact_status($1::xid8)")
     static let readState = PGStatement("read_state", "SELECT turn, event_seq FROM taskloop.state")
-    /// The oldest turn whose removals and events are still kept.
+    /// The oldest turn whose removals and events are all still kept.
     static let horizon = PGStatement("horizon", "SELECT horizon FROM taskloop.state")
     static let goneReplicas = PGStatement(
         "gone_replicas", "SELECT name FROM taskloop.replicas WHERE expires_at < now() AND name <> $1 ORDER BY name")
@@ -95,9 +104,21 @@ enum SharedSchema {
     static let renewLease = PGStatement(
         "renew_lease", "UPDATE taskloop.replicas SET expires_at = now() + $2 * interval '1 millisecond' WHERE name = $1")
     static let advance = PGStatement("advance", "UPDATE taskloop.state SET turn = $1, event_seq = $2")
-    static let trimRemovals = "DELETE FROM taskloop.removals WHERE turn < $1"
-    static let trimEvents = "DELETE FROM taskloop.events WHERE turn < $1"
-    static let moveHorizon = "UPDATE taskloop.state SET horizon = $1"
+    /// Drops events and removals older than $1 ms (by the database's clock), at most $2 of each
+    /// (a turn that drops history stays short), and moves the horizon past the turns they were
+    /// made in: a replica that has not absorbed those turns reloads. Answers the larger of the
+    /// two counts: a whole chunk means there is more to drop.
+    static let trimHistory = PGStatement("trim_history", """
+        WITH cutoff AS (SELECT (extract(epoch FROM now()) * 1000)::bigint - $1 AS time),
+        old_events AS (DELETE FROM taskloop.events WHERE seq IN (
+            SELECT seq FROM taskloop.events WHERE time < (SELECT time FROM cutoff) LIMIT $2) RETURNING turn),
+        old_removals AS (DELETE FROM taskloop.removals WHERE ctid IN (
+            SELECT ctid FROM taskloop.removals WHERE time < (SELECT time FROM cutoff) LIMIT $2) RETURNING turn)
+        UPDATE taskloop.state SET horizon = GREATEST(horizon,
+            (SELECT max(turn) + 1 FROM (SELECT turn FROM old_events UNION ALL SELECT turn FROM old_removals) gone))
+        RETURNING GREATEST((SELECT count(*) FROM old_events), (SELECT count(*) FROM old_removals))
+        """)
+    static let trimChunk = 2_000
 
     static let deleteTask = PGStatement("delete_task", "DELETE FROM taskloop.tasks WHERE sequence = $1")
     static let upsertWorkflow = PGStatement("upsert_workflow", """

@@ -157,6 +157,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Most bytes of rendered events kept for streams that resume, besides --event-buffer's count, 1048576...17179869184. [env: TASKLOOP_EVENT_BUFFER_BYTES]")
     var eventBufferBytes: Int = Environment.int("EVENT_BUFFER_BYTES") ?? 256 << 20
 
+    @Option(help: "Seconds of events the shared database (--database-url) keeps for streams that resume on any replica, and of deletions for replicas catching up, 60...2592000. [env: TASKLOOP_EVENT_HISTORY_SECONDS]")
+    var eventHistorySeconds: Int = Environment.int("EVENT_HISTORY_SECONDS") ?? 3_600
+
     @Option(help: "A page of GET /tasks stops once its body passes this many bytes (its `next` goes on), 65536...4294967296. [env: TASKLOOP_MAX_RESPONSE_BYTES]")
     var maxResponseBytes: Int = Environment.int("MAX_RESPONSE_BYTES") ?? 64 << 20
 
@@ -242,6 +245,9 @@ struct Taskloop: ParsableCommand {
         }
         guard (0...60).contains(maxLeaseWaitSeconds) else { throw ValidationError("--max-lease-wait-seconds must be 0...60") }
         guard (1...10_000_000).contains(eventBuffer) else { throw ValidationError("--event-buffer must be 1...10000000") }
+        guard (60...2_592_000).contains(eventHistorySeconds) else {
+            throw ValidationError("--event-history-seconds must be 60...2592000")
+        }
         guard (1 << 20...1 << 34).contains(eventBufferBytes) else {
             throw ValidationError("--event-buffer-bytes must be 1048576...17179869184")
         }
@@ -331,6 +337,7 @@ struct Taskloop: ParsableCommand {
         configuration.eventBufferSize = eventBuffer
         configuration.eventClientBufferBytes = eventClientBufferBytes
         configuration.eventBufferBytes = eventBufferBytes
+        configuration.eventHistoryMilliseconds = Int64(eventHistorySeconds) * 1_000
         configuration.maxResponseBytes = maxResponseBytes
         configuration.webhooks.retrySchedule = WebhookSettings.parseSchedule(webhookRetrySchedule)!
         configuration.webhooks.attemptTimeoutMilliseconds = UInt64(webhookTimeoutSeconds * 1_000)

@@ -47,6 +47,7 @@ final class ManualExecutor: TaskExecutor {
     var confirmsCancel = false
     var cancelRequests = 0
     var stopGrace: UInt64?
+    var startHasEffects = false
 
     func validate(_ params: JSONValue) throws(EngineError) {}
 

@@ -29,6 +29,9 @@ final class ReplicaCluster {
             self.name = name
             var configuration = configuration
             configuration.replica = name
+            // As the service runs them: an attempt starts once the turn that made it is shared.
+            configuration.startsAfterCommit = true
+            manual.startHasEffects = true
             engine = Engine(configuration: configuration, scheduler: clock, extraExecutors: ["manual": manual])
             engine.gate = gate
             engine.addObserver { [unowned self] settled in
@@ -78,8 +81,10 @@ final class ReplicaCluster {
         defer {
             replica.gate.isOpen = false
             let changes = replica.collector.take(from: replica.engine)
+            let started = replica.engine.markHeldStarts()
             if !changes.isEmpty { log.append(changes) }
             replica.applied = log.count
+            replica.engine.releaseStarts(through: started)
         }
         return try work(replica)
     }

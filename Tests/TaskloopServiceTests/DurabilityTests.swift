@@ -328,6 +328,34 @@ import TaskloopTestSupport
         #expect(try client.task(try #require(accepted))["name"] as? String == "after")
         try service.stop()
     }
+
+    /// Work starts only after the commit that started it: while a full disk refuses the batch
+    /// that started an `exec` task, its program does not run; once the batch is written again,
+    /// it runs, once.
+    @Test func aProgramStartsOnlyOnceItsBatchIsWritten() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let service = try ServiceHarness {
+            $0.durability = .normal
+            $0.dataDirectory = directory
+            $0.allowExec = true
+        }
+        let client = try service.client()
+        let marker = directory + "/started"
+        service.onLoop { application in (application.sqlite?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: 0) }
+        let body = ExecTests.json(["kind": "exec", "name": "held", "metadata": ["blob": String(repeating: "x", count: 200_000)],
+                                   "params": ["argv": ["sh", "-c", "echo started >> '\(marker)'"]]])
+        #expect(try client.call("POST", "/tasks", json: body).status == 503)
+        #expect(service.onLoop { $0.engine.heldStartCount } == 1, "the start waits for its batch")
+        #expect(!FileManager.default.fileExists(atPath: marker))
+        service.onLoop { application in (application.sqlite?.store as? SQLiteTaskStore)?.limitGrowth(toExtraPages: nil) }
+        try pollUntil("the program to run once its batch is written", timeout: 10, every: 50_000) {
+            let tasks = try client.call("GET", "/tasks").json["tasks"] as? [[String: Any]] ?? []
+            return tasks.first { $0["name"] as? String == "held" }?["state"] as? String == "succeeded"
+        }
+        #expect(try String(contentsOfFile: marker, encoding: .utf8) == "started\n")
+        try service.stop()
+    }
 }
 
 /// The crash loop: clients submit tasks and workflows and cancel as fast as they can while the

@@ -111,7 +111,9 @@ struct Unchecked<Value>: @unchecked Sendable {
                                            attemptedAt: 8, nextAttemptAt: 9, earlierAttempts: [DeliveryAttempt(
                                                number: 1, statusCode: nil, error: "connect_failed", durationMilliseconds: 1,
                                                attemptedAt: 6, nextAttemptAt: 7)])]
-        let event = SharedEvent(seq: 1, type: "task.state", time: 10, task: batch.tasks[0].id, workflow: workflow, queue: "q",
+        // Made now: history older than an hour is dropped by the turns.
+        let event = SharedEvent(seq: 1, type: "task.state", time: Int64(Date().timeIntervalSince1970 * 1_000), task: batch.tasks[0].id,
+                                workflow: workflow, queue: "q",
                                 data: Array(#"{"seq":1}"#.utf8))
         let opened = try h.call("a's turn") { done in h.journals[a].beginTurn(after: 0, done) }.get()
         #expect(opened?.isEmpty == true && opened?.turn == 0)

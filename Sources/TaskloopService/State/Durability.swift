@@ -159,6 +159,7 @@ final class DurableState: Journal {
         batch.eventSequence = eventSequence?()
         sent += 1
         let number = sent
+        let started = engine.markHeldStarts()
         store.write(batch) { [weak self] result in
             guard let self else { return }
             if case .failure(let error) = result {
@@ -177,6 +178,8 @@ final class DurableState: Journal {
                 isFailing = false
                 logger.info("storage writes again; changes are accepted")
             }
+            // A failed batch's attempts wait for the batch that writes them again.
+            if case .success = result { engine.releaseStarts(through: started) }
             answer(through: number, committed: (try? result.get()) != nil)
             if case .success = result { onCommitted?(number) }
         }

@@ -12,7 +12,8 @@ import TaskloopStore
 ///   the next turn. A turn: take the turn lock, absorb what other replicas committed since this
 ///   replica's last turn, take over what replicas found gone ran, run everything that waited,
 ///   write the turn's changes and events, commit. Work that arrives meanwhile waits for the
-///   next turn; turns of one replica follow one another.
+///   next turn; turns of one replica follow one another. Attempts the turn made start once it
+///   has committed (the engine holds them, `startsAfterCommit`); a turn that fails drops them.
 /// - Reads wait for a catch-up (`whenCaughtUp`): what was committed before the read arrived is
 ///   absorbed first, so a replica never answers from behind a change another has acknowledged.
 ///   A read that arrives while a turn is being opened rides with that turn instead.
@@ -192,6 +193,7 @@ final class SharedState: Journal, EngineGate {
     private func commit(gone: [String]) {
         let number = sent + 1
         let batch = builder.take(from: engine)
+        let started = engine.markHeldStarts()
         let events = eventsOfBatch?(number) ?? []
         guard !batch.isEmpty || !events.isEmpty || !gone.isEmpty else {
             phase = .committing
@@ -206,6 +208,7 @@ final class SharedState: Journal, EngineGate {
             case .success:
                 applied += 1
                 counts.turns += 1
+                engine.releaseStarts(through: started)
                 onTurnCommitted?(Double(scheduler.now &- turnAskedAt) / 1_000)
                 answer(through: number, committed: true)
                 onCommitted?(number)
@@ -308,7 +311,9 @@ final class SharedState: Journal, EngineGate {
             logger.error("the shared database failed while stopping", metadata: ["error": "\(error)"])
             return finishClosing(closing)
         }
-        guard phase != .recovering else { return }
+        // The journal reports its lost connection itself once the turn being committed has its
+        // outcome; until then nobody is answered (a lease renewal failing meanwhile included).
+        guard phase != .recovering, !journal.isResolvingCommit else { return }
         logger.error("the shared database failed; serving 503 until it is back", metadata: ["error": "\(error)"])
         startOver(reason: "\(error)")
     }
@@ -324,6 +329,8 @@ final class SharedState: Journal, EngineGate {
         // is refused too: the replica does not know what the database holds until it reloads.
         answer(through: sent, committed: false)
         builder = StoreBatchBuilder()
+        // Attempts the failed turn made never start: the database's state replaces them.
+        engine.dropHeldStarts()
         let refused = deferred.compactMap(\.refuse) + readers.map(\.refuse)
         deferred = []
         readers = []
@@ -336,6 +343,7 @@ final class SharedState: Journal, EngineGate {
         let fresh = PostgresJournal(loop: loop, settings: journal.settings)
         journal.onLost = nil
         journal.onTurnCommitted = nil
+        journal.discard()
         journal = fresh
         listen(to: fresh)
         fresh.open { [weak self] result in
