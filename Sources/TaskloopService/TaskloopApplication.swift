@@ -345,6 +345,7 @@ public final class TaskloopApplication {
                             scheduler: LoopScheduler) throws -> PostgresJournal.Loaded {
         var journalSettings = PostgresJournal.Settings(url: settings.url, replica: settings.replica)
         journalSettings.leaseMilliseconds = settings.leaseMilliseconds
+        journalSettings.timeouts = PGTimeouts(seconds: settings.timeoutSeconds)
         journalSettings.loadedEvents = configuration.eventBufferSize
         let journal = PostgresJournal(loop: loop, settings: journalSettings)
         var outcome: Result<PostgresJournal.Loaded, PGError>?

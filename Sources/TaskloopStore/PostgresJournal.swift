@@ -26,6 +26,9 @@ public final class PostgresJournal {
         public var retainedTurns: UInt64 = 100_000
         /// The newest events loaded at start (for resumes).
         public var loadedEvents = 10_000
+        /// What every connection gives a silent peer (a replica frozen inside a turn, a
+        /// vanished server); also the longest a statement may run.
+        public var timeouts = PGTimeouts(seconds: 5)
 
         public init(url: String, replica: String) {
             self.url = url
@@ -69,9 +72,9 @@ public final class PostgresJournal {
         listener.onNotification = { [unowned self] _, payload in
             if let turn = UInt64(payload) { onTurnCommitted?(turn) }
         }
-        connection.connect(settings.url) { [unowned self] result in
+        connection.connect(settings.url, timeouts: settings.timeouts) { [unowned self] result in
             if case .failure(let error) = result { return completion(.failure(error)) }
-            listener.connect(settings.url) { [unowned self] result in
+            listener.connect(settings.url, timeouts: settings.timeouts) { [unowned self] result in
                 if case .failure(let error) = result { return completion(.failure(error)) }
                 listener.execute([PGQuery("LISTEN taskloop")]) { [unowned self] result in
                     if case .failure(let error) = result { return completion(.failure(error)) }
@@ -191,15 +194,22 @@ public final class PostgresJournal {
     /// reads what was committed after turn `applied`. The transaction stays open until
     /// `commitTurn` or `abandonTurn`. Nil when this replica fell behind the retained history
     /// (it must reload everything).
+    ///
+    /// The wait for the lock has no timeout: a turn that holds it ends, or its session is ended
+    /// by the server once idle for the timeout, which a waiter's own timeout of the same length
+    /// would race (and lose, as it started waiting first). The turn itself has the timeouts.
     public func beginTurn(after applied: UInt64, _ completion: @escaping (Result<SharedDelta?, PGError>) -> Void) {
+        let timeout = PGValue.text(String(settings.timeouts.seconds * 1_000))
         connection.execute([
             PGQuery("BEGIN"),
+            PGQuery(SharedSchema.waitWithoutTimeouts),
             PGQuery(SharedSchema.takeTurnLock),
+            PGQuery(SharedSchema.restoreTimeouts, [timeout]),
             PGQuery(SharedSchema.readState, binaryResults: true),
         ] + Self.deltaQueries(after: applied) + [
             PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)]),
         ]) { [unowned self] result in
-            completion(result.flatMap { results in delta(results, stateAt: 2, after: applied, goneAt: results.count - 1) })
+            completion(result.flatMap { results in delta(results, stateAt: 4, after: applied, goneAt: results.count - 1) })
         }
     }
 

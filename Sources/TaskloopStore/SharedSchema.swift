@@ -86,6 +86,10 @@ enum SharedSchema {
     ]
 
     static let takeTurnLock = PGStatement("take_turn_lock", "SELECT pg_advisory_xact_lock(\(turnLock))")
+    static let waitWithoutTimeouts = PGStatement(
+        "wait_without_timeouts", "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)")
+    static let restoreTimeouts = PGStatement(
+        "restore_timeouts", "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true)")
     static let readState = PGStatement("read_state", "SELECT turn, event_seq FROM taskloop.state")
     /// The oldest turn whose removals and events are still kept.
     static let horizon = PGStatement("horizon", "SELECT horizon FROM taskloop.state")

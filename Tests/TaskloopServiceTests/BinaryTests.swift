@@ -179,7 +179,8 @@ import TaskloopTestSupport
                      "--max-retained-tasks", "--log-level", "--log-format", "--max-body-bytes", "--max-header-bytes",
                      "--header-timeout-seconds", "--body-timeout-seconds", "--idle-timeout-seconds", "--max-connections",
                      "--max-queues", "--log-buffer-bytes", "--durability", "--data-dir",
-                     "--idempotency-ttl-seconds", "--database-url", "--replica-name", "--replica-lease-seconds"] {
+                     "--idempotency-ttl-seconds", "--database-url", "--replica-name", "--replica-lease-seconds",
+                     "--database-timeout-seconds"] {
             #expect(binary.printed.contains(flag), "--help lists \(flag)")
         }
     }

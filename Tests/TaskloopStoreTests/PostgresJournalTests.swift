@@ -38,9 +38,11 @@ struct Unchecked<Value>: @unchecked Sendable {
         }
 
         /// A journal opened for replica `name`; its index.
-        func open(_ name: String, leaseMilliseconds: UInt64 = 10_000) throws -> (index: Int, loaded: PostgresJournal.Loaded) {
+        func open(_ name: String, leaseMilliseconds: UInt64 = 10_000, timeoutSeconds: Int = 5) throws
+            -> (index: Int, loaded: PostgresJournal.Loaded) {
             var configured = PostgresJournal.Settings(url: url, replica: name)
             configured.leaseMilliseconds = leaseMilliseconds
+            configured.timeouts = PGTimeouts(seconds: timeoutSeconds)
             let settings = configured
             let index = thread.run { [self] in
                 let journal = PostgresJournal(loop: thread.loop, settings: settings)
@@ -175,6 +177,25 @@ struct Unchecked<Value>: @unchecked Sendable {
         try h.call("a's second commit") { done in h.journals[a].commitTurn(2, second, events: [], eventSequence: 0, done) }.get()
         let loaded = try h.call("reload") { done in h.journals[b].loadEverything(done) }.get()
         #expect(loaded.turn == 2 && loaded.state.tasks.map(\.sequence) == [1, 2])
+        try h.finish()
+    }
+
+    /// A replica frozen inside its turn (SIGSTOP, a paused VM: it sends nothing more) holds the
+    /// turn lock only until the server ends its idle session; a replica waiting for the lock
+    /// meanwhile waits past its own timeouts and then gets it.
+    @Test func aReplicaFrozenInsideItsTurnHasItsSessionEndedAndAnotherGetsTheTurn() throws {
+        let h = try Harness()
+        let frozen = try h.open("frozen", timeoutSeconds: 2).index
+        let waiting = try h.open("waiting", timeoutSeconds: 1).index
+        let lost = Locked<PGError?>(nil)
+        h.thread.run { h.journals[frozen].onLost = { error in lost.withLock { $0 = error } } }
+        _ = try h.call("frozen's turn") { done in h.journals[frozen].beginTurn(after: 0, done) }.get()
+        let turn = Locked<Result<SharedDelta?, PGError>?>(nil)
+        h.thread.run { h.journals[waiting].beginTurn(after: 0) { result in turn.withLock { $0 = result } } }
+        try pollUntil("the waiting replica's turn", timeout: 15) { turn.value != nil }
+        #expect(try turn.value!.get()?.turn == 0, "the turn came, not a timeout")
+        try pollUntil("the frozen replica to hear its session ended") { lost.value != nil }
+        try h.call("the turn's commit") { done in h.journals[waiting].commitTurn(1, StoreBatch(), events: [], eventSequence: 0, done) }.get()
         try h.finish()
     }
 
