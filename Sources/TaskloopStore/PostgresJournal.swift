@@ -11,7 +11,9 @@ import TaskloopPostgres
 /// table. Between turns, a replica catches up with a read of the same kind (`catchUp`), woken
 /// by the `NOTIFY` each turn sends as it commits.
 ///
-/// Two connections: one for the turns and reads, whose batches are pipelined; one that listens.
+/// Three connections: one for the turns and reads, whose batches are pipelined; one that
+/// listens; one for this replica's lease, whose renewals must not wait behind the turn lock
+/// (a replica waiting for its turn longer than its lease would be taken for gone).
 ///
 /// Threading: the loop's thread only; completions come back on it.
 public final class PostgresJournal {
@@ -49,6 +51,7 @@ public final class PostgresJournal {
     private let loop: EventLoop
     private let connection: PGConnection
     private let listener: PGConnection
+    private let leases: PGConnection
     /// Called with the turn number each committed turn announces.
     public var onTurnCommitted: ((UInt64) -> Void)?
     /// Called once if either connection ends; the journal is then done.
@@ -60,6 +63,7 @@ public final class PostgresJournal {
         self.settings = settings
         connection = PGConnection(loop: loop)
         listener = PGConnection(loop: loop)
+        leases = PGConnection(loop: loop)
     }
 
     // MARK: opening
@@ -69,6 +73,7 @@ public final class PostgresJournal {
     public func open(_ completion: @escaping (Result<Loaded, PGError>) -> Void) {
         connection.onClosed = { [unowned self] error in lose(error) }
         listener.onClosed = { [unowned self] error in lose(error) }
+        leases.onClosed = { [unowned self] error in lose(error) }
         listener.onNotification = { [unowned self] _, payload in
             if let turn = UInt64(payload) { onTurnCommitted?(turn) }
         }
@@ -78,11 +83,14 @@ public final class PostgresJournal {
                 if case .failure(let error) = result { return completion(.failure(error)) }
                 listener.execute([PGQuery("LISTEN taskloop")]) { [unowned self] result in
                     if case .failure(let error) = result { return completion(.failure(error)) }
-                    migrate { [unowned self] result in
+                    leases.connect(settings.url, timeouts: settings.timeouts) { [unowned self] result in
                         if case .failure(let error) = result { return completion(.failure(error)) }
-                        register { [unowned self] result in
+                        migrate { [unowned self] result in
                             if case .failure(let error) = result { return completion(.failure(error)) }
-                            loadEverything(completion)
+                            register { [unowned self] result in
+                                if case .failure(let error) = result { return completion(.failure(error)) }
+                                loadEverything(completion)
+                            }
                         }
                     }
                 }
@@ -140,10 +148,11 @@ public final class PostgresJournal {
     }
 
     private func register(_ completion: @escaping (Result<Void, PGError>) -> Void) {
-        connection.execute([PGQuery(
+        leases.execute([PGQuery(
             // A replica restarting under its name takes its row back; what it ran before is
             // interrupted in its first turn.
-            "INSERT INTO taskloop.replicas (name, started_at, expires_at) VALUES ($1, now(), now() + $2 * interval '1 millisecond') "
+            "INSERT INTO taskloop.replicas (name, started_at, expires_at) "
+                + "VALUES ($1, clock_timestamp(), clock_timestamp() + $2 * interval '1 millisecond') "
                 + "ON CONFLICT (name) DO UPDATE SET started_at = excluded.started_at, expires_at = excluded.expires_at",
             [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) { result in completion(result.map { _ in () }) }
     }
@@ -272,10 +281,11 @@ public final class PostgresJournal {
 
     // MARK: the replica's lease
 
-    /// Renews this replica's lease. Fails with `replicaGone` when the row is not there: other
-    /// replicas took it for gone, and have interrupted what it ran.
+    /// Renews this replica's lease, from the moment the row is written. Fails with
+    /// `replicaGone` when the row is not there: other replicas took it for gone, and have
+    /// interrupted what it ran.
     public func renewLease(_ completion: @escaping (Result<Void, PGError>) -> Void) {
-        connection.execute([PGQuery(SharedSchema.renewLease, [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) {
+        leases.execute([PGQuery(SharedSchema.renewLease, [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) {
             result in
             completion(result.flatMap { results in
                 results[0].affectedRows == 1 ? .success(()) : .failure(PGError(message: "this replica was taken for gone",
@@ -289,7 +299,7 @@ public final class PostgresJournal {
 
     /// Whether any replica's lease has expired (a turn then takes over what it ran).
     public func anyReplicaGone(_ completion: @escaping (Result<Bool, PGError>) -> Void) {
-        connection.execute([PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)])]) { result in
+        leases.execute([PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)])]) { result in
             completion(result.map { $0[0].rowCount > 0 })
         }
     }
@@ -297,10 +307,11 @@ public final class PostgresJournal {
     /// Leaves: this replica's row goes (what it still ran was handed back in its last turn).
     public func close(_ completion: @escaping () -> Void) {
         guard !lost else { return completion() }
-        connection.execute([PGQuery("DELETE FROM taskloop.replicas WHERE name = $1", [.text(settings.replica)])]) { [self] _ in
+        leases.execute([PGQuery("DELETE FROM taskloop.replicas WHERE name = $1", [.text(settings.replica)])]) { [self] _ in
             lost = true
             connection.close()
             listener.close()
+            leases.close()
             completion()
         }
     }
@@ -310,6 +321,7 @@ public final class PostgresJournal {
         lost = true
         connection.close()
         listener.close()
+        leases.close()
         onLost?(error)
     }
 

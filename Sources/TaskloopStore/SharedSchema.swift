@@ -96,8 +96,10 @@ enum SharedSchema {
     static let goneReplicas = PGStatement(
         "gone_replicas", "SELECT name FROM taskloop.replicas WHERE expires_at < now() AND name <> $1 ORDER BY name")
     static let forgetReplica = PGStatement("forget_replica", "DELETE FROM taskloop.replicas WHERE name = $1 AND expires_at < now()")
+    /// From when the row is written (recomputed after waiting out another change of the row):
+    /// `now()` is when the statement's transaction began, before any wait.
     static let renewLease = PGStatement(
-        "renew_lease", "UPDATE taskloop.replicas SET expires_at = now() + $2 * interval '1 millisecond' WHERE name = $1")
+        "renew_lease", "UPDATE taskloop.replicas SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' WHERE name = $1")
     static let advance = PGStatement("advance", "UPDATE taskloop.state SET turn = $1, event_seq = $2")
     static let trimRemovals = "DELETE FROM taskloop.removals WHERE turn < $1"
     static let trimEvents = "DELETE FROM taskloop.events WHERE turn < $1"

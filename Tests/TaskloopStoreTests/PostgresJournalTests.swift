@@ -199,6 +199,62 @@ struct Unchecked<Value>: @unchecked Sendable {
         try h.finish()
     }
 
+    /// How many sessions on the test's database wait for a lock.
+    static func waitingForLocks(_ url: String) throws -> String {
+        try PostgresCluster.shared().sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            database: url).trimmingCharacters(in: .newlines)
+    }
+
+    /// A renewal does not wait behind the turn lock (a replica waiting for its turn would
+    /// otherwise be taken for gone), and its lease runs from when the row is written, not
+    /// from the start of the statement's transaction.
+    @Test func aLeaseIsRenewedWhileTheTurnWaitsAndRunsFromTheRenewalsWrite() throws {
+        let h = try Harness()
+        let a = try h.open("a", leaseMilliseconds: 60_000).index
+        // b's turn is not cut short by its idle timeout while a waits for it.
+        let b = try h.open("b", timeoutSeconds: 60).index
+        _ = try h.call("b's turn") { done in h.journals[b].beginTurn(after: 0, done) }.get()
+        let aTurn = Locked<Result<SharedDelta?, PGError>?>(nil)
+        h.thread.run { h.journals[a].beginTurn(after: 0) { result in aTurn.withLock { $0 = result } } }
+        try pollUntil("a waiting for the turn lock") { try Self.waitingForLocks(h.url) == "1" }
+        try h.call("a renews while its turn waits", timeout: 5) { done in h.journals[a].renewLease(done) }.get()
+        #expect(aTurn.value == nil)
+        h.thread.run { h.journals[b].abandonTurn() }
+        try pollUntil("a's turn") { aTurn.value != nil }
+        _ = try h.call("a gives its turn up") { done in h.journals[a].abandonTurn { done(()) } }
+
+        // Another session changes a's row: the renewal waits for it, and its lease counts from
+        // after that change committed.
+        let holder = Locked<[String]>([])
+        let connection = h.thread.run { Unchecked(PGConnection(loop: h.thread.loop)) }
+        let hold = { (queries: [PGQuery]) in
+            let before = holder.value.count
+            h.thread.run {
+                connection.value.execute(queries) { result in
+                    let rows = (try? result.get().filter { $0.rowCount > 0 }.compactMap { $0.text(0, 0) }) ?? ["\(result)"]
+                    holder.withLock { $0.append(rows.joined()) }
+                }
+            }
+            try pollUntil("the holder's batch") { holder.value.count > before }
+        }
+        _ = try h.call("the holder connects") { done in connection.value.connect(h.url) { done($0) } }.get()
+        try hold([PGQuery("BEGIN"), PGQuery("UPDATE taskloop.replicas SET started_at = clock_timestamp() WHERE name = 'a'")])
+        let renewed = Locked<Result<Void, PGError>?>(nil)
+        h.thread.run { h.journals[a].renewLease { result in renewed.withLock { $0 = result } } }
+        try pollUntil("the renewal waiting for the row") { try Self.waitingForLocks(h.url) == "1" }
+        try hold([PGQuery("SELECT extract(epoch FROM clock_timestamp())::text"), PGQuery("COMMIT")])
+        let released = try #require(Double(holder.value[1]), "\(holder.value)")
+        try pollUntil("the renewal") { renewed.value != nil }
+        try renewed.value!.get()
+        let expires = try PostgresCluster.shared().sql(
+            "SELECT extract(epoch FROM expires_at) FROM taskloop.replicas WHERE name = 'a'", database: h.url)
+        let leaseStart = try #require(Double(expires.trimmingCharacters(in: .whitespacesAndNewlines))) - 60
+        #expect(leaseStart > released, "the lease started \(released - leaseStart) s before the renewal wrote it")
+        h.thread.run { connection.value.close() }
+        try h.finish()
+    }
+
     @Test func aReplicaThatStopsRenewingIsFoundGoneAndLearnsItWhenItComesBack() throws {
         let h = try Harness()
         let a = try h.open("a", leaseMilliseconds: 200).index
