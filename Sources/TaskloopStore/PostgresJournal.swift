@@ -21,6 +21,9 @@ public final class PostgresJournal {
         public var url: String
         /// This replica's name in the `replicas` table and on the attempts it runs.
         public var replica: String
+        /// This process among those that have used the name: new at each start, kept when the
+        /// process starts over.
+        public var incarnation = String(UInt64.random(in: .min ... .max), radix: 16)
         /// A replica that has not renewed its lease for this long is gone.
         public var leaseMilliseconds: UInt64 = 10_000
         /// Removals and events older than this many turns are trimmed; a replica further
@@ -70,7 +73,13 @@ public final class PostgresJournal {
 
     /// Connects, brings the schema up to date (one replica at a time, under the migration
     /// lock), registers this replica, and loads everything.
-    public func open(_ completion: @escaping (Result<Loaded, PGError>) -> Void) {
+    ///
+    /// A process starting (`replacing`) takes its name over from any earlier process of that
+    /// name at once: one killed, whose attempts its first turn interrupts, or one still running
+    /// by mistake, which stops at its next turn or renewal (`replicaReplaced`). A process
+    /// starting over takes only its own row back: it fails with `replicaReplaced` if another
+    /// holds the name (two processes would otherwise take it from each other for ever).
+    public func open(replacing: Bool = true, _ completion: @escaping (Result<Loaded, PGError>) -> Void) {
         connection.onClosed = { [unowned self] error in lose(error) }
         listener.onClosed = { [unowned self] error in lose(error) }
         leases.onClosed = { [unowned self] error in lose(error) }
@@ -87,7 +96,7 @@ public final class PostgresJournal {
                         if case .failure(let error) = result { return completion(.failure(error)) }
                         migrate { [unowned self] result in
                             if case .failure(let error) = result { return completion(.failure(error)) }
-                            register { [unowned self] result in
+                            register(replacing: replacing) { [unowned self] result in
                                 if case .failure(let error) = result { return completion(.failure(error)) }
                                 loadEverything(completion)
                             }
@@ -147,14 +156,16 @@ public final class PostgresJournal {
         }
     }
 
-    private func register(_ completion: @escaping (Result<Void, PGError>) -> Void) {
+    private func register(replacing: Bool, _ completion: @escaping (Result<Void, PGError>) -> Void) {
         leases.execute([PGQuery(
-            // A replica restarting under its name takes its row back; what it ran before is
-            // interrupted in its first turn.
-            "INSERT INTO taskloop.replicas (name, started_at, expires_at) "
-                + "VALUES ($1, clock_timestamp(), clock_timestamp() + $2 * interval '1 millisecond') "
-                + "ON CONFLICT (name) DO UPDATE SET started_at = excluded.started_at, expires_at = excluded.expires_at",
-            [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) { result in completion(result.map { _ in () }) }
+            "INSERT INTO taskloop.replicas (name, incarnation, started_at, expires_at) "
+                + "VALUES ($1, $3, clock_timestamp(), clock_timestamp() + $2 * interval '1 millisecond') "
+                + "ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, started_at = excluded.started_at, "
+                + "expires_at = excluded.expires_at WHERE $4 OR replicas.incarnation = excluded.incarnation",
+            [.text(settings.replica), .int(Int64(settings.leaseMilliseconds)), .text(settings.incarnation), .bool(replacing)])]) {
+            [unowned self] result in
+            completion(result.flatMap { results in results[0].affectedRows == 1 ? .success(()) : .failure(replaced) })
+        }
     }
 
     /// Everything, read in one snapshot.
@@ -217,8 +228,19 @@ public final class PostgresJournal {
             PGQuery(SharedSchema.readState, binaryResults: true),
         ] + Self.deltaQueries(after: applied) + [
             PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)]),
+            // Under the turn lock: a process that took the name over did so before this turn,
+            // or its first turn comes after this one and interrupts what this one starts.
+            PGQuery(SharedSchema.nameHolder, [.text(settings.replica)]),
         ]) { [unowned self] result in
-            completion(result.flatMap { results in delta(results, stateAt: 4, after: applied, goneAt: results.count - 1) })
+            switch result {
+            case .failure(let error):
+                completion(.failure(error))
+            case .success(let results):
+                if let displaced = displacement(results[results.count - 1]) {
+                    return abandonTurn { completion(.failure(displaced)) }
+                }
+                completion(delta(results, stateAt: 4, after: applied, goneAt: results.count - 2))
+            }
         }
     }
 
@@ -283,19 +305,34 @@ public final class PostgresJournal {
 
     /// Renews this replica's lease, from the moment the row is written. Fails with
     /// `replicaGone` when the row is not there: other replicas took it for gone, and have
-    /// interrupted what it ran.
+    /// interrupted what it ran; with `replicaReplaced` when another process took the name over.
     public func renewLease(_ completion: @escaping (Result<Void, PGError>) -> Void) {
-        leases.execute([PGQuery(SharedSchema.renewLease, [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) {
-            result in
+        leases.execute([
+            PGQuery(SharedSchema.renewLease,
+                    [.text(settings.replica), .int(Int64(settings.leaseMilliseconds)), .text(settings.incarnation)]),
+            PGQuery(SharedSchema.nameHolder, [.text(settings.replica)]),
+        ]) { [unowned self] result in
             completion(result.flatMap { results in
-                results[0].affectedRows == 1 ? .success(()) : .failure(PGError(message: "this replica was taken for gone",
-                                                                                sqlState: PostgresJournal.replicaGone))
+                results[0].affectedRows == 1 ? .success(()) : .failure(displacement(results[1]) ?? replaced)
             })
         }
     }
 
-    /// The error state `renewLease` fails with when this replica was taken for gone.
+    /// Why this process may no longer act as its replica, from its row (`nameHolder`).
+    private func displacement(_ holder: PGResult) -> PGError? {
+        guard holder.rowCount == 1 else { return PGError(message: "this replica was taken for gone", sqlState: Self.replicaGone) }
+        return holder.text(0, 0) == settings.incarnation ? nil : replaced
+    }
+
+    private var replaced: PGError {
+        PGError(message: "another process took the replica name \(settings.replica) over", sqlState: Self.replicaReplaced)
+    }
+
+    /// The error state of a turn or a renewal when this replica was taken for gone.
     public static let replicaGone = "TL001"
+    /// The error state of an open, a turn or a renewal when another process holds this
+    /// replica's name.
+    public static let replicaReplaced = "TL002"
 
     /// Whether any replica's lease has expired (a turn then takes over what it ran).
     public func anyReplicaGone(_ completion: @escaping (Result<Bool, PGError>) -> Void) {
@@ -307,13 +344,24 @@ public final class PostgresJournal {
     /// Leaves: this replica's row goes (what it still ran was handed back in its last turn).
     public func close(_ completion: @escaping () -> Void) {
         guard !lost else { return completion() }
-        leases.execute([PGQuery("DELETE FROM taskloop.replicas WHERE name = $1", [.text(settings.replica)])]) { [self] _ in
+        leases.execute([PGQuery("DELETE FROM taskloop.replicas WHERE name = $1 AND incarnation = $2",
+                                [.text(settings.replica), .text(settings.incarnation)])]) { [self] _ in
             lost = true
             connection.close()
             listener.close()
             leases.close()
             completion()
         }
+    }
+
+    /// Closes the connections at once, failing what is in flight, and leaves the row as it is
+    /// (another process holds the name now).
+    public func abandon() {
+        guard !lost else { return }
+        lost = true
+        connection.close()
+        listener.close()
+        leases.close()
     }
 
     private func lose(_ error: PGError) {

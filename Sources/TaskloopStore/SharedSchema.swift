@@ -6,7 +6,7 @@ import TaskloopPostgres
 /// that last wrote it, and a deletion leaves a removal, so a replica reads "what changed after
 /// turn N" with one indexed query per table.
 enum SharedSchema {
-    static let version = 2
+    static let version = 3
 
     /// Advisory lock keys ("TLMIGRAT", "TLTURN__" as 64-bit integers would be clearer in a
     /// lock listing, but the numbers only have to be fixed and unlikely to collide).
@@ -62,6 +62,9 @@ enum SharedSchema {
         // A delivery's record (format 2) carries its earlier attempts. The tables stay as they
         // are, but a replica of version 1 cannot read such records: the version keeps it out.
         Migration(version: 2, statements: []),
+        // Which process holds a replica's name: one started under a name in use takes it over,
+        // and the other, fenced by it, stops (PostgresJournal.open).
+        Migration(version: 3, statements: ["ALTER TABLE taskloop.replicas ADD COLUMN incarnation text NOT NULL DEFAULT ''"]),
     ]
 
     enum Removal: Int {
@@ -99,7 +102,9 @@ enum SharedSchema {
     /// From when the row is written (recomputed after waiting out another change of the row):
     /// `now()` is when the statement's transaction began, before any wait.
     static let renewLease = PGStatement(
-        "renew_lease", "UPDATE taskloop.replicas SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' WHERE name = $1")
+        "renew_lease",
+        "UPDATE taskloop.replicas SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' WHERE name = $1 AND incarnation = $3")
+    static let nameHolder = PGStatement("name_holder", "SELECT incarnation FROM taskloop.replicas WHERE name = $1")
     static let advance = PGStatement("advance", "UPDATE taskloop.state SET turn = $1, event_seq = $2")
     static let trimRemovals = "DELETE FROM taskloop.removals WHERE turn < $1"
     static let trimEvents = "DELETE FROM taskloop.events WHERE turn < $1"

@@ -8,9 +8,10 @@ import TaskloopTestSupport
     typealias RunningBinary = BinaryTests.RunningBinary
 
     /// A replica of the binary on `url`, listening on a free port; its client.
-    static func replica(_ name: String, _ url: String, extra: [String] = []) throws -> (RunningBinary, APIClient, Int) {
+    static func replica(_ name: String, _ url: String, leaseSeconds: Int = 2, extra: [String] = []) throws
+        -> (RunningBinary, APIClient, Int) {
         let binary = try RunningBinary(arguments: ["--port", "0", "--database-url", url, "--replica-name", name,
-                                                   "--replica-lease-seconds", "2", "--log-level", "warning"] + extra)
+                                                   "--replica-lease-seconds", "\(leaseSeconds)", "--log-level", "warning"] + extra)
         let line = try binary.waitForLine(containing: "listening on", timeout: 30)
         let port = try #require(BinaryTests.port(from: line))
         return (binary, try APIClient(port: port), port)
@@ -73,6 +74,72 @@ import TaskloopTestSupport
         let queue = try survivors[1].call("GET", "/queues/long").json
         #expect((queue["counts"] as? [String: Any])?["running"] as? Int == 3)
         for replica in replicas { #expect(try replica.0.stop() == 0) }
+    }
+
+    /// A long sleep with a second attempt, submitted to `client`, once it runs; its id.
+    static func longSleep(on client: APIClient) throws -> String {
+        let task = try client.submit(#"{"kind":"sleep","params":{"duration_ms":600000},"retry":{"max_attempts":2,"backoff_ms":0}}"#)
+        let id = try #require(task["id"] as? String)
+        _ = try client.waitForState(id, "running")
+        return id
+    }
+
+    /// Whether task `id`'s first attempt was interrupted and its second runs.
+    static func runsAgain(_ id: String, on client: APIClient) throws -> Bool {
+        let task = try client.task(id)
+        return task["attempt"] as? Int == 2 && task["state"] as? String == "running"
+            && (task["error"] as? [String: Any])?["code"] as? String == "interrupted"
+    }
+
+    /// A process restarted under its name after a kill -9 takes the name back at once, and
+    /// what the dead one ran is interrupted then, not once its lease would have run out.
+    @Test func aReplicaRestartedAfterKill9UnderItsNameTakesOverWhatItRanAtOnce() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.replica("same", url, leaseSeconds: 600)
+        let id = try Self.longSleep(on: first.1)
+        kill(first.0.process.processIdentifier, SIGKILL)
+        _ = try first.0.waitForExit()
+        let restarted = try Self.replica("same", url, leaseSeconds: 600)
+        try pollUntil("the dead process's attempt to run again", timeout: 20, every: 20_000) { try Self.runsAgain(id, on: restarted.1) }
+        #expect(try restarted.1.call("POST", "/tasks", json: #"{"kind":"noop"}"#).status == 201)
+        #expect(try restarted.0.stop() == 0)
+    }
+
+    /// Two live processes under one name: the newer takes the name over and what the older ran
+    /// (the older stops it), and the older, fenced at its next turn or renewal, stops serving
+    /// for good instead of taking the name back; it starts nothing more that would then be
+    /// left running under the name.
+    @Test func aSecondProcessUnderANameInUseTakesItOverAndTheFirstStopsServing() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let cluster = try PostgresCluster.shared()
+        let older = try Self.replica("same", url)
+        let id = try Self.longSleep(on: older.1)
+        let newer = try Self.replica("same", url)
+        try pollUntil("the older process's attempt to run again", timeout: 20, every: 20_000) { try Self.runsAgain(id, on: newer.1) }
+        var refused: RawResponse?
+        try pollUntil("503 from the older process", timeout: 10, every: 20_000) {
+            refused = try older.1.call("POST", "/tasks", json: #"{"kind":"noop"}"#)
+            return refused?.status == 503
+        }
+        #expect(refused?.json["code"] as? String == "database_unavailable")
+        _ = try older.0.waitForLine(containing: "another process took over the replica name same")
+        #expect(try older.1.call("GET", "/healthz").status == 503)
+        // The newer renews its lease twice more (every half second) and keeps the name.
+        let expiry = { try cluster.sql("SELECT expires_at FROM taskloop.replicas WHERE name = 'same'", database: url) }
+        var renewals: [String] = [try expiry()]
+        try pollUntil("two renewals by the newer process", timeout: 10, every: 50_000) {
+            let now = try expiry()
+            if now != renewals.last { renewals.append(now) }
+            return renewals.count >= 3
+        }
+        let created = try newer.1.submit(#"{"kind":"noop"}"#)
+        #expect(try newer.1.call("GET", "/tasks/\(created["id"] as! String)?wait=10", timeout: 15).json["state"] as? String == "succeeded")
+        #expect(try older.1.call("POST", "/tasks", json: #"{"kind":"noop"}"#).status == 503)
+        #expect(try Self.runsAgain(id, on: newer.1))
+        #expect(try older.0.stop() == 0)
+        // The older one's leaving did not take the newer's row.
+        #expect(try cluster.sql("SELECT count(*) FROM taskloop.replicas WHERE name = 'same'", database: url).hasPrefix("1"))
+        #expect(try newer.0.stop() == 0)
     }
 
     /// While the database is down every replica answers 503 (reads too: it cannot know what it

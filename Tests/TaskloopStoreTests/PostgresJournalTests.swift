@@ -255,6 +255,40 @@ struct Unchecked<Value>: @unchecked Sendable {
         try h.finish()
     }
 
+    static func failureState<Value>(_ result: Result<Value, PGError>) -> String? {
+        if case .failure(let error) = result { return error.sqlState }
+        return nil
+    }
+
+    /// A process opening under a name in use takes it over: the older one's renewals and turns
+    /// fail with `replicaReplaced` (its turn gives the lock back), starting over does not take
+    /// the name back, and leaving does not remove the newer one's row.
+    @Test func aProcessOpeningUnderANameInUseTakesItOverAndTheOlderIsFenced() throws {
+        let h = try Harness()
+        let older = try h.open("a").index
+        let newer = try h.open("a").index
+        let renewed = try h.call("the older renews") { done in h.journals[older].renewLease(done) }
+        #expect(Self.failureState(renewed) == PostgresJournal.replicaReplaced)
+        let turn = try h.call("the older's turn") { done in h.journals[older].beginTurn(after: 0, done) }
+        #expect(Self.failureState(turn) == PostgresJournal.replicaReplaced)
+        _ = try h.call("the newer's turn", timeout: 5) { done in h.journals[newer].beginTurn(after: 0, done) }.get()
+        h.thread.run { h.journals[newer].abandonTurn() }
+        try h.call("the newer renews") { done in h.journals[newer].renewLease(done) }.get()
+
+        let settings = h.thread.run { h.journals[older].settings }
+        let again = h.thread.run {
+            h.journals.append(PostgresJournal(loop: h.thread.loop, settings: settings))
+            return h.journals.count - 1
+        }
+        let reopened = try h.call("the older starts over") { done in h.journals[again].open(replacing: false, done) }
+        #expect(Self.failureState(reopened) == PostgresJournal.replicaReplaced)
+        _ = try h.call("the older leaves") { done in h.journals[older].close { done(()) } }
+        #expect(try PostgresCluster.shared().sql("SELECT count(*) FROM taskloop.replicas WHERE name = 'a'", database: h.url)
+            .hasPrefix("1"))
+        try h.call("the newer renews again") { done in h.journals[newer].renewLease(done) }.get()
+        try h.finish()
+    }
+
     @Test func aReplicaThatStopsRenewingIsFoundGoneAndLearnsItWhenItComesBack() throws {
         let h = try Harness()
         let a = try h.open("a", leaseMilliseconds: 200).index
