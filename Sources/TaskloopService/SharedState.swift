@@ -376,8 +376,14 @@ final class SharedState: Journal, EngineGate {
 
     private func reconnect() {
         let fresh = PostgresJournal(loop: loop, settings: journal.settings)
-        journal.onLost = nil
-        journal.onTurnCommitted = nil
+        let previous = journal
+        previous.onLost = nil
+        previous.onTurnCommitted = nil
+        previous.abandon()
+        // This may run inside the previous journal's failing batch, whose connection fails the
+        // batches after it once this returns (their completions hold the journal unowned): it
+        // goes once the loop is back.
+        _ = scheduler.schedule(after: 0) { withExtendedLifetime(previous) {} }
         journal = fresh
         listen(to: fresh)
         fresh.open(replacing: false) { [weak self] result in
