@@ -363,8 +363,8 @@ final class SharedState: Journal, EngineGate {
         isOpen = false
         leaseRenewal?.cancel()
         leaseRenewal = nil
-        refuseWaiting()
         let stopped = engine.suspendForShutdown()
+        refuseWaiting()
         logger.error("""
             another process took over the replica name \(journal.settings.replica): this one stops serving (503) and should be \
             stopped; give each process its own --replica-name
@@ -440,9 +440,11 @@ final class SharedState: Journal, EngineGate {
         return answered < target ? target : nil
     }
 
-    var isCaughtUp: Bool { builder.isEmpty && answered == sent }
+    /// Displaced, nothing commits any more: answers leave at once.
+    var isCaughtUp: Bool { phase == .displaced || builder.isEmpty && answered == sent }
 
     func whenDurable(_ action: @escaping (Bool) -> Void) {
+        guard phase != .displaced else { return action(false) }
         let target = builder.isEmpty ? sent : sent + 1
         guard answered < target else { return action(true) }
         waiting.append((target, action))
