@@ -145,6 +145,12 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() != 0)
     }
 
+    @Test func refusesADatabaseTimeoutOutOfRange() throws {
+        let binary = try RunningBinary(arguments: ["--database-timeout-seconds", "0"])
+        _ = try binary.waitForLine(containing: "--database-timeout-seconds must be 1...3600")
+        #expect(try binary.waitForExit() != 0)
+    }
+
     /// `--exec-isolation` (or its variable) decides what /healthz reports; a mode it does not
     /// know stops the start.
     @Test func execIsolationIsChosenAtStart() throws {
