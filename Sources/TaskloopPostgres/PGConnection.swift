@@ -1,4 +1,5 @@
 import CLibPQ
+import Glibc
 import TaskloopLoop
 
 /// One PostgreSQL connection driven by the loop: libpq's asynchronous API in pipeline mode,
@@ -26,7 +27,11 @@ public final class PGConnection {
 
     private var connection: OpaquePointer?
     private var poll: SocketPoll?
+    /// Until the connection is handed over (its handshake and its session's settings).
     private var connecting: ((Result<Void, PGError>) -> Void)?
+    /// libpq's handshake is under way: the socket is libpq's to drive.
+    private var isHandshaking = false
+    private var sessionSettings: [(name: String, value: String)] = []
     private var connectTimer: LoopTimer?
     /// What the server still owes, in order: one entry per query sent, then the batch's sync.
     private var expected: [Expected] = []
@@ -59,11 +64,22 @@ public final class PGConnection {
     }
 
     /// Opens the connection described by `url` (`postgres://...` or `key=value` pairs, as
-    /// libpq reads them), within `timeoutMilliseconds`.
-    public func connect(_ url: String, timeoutMilliseconds: UInt64 = 10_000,
+    /// libpq reads them), within `timeoutMilliseconds`. With `timeouts`, the socket and the
+    /// session give a silent peer up (`PGTimeouts`) before the connection is handed over.
+    public func connect(_ url: String, timeouts: PGTimeouts? = nil, timeoutMilliseconds: UInt64 = 10_000,
                         _ completion: @escaping (Result<Void, PGError>) -> Void) {
         precondition(connection == nil && !isClosed, "connect once")
-        guard let started = PQconnectStart(url) else {
+        let started: OpaquePointer?
+        if let timeouts {
+            switch PGTimeouts.parameters(of: url, adding: timeouts.connectionParameters) {
+            case .failure(let error): return fail(error, completion)
+            case .success(let parameters): started = Self.connectStart(parameters)
+            }
+            sessionSettings = timeouts.sessionSettings
+        } else {
+            started = PQconnectStart(url)
+        }
+        guard let started else {
             return completion(.failure(PGError(message: "libpq could not allocate a connection", isConnectionLost: true)))
         }
         connection = started
@@ -84,7 +100,19 @@ public final class PGConnection {
         } catch {
             return fail(PGError(message: "\(error)", isConnectionLost: true), completion)
         }
+        isHandshaking = true
         continueConnecting(status: PGRES_POLLING_WRITING)
+    }
+
+    private static func connectStart(_ parameters: [(keyword: String, value: String)]) -> OpaquePointer? {
+        let keywords = parameters.map { strdup($0.keyword) } + [nil]
+        let values = parameters.map { strdup($0.value) } + [nil]
+        defer { (keywords + values).forEach { free($0) } }
+        return keywords.map { UnsafePointer($0) }.withUnsafeBufferPointer { keywords in
+            values.map { UnsafePointer($0) }.withUnsafeBufferPointer { values in
+                PQconnectStartParams(keywords.baseAddress, values.baseAddress, 0)
+            }
+        }
     }
 
     private func fail(_ error: PGError, _ completion: (Result<Void, PGError>) -> Void) {
@@ -95,10 +123,14 @@ public final class PGConnection {
     private func continueConnecting(status: PostgresPollingStatusType) {
         switch status {
         case PGRES_POLLING_OK:
+            isHandshaking = false
             guard PQenterPipelineMode(connection) == 1 else {
                 return finishConnecting(.failure(PGError(message: "pipeline mode refused: \(errorMessage())", isConnectionLost: true)))
             }
-            finishConnecting(.success(()))
+            guard !sessionSettings.isEmpty else { return finishConnecting(.success(())) }
+            send(sessionSettings.map { PGQuery("SELECT set_config($1, $2, false)", [.text($0.name), .text($0.value)]) }) {
+                [unowned self] result in finishConnecting(result.map { _ in () })
+            }
         case PGRES_POLLING_FAILED:
             finishConnecting(.failure(PGError(message: errorMessage(), isConnectionLost: true)))
         case PGRES_POLLING_READING:
@@ -143,7 +175,7 @@ public final class PGConnection {
     }
 
     private func socketReady(status: Int32, readable: Bool, writable: Bool) {
-        if connecting != nil { return continueConnecting(status: PQconnectPoll(connection)) }
+        if isHandshaking { return continueConnecting(status: PQconnectPoll(connection)) }
         guard !isClosed else { return }
         if writable { flush() }
         if readable || status < 0 {
@@ -161,6 +193,10 @@ public final class PGConnection {
         guard !isClosed, connecting == nil, connection != nil else {
             return completion(.failure(PGError(message: "the connection is closed", isConnectionLost: true)))
         }
+        send(queries, completion)
+    }
+
+    private func send(_ queries: [PGQuery], _ completion: @escaping (Result<[PGResult], PGError>) -> Void) {
         for query in queries {
             let sent: Bool
             switch query.statement {
@@ -313,6 +349,9 @@ public final class PGConnection {
 
     /// The server's process id for this session (to end it from another, in tests).
     public var serverProcessID: Int32 { connection.map { PQbackendPID($0) } ?? 0 }
+
+    /// The socket to the server (to read its options, in tests).
+    public var socketDescriptor: Int32 { connection.map { PQsocket($0) } ?? -1 }
 
     // MARK: the end
 

@@ -105,6 +105,9 @@ public struct SharedDatabaseSettings: Sendable {
     public var url: String
     public var replica: String
     public var leaseMilliseconds: UInt64 = 10_000
+    /// How long PostgreSQL lets a statement, a lock wait or a replica idle inside a
+    /// transaction last, and about how long a silent connection is kept (`PGTimeouts`).
+    public var timeoutSeconds = 5
 
     public init(url: String, replica: String) {
         self.url = url

@@ -350,6 +350,7 @@ public final class TaskloopApplication {
                             scheduler: LoopScheduler) throws -> PostgresJournal.Loaded {
         var journalSettings = PostgresJournal.Settings(url: settings.url, replica: settings.replica)
         journalSettings.leaseMilliseconds = settings.leaseMilliseconds
+        journalSettings.timeouts = PGTimeouts(seconds: settings.timeoutSeconds)
         journalSettings.loadedEvents = configuration.eventBufferSize
         journalSettings.eventHistoryMilliseconds = configuration.eventHistoryMilliseconds
         let journal = PostgresJournal(loop: loop, settings: journalSettings)
@@ -386,14 +387,19 @@ public final class TaskloopApplication {
     /// The database's state replaces this replica's (its connection failed, or other replicas
     /// took it for gone): tasks, keys and events as committed; what was not committed goes.
     private func startOver(from loaded: PostgresJournal.Loaded) {
+        // What the database does not hold goes first: tasks a failed turn made here are newer
+        // than those other replicas committed meanwhile, which the engine files in id order
+        // after what it holds.
+        var gone = SharedChanges()
+        let kept = Set(loaded.state.tasks.map(\.id))
+        gone.evictedTasks = engine.allTaskKeys.filter { !kept.contains($0.id) }
+        let keptWorkflows = Set(loaded.state.workflows.map(\.id))
+        gone.evictedWorkflows = engine.allWorkflowIDs.filter { !keptWorkflows.contains($0) }
+        engine.absorb(gone)
         var everything = SharedChanges()
         everything.tasks = loaded.state.tasks
         everything.workflows = loaded.state.workflows
         everything.queues = loaded.state.queues
-        let kept = Set(loaded.state.tasks.map(\.id))
-        everything.evictedTasks = engine.allTaskKeys.filter { !kept.contains($0.id) }
-        let keptWorkflows = Set(loaded.state.workflows.map(\.id))
-        everything.evictedWorkflows = engine.allWorkflowIDs.filter { !keptWorkflows.contains($0) }
         engine.absorb(everything)
         idempotency.absorb(loaded.state.idempotencyKeys, expired: [])
         webhooks.replaceAll(loaded.state.webhooks, loaded.state.deliveries, owners: loaded.deliveryOwners,

@@ -11,7 +11,9 @@ import TaskloopPostgres
 /// table. Between turns, a replica catches up with a read of the same kind (`catchUp`), woken
 /// by the `NOTIFY` each turn sends as it commits.
 ///
-/// Two connections: one for the turns and reads, whose batches are pipelined; one that listens.
+/// Three connections: one for the turns and reads, whose batches are pipelined; one that
+/// listens; one for this replica's lease, whose renewals must not wait behind the turn lock
+/// (a replica waiting for its turn longer than its lease would be taken for gone).
 ///
 /// Threading: the loop's thread only; completions come back on it.
 public final class PostgresJournal {
@@ -19,6 +21,9 @@ public final class PostgresJournal {
         public var url: String
         /// This replica's name in the `replicas` table and on the attempts it runs.
         public var replica: String
+        /// This process among those that have used the name: new at each start, kept when the
+        /// process starts over.
+        public var incarnation = String(UInt64.random(in: .min ... .max), radix: 16)
         /// A replica that has not renewed its lease for this long is gone.
         public var leaseMilliseconds: UInt64 = 10_000
         /// Events and removals older than this are dropped (`--event-history-seconds`); a
@@ -26,6 +31,9 @@ public final class PostgresJournal {
         public var eventHistoryMilliseconds: Int64 = 3_600_000
         /// The newest events loaded at start (for resumes).
         public var loadedEvents = 10_000
+        /// What every connection gives a silent peer (a replica frozen inside a turn, a
+        /// vanished server); also the longest a statement may run.
+        public var timeouts = PGTimeouts(seconds: 5)
 
         public init(url: String, replica: String) {
             self.url = url
@@ -46,6 +54,7 @@ public final class PostgresJournal {
     private let loop: EventLoop
     private let connection: PGConnection
     private let listener: PGConnection
+    private let leases: PGConnection
     /// Called with the turn number each committed turn announces.
     public var onTurnCommitted: ((UInt64) -> Void)?
     /// Called once if either connection ends; the journal is then done.
@@ -66,29 +75,40 @@ public final class PostgresJournal {
         self.settings = settings
         connection = PGConnection(loop: loop)
         listener = PGConnection(loop: loop)
+        leases = PGConnection(loop: loop)
     }
 
     // MARK: opening
 
     /// Connects, brings the schema up to date (one replica at a time, under the migration
     /// lock), registers this replica, and loads everything.
-    public func open(_ completion: @escaping (Result<Loaded, PGError>) -> Void) {
+    ///
+    /// A process starting (`replacing`) takes its name over from any earlier process of that
+    /// name at once: one killed, whose attempts its first turn interrupts, or one still running
+    /// by mistake, which stops at its next turn or renewal (`replicaReplaced`). A process
+    /// starting over takes only its own row back: it fails with `replicaReplaced` if another
+    /// holds the name (two processes would otherwise take it from each other for ever).
+    public func open(replacing: Bool = true, _ completion: @escaping (Result<Loaded, PGError>) -> Void) {
         connection.onClosed = { [unowned self] error in lose(error) }
         listener.onClosed = { [unowned self] error in lose(error) }
+        leases.onClosed = { [unowned self] error in lose(error) }
         listener.onNotification = { [unowned self] _, payload in
             if let turn = UInt64(payload) { onTurnCommitted?(turn) }
         }
-        connection.connect(settings.url) { [unowned self] result in
+        connection.connect(settings.url, timeouts: settings.timeouts) { [unowned self] result in
             if case .failure(let error) = result { return completion(.failure(error)) }
-            listener.connect(settings.url) { [unowned self] result in
+            listener.connect(settings.url, timeouts: settings.timeouts) { [unowned self] result in
                 if case .failure(let error) = result { return completion(.failure(error)) }
                 listener.execute([PGQuery("LISTEN taskloop")]) { [unowned self] result in
                     if case .failure(let error) = result { return completion(.failure(error)) }
-                    migrate { [unowned self] result in
+                    leases.connect(settings.url, timeouts: settings.timeouts) { [unowned self] result in
                         if case .failure(let error) = result { return completion(.failure(error)) }
-                        register { [unowned self] result in
+                        migrate { [unowned self] result in
                             if case .failure(let error) = result { return completion(.failure(error)) }
-                            loadEverything(completion)
+                            register(replacing: replacing) { [unowned self] result in
+                                if case .failure(let error) = result { return completion(.failure(error)) }
+                                loadEverything(completion)
+                            }
                         }
                     }
                 }
@@ -145,13 +165,16 @@ public final class PostgresJournal {
         }
     }
 
-    private func register(_ completion: @escaping (Result<Void, PGError>) -> Void) {
-        connection.execute([PGQuery(
-            // A replica restarting under its name takes its row back; what it ran before is
-            // interrupted in its first turn.
-            "INSERT INTO taskloop.replicas (name, started_at, expires_at) VALUES ($1, now(), now() + $2 * interval '1 millisecond') "
-                + "ON CONFLICT (name) DO UPDATE SET started_at = excluded.started_at, expires_at = excluded.expires_at",
-            [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) { result in completion(result.map { _ in () }) }
+    private func register(replacing: Bool, _ completion: @escaping (Result<Void, PGError>) -> Void) {
+        leases.execute([PGQuery(
+            "INSERT INTO taskloop.replicas (name, incarnation, started_at, expires_at) "
+                + "VALUES ($1, $3, clock_timestamp(), clock_timestamp() + $2 * interval '1 millisecond') "
+                + "ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, started_at = excluded.started_at, "
+                + "expires_at = excluded.expires_at WHERE $4 OR replicas.incarnation = excluded.incarnation",
+            [.text(settings.replica), .int(Int64(settings.leaseMilliseconds)), .text(settings.incarnation), .bool(replacing)])]) {
+            [unowned self] result in
+            completion(result.flatMap { results in results[0].affectedRows == 1 ? .success(()) : .failure(replaced) })
+        }
     }
 
     /// Everything, read in one snapshot.
@@ -200,19 +223,37 @@ public final class PostgresJournal {
     /// reads what was committed after turn `applied`. The transaction stays open until
     /// `commitTurn` or `abandonTurn`. Nil when this replica fell behind the retained history
     /// (it must reload everything).
+    ///
+    /// The wait for the lock has no timeout: a turn that holds it ends, or its session is ended
+    /// by the server once idle for the timeout, which a waiter's own timeout of the same length
+    /// would race (and lose, as it started waiting first). The turn itself has the timeouts.
     public func beginTurn(after applied: UInt64, _ completion: @escaping (Result<SharedDelta?, PGError>) -> Void) {
         turnTransaction = nil
+        let timeout = PGValue.text(String(settings.timeouts.seconds * 1_000))
         connection.execute([
             PGQuery("BEGIN"),
             // Should the connection end before COMMIT's answer, this says whether the turn committed.
             PGQuery(SharedSchema.currentTransaction),
+            PGQuery(SharedSchema.waitWithoutTimeouts),
             PGQuery(SharedSchema.takeTurnLock),
+            PGQuery(SharedSchema.restoreTimeouts, [timeout]),
             PGQuery(SharedSchema.readState, binaryResults: true),
         ] + Self.deltaQueries(after: applied) + [
             PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)]),
+            // Under the turn lock: a process that took the name over did so before this turn,
+            // or its first turn comes after this one and interrupts what this one starts.
+            PGQuery(SharedSchema.nameHolder, [.text(settings.replica)]),
         ]) { [unowned self] result in
-            if case .success(let results) = result { turnTransaction = results[1].text(0, 0) }
-            completion(result.flatMap { results in delta(results, stateAt: 3, after: applied, goneAt: results.count - 1) })
+            switch result {
+            case .failure(let error):
+                completion(.failure(error))
+            case .success(let results):
+                turnTransaction = results[1].text(0, 0)
+                if let displaced = displacement(results[results.count - 1]) {
+                    return abandonTurn { completion(.failure(displaced)) }
+                }
+                completion(delta(results, stateAt: 5, after: applied, goneAt: results.count - 2))
+            }
         }
     }
 
@@ -323,24 +364,40 @@ public final class PostgresJournal {
 
     // MARK: the replica's lease
 
-    /// Renews this replica's lease. Fails with `replicaGone` when the row is not there: other
-    /// replicas took it for gone, and have interrupted what it ran.
+    /// Renews this replica's lease, from the moment the row is written. Fails with
+    /// `replicaGone` when the row is not there: other replicas took it for gone, and have
+    /// interrupted what it ran; with `replicaReplaced` when another process took the name over.
     public func renewLease(_ completion: @escaping (Result<Void, PGError>) -> Void) {
-        connection.execute([PGQuery(SharedSchema.renewLease, [.text(settings.replica), .int(Int64(settings.leaseMilliseconds))])]) {
-            result in
+        leases.execute([
+            PGQuery(SharedSchema.renewLease,
+                    [.text(settings.replica), .int(Int64(settings.leaseMilliseconds)), .text(settings.incarnation)]),
+            PGQuery(SharedSchema.nameHolder, [.text(settings.replica)]),
+        ]) { [unowned self] result in
             completion(result.flatMap { results in
-                results[0].affectedRows == 1 ? .success(()) : .failure(PGError(message: "this replica was taken for gone",
-                                                                                sqlState: PostgresJournal.replicaGone))
+                results[0].affectedRows == 1 ? .success(()) : .failure(displacement(results[1]) ?? replaced)
             })
         }
     }
 
-    /// The error state `renewLease` fails with when this replica was taken for gone.
+    /// Why this process may no longer act as its replica, from its row (`nameHolder`).
+    private func displacement(_ holder: PGResult) -> PGError? {
+        guard holder.rowCount == 1 else { return PGError(message: "this replica was taken for gone", sqlState: Self.replicaGone) }
+        return holder.text(0, 0) == settings.incarnation ? nil : replaced
+    }
+
+    private var replaced: PGError {
+        PGError(message: "another process took the replica name \(settings.replica) over", sqlState: Self.replicaReplaced)
+    }
+
+    /// The error state of a turn or a renewal when this replica was taken for gone.
     public static let replicaGone = "TL001"
+    /// The error state of an open, a turn or a renewal when another process holds this
+    /// replica's name.
+    public static let replicaReplaced = "TL002"
 
     /// Whether any replica's lease has expired (a turn then takes over what it ran).
     public func anyReplicaGone(_ completion: @escaping (Result<Bool, PGError>) -> Void) {
-        connection.execute([PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)])]) { result in
+        leases.execute([PGQuery(SharedSchema.goneReplicas, [.text(settings.replica)])]) { result in
             completion(result.map { $0[0].rowCount > 0 })
         }
     }
@@ -348,22 +405,26 @@ public final class PostgresJournal {
     /// Leaves: this replica's row goes (what it still ran was handed back in its last turn).
     public func close(_ completion: @escaping () -> Void) {
         guard !lost else { return completion() }
-        connection.execute([PGQuery("DELETE FROM taskloop.replicas WHERE name = $1", [.text(settings.replica)])]) { [self] _ in
+        leases.execute([PGQuery("DELETE FROM taskloop.replicas WHERE name = $1 AND incarnation = $2",
+                                [.text(settings.replica), .text(settings.incarnation)])]) { [self] _ in
             lost = true
             connection.close()
             listener.close()
+            leases.close()
             completion()
         }
     }
 
-    /// Closes the connections without leaving: a replica starting over on a new journal keeps
-    /// its row. (A connection dropped unclosed would leave its socket's poll behind, and the
-    /// next connection given the same descriptor could not be watched.)
+    /// Closes the connections at once, failing what is in flight, without leaving: a replica
+    /// starting over on a new journal keeps its row, and one replaced leaves it to the process
+    /// that holds the name now. (A connection dropped unclosed would leave its socket's poll
+    /// behind, and the next connection given the same descriptor could not be watched.)
     public func discard() {
         guard !lost else { return }
         lost = true
         connection.close()
         listener.close()
+        leases.close()
     }
 
     private func lose(_ error: PGError) {
@@ -371,6 +432,7 @@ public final class PostgresJournal {
         lost = true
         connection.close()
         listener.close()
+        leases.close()
         // A commit under way gets its outcome first (closing the connection may have begun
         // asking for it).
         if isResolvingCommit { lossAfterResolving = error } else { onLost?(error) }

@@ -6,7 +6,7 @@ import TaskloopPostgres
 /// that last wrote it, and a deletion leaves a removal, so a replica reads "what changed after
 /// turn N" with one indexed query per table.
 enum SharedSchema {
-    static let version = 3
+    static let version = 4
 
     /// Advisory lock keys ("TLMIGRAT", "TLTURN__" as 64-bit integers would be clearer in a
     /// lock listing, but the numbers only have to be fixed and unlikely to collide).
@@ -69,6 +69,9 @@ enum SharedSchema {
             "CREATE INDEX removals_time ON taskloop.removals (time)",
             "CREATE INDEX events_time ON taskloop.events (time)",
         ]),
+        // Which process holds a replica's name: one started under a name in use takes it over,
+        // and the other, fenced by it, stops (PostgresJournal.open).
+        Migration(version: 4, statements: ["ALTER TABLE taskloop.replicas ADD COLUMN incarnation text NOT NULL DEFAULT ''"]),
     ]
 
     enum Removal: Int {
@@ -95,14 +98,22 @@ enum SharedSchema {
     static let takeTurnLock = PGStatement("take_turn_lock", "SELECT pg_advisory_xact_lock(\(turnLock))")
     static let currentTransaction = PGStatement("current_transaction", "SELECT pg_current_xact_id()")
     static let transactionStatus = PGStatement("transaction_status", "SELECT pg_xact_status($1::xid8)")
+    static let waitWithoutTimeouts = PGStatement(
+        "wait_without_timeouts", "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)")
+    static let restoreTimeouts = PGStatement(
+        "restore_timeouts", "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true)")
     static let readState = PGStatement("read_state", "SELECT turn, event_seq FROM taskloop.state")
     /// The oldest turn whose removals and events are all still kept.
     static let horizon = PGStatement("horizon", "SELECT horizon FROM taskloop.state")
     static let goneReplicas = PGStatement(
         "gone_replicas", "SELECT name FROM taskloop.replicas WHERE expires_at < now() AND name <> $1 ORDER BY name")
     static let forgetReplica = PGStatement("forget_replica", "DELETE FROM taskloop.replicas WHERE name = $1 AND expires_at < now()")
+    /// From when the row is written (recomputed after waiting out another change of the row):
+    /// `now()` is when the statement's transaction began, before any wait.
     static let renewLease = PGStatement(
-        "renew_lease", "UPDATE taskloop.replicas SET expires_at = now() + $2 * interval '1 millisecond' WHERE name = $1")
+        "renew_lease",
+        "UPDATE taskloop.replicas SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' WHERE name = $1 AND incarnation = $3")
+    static let nameHolder = PGStatement("name_holder", "SELECT incarnation FROM taskloop.replicas WHERE name = $1")
     static let advance = PGStatement("advance", "UPDATE taskloop.state SET turn = $1, event_seq = $2")
     /// Drops events and removals older than $1 ms (by the database's clock), at most $2 of each
     /// (a turn that drops history stays short), and moves the horizon past the turns they were

@@ -142,6 +142,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Seconds a replica that stops renewing its lease is waited for before the others take over what it ran, 1...600. [env: TASKLOOP_REPLICA_LEASE_SECONDS]")
     var replicaLeaseSeconds: Double = Environment.double("REPLICA_LEASE_SECONDS") ?? 10
 
+    @Option(help: "Seconds PostgreSQL lets a statement, a lock wait, or a replica idle inside a transaction (frozen: SIGSTOP, a paused VM) last before ending it; a connection that stays silent is given up after about twice this (TCP keepalives), 1...3600. [env: TASKLOOP_DATABASE_TIMEOUT_SECONDS]")
+    var databaseTimeoutSeconds: Int = Environment.int("DATABASE_TIMEOUT_SECONDS") ?? 5
+
     @Option(help: "Seconds an Idempotency-Key names what its first request created. [env: TASKLOOP_IDEMPOTENCY_TTL_SECONDS]")
     var idempotencyTTLSeconds: Int = Environment.int("IDEMPOTENCY_TTL_SECONDS") ?? 86_400
 
@@ -237,6 +240,7 @@ struct Taskloop: ParsableCommand {
             }
         }
         guard (1...600).contains(replicaLeaseSeconds) else { throw ValidationError("--replica-lease-seconds must be 1...600") }
+        guard (1...3_600).contains(databaseTimeoutSeconds) else { throw ValidationError("--database-timeout-seconds must be 1...3600") }
         guard (1...31_536_000).contains(idempotencyTTLSeconds) else {
             throw ValidationError("--idempotency-ttl-seconds must be 1...31536000")
         }
@@ -329,6 +333,7 @@ struct Taskloop: ParsableCommand {
         if let databaseURL {
             var settings = SharedDatabaseSettings(url: databaseURL, replica: replicaName ?? Self.defaultReplicaName())
             settings.leaseMilliseconds = UInt64(replicaLeaseSeconds * 1_000)
+            settings.timeoutSeconds = databaseTimeoutSeconds
             configuration.sharedDatabase = settings
         }
         configuration.idempotencyTTLMilliseconds = Int64(idempotencyTTLSeconds) * 1_000

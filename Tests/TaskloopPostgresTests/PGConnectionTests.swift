@@ -21,14 +21,14 @@ import TaskloopTestSupport
         }
 
         /// Connects (on the loop); the connection's index, once connected.
-        func connect(_ url: String) throws -> Int {
+        func connect(_ url: String, timeouts: PGTimeouts? = nil) throws -> Int {
             let index = thread.run { [self] in
                 let connection = PGConnection(loop: thread.loop)
                 connections.append(connection)
                 let index = connections.count - 1
                 connection.onNotification = { [self] channel, payload in notifications.withLock { $0.append("\(channel):\(payload)") } }
                 connection.onClosed = { [self] error in closed.withLock { $0.append("\(index): \(error)") } }
-                connection.connect(url) { [self] result in
+                connection.connect(url, timeouts: timeouts) { [self] result in
                     outcomes.withLock { $0.append("connect \(index): \(result.map { "ok" })") }
                 }
                 return index
@@ -162,6 +162,50 @@ import TaskloopTestSupport
         let after = try harness.execute(victim, [PGQuery("SELECT 1")])
         #expect(after.failureState == nil && (try? after.get()) == nil, "a closed connection refuses at once")
         try harness.finish()
+    }
+
+    /// A frozen peer is given up on both ends: the socket has libpq's keepalives (derived from
+    /// the timeout), and the session has the server's timeouts and keepalives.
+    @Test func aConnectionWithTimeoutsHasThemOnItsSocketAndItsSession() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let connection = try harness.connect(database, timeouts: PGTimeouts(seconds: 7))
+        let socket = harness.thread.run { harness.connections[connection].socketDescriptor }
+        func option(_ level: Int32, _ name: Int32) -> Int32 {
+            var value: Int32 = -1
+            var length = socklen_t(MemoryLayout<Int32>.size)
+            getsockopt(socket, level, name, &value, &length)
+            return value
+        }
+        #expect(option(SOL_SOCKET, SO_KEEPALIVE) == 1)
+        #expect(option(Int32(IPPROTO_TCP), TCP_KEEPIDLE) == 7 && option(Int32(IPPROTO_TCP), TCP_KEEPINTVL) == 2
+                    && option(Int32(IPPROTO_TCP), TCP_KEEPCNT) == 3)
+        #expect(option(Int32(IPPROTO_TCP), TCP_USER_TIMEOUT) == 14_000)
+        let shown = try harness.execute(connection, [
+            "statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout", "tcp_keepalives_idle",
+            "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout",
+        ].map { PGQuery("SHOW \($0)") }).get()
+        #expect(shown == "7s | 7s | 7s | 7 | 2 | 3 | 14000")
+        try harness.finish()
+    }
+
+    /// What the connection string says is kept, in either of libpq's forms; the timeouts'
+    /// parameters fill in only what it leaves out.
+    @Test func theConnectionStringsOwnParametersWinOverTheTimeouts() throws {
+        let defaults = PGTimeouts(seconds: 5).connectionParameters
+        func merged(_ connectionString: String) throws -> [String] {
+            try PGTimeouts.parameters(of: connectionString, adding: defaults).get().map { "\($0.keyword)=\($0.value)" }
+        }
+        #expect(try merged("postgres://u:p@db.example:6432/tasks?keepalives_idle=60&sslmode=require") == [
+            "user=u", "password=p", "dbname=tasks", "host=db.example", "port=6432", "keepalives_idle=60", "sslmode=require",
+            "keepalives=1", "keepalives_interval=1", "keepalives_count=3", "tcp_user_timeout=10000",
+        ])
+        #expect(try merged("host=db.example dbname='my tasks' keepalives=0 keepalives_count=9") == [
+            "dbname=my tasks", "host=db.example", "keepalives=0", "keepalives_count=9",
+            "keepalives_idle=5", "keepalives_interval=1", "tcp_user_timeout=10000",
+        ])
+        #expect(throws: PGError.self) { try merged("host=db.example nonsense=1") }
+        #expect(throws: PGError.self) { try merged("postgresql://db.example/tasks?nonsense=1") }
     }
 
     @Test func connectingWhereNothingListensFailsWithTheReason() throws {

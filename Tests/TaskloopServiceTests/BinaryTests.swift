@@ -153,6 +153,12 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() != 0)
     }
 
+    @Test func refusesADatabaseTimeoutOutOfRange() throws {
+        let binary = try RunningBinary(arguments: ["--database-timeout-seconds", "0"])
+        _ = try binary.waitForLine(containing: "--database-timeout-seconds must be 1...3600")
+        #expect(try binary.waitForExit() != 0)
+    }
+
     /// `--exec-isolation` (or its variable) decides what /healthz reports; a mode it does not
     /// know stops the start.
     @Test func execIsolationIsChosenAtStart() throws {
@@ -187,7 +193,8 @@ import TaskloopTestSupport
                      "--max-retained-tasks", "--log-level", "--log-format", "--max-body-bytes", "--max-header-bytes",
                      "--header-timeout-seconds", "--body-timeout-seconds", "--idle-timeout-seconds", "--max-connections",
                      "--max-queues", "--log-buffer-bytes", "--durability", "--data-dir",
-                     "--idempotency-ttl-seconds", "--database-url", "--replica-name", "--replica-lease-seconds"] {
+                     "--idempotency-ttl-seconds", "--database-url", "--replica-name", "--replica-lease-seconds",
+                     "--database-timeout-seconds"] {
             #expect(binary.printed.contains(flag), "--help lists \(flag)")
         }
     }

@@ -38,9 +38,11 @@ struct Unchecked<Value>: @unchecked Sendable {
         }
 
         /// A journal opened for replica `name`; its index.
-        func open(_ name: String, leaseMilliseconds: UInt64 = 10_000) throws -> (index: Int, loaded: PostgresJournal.Loaded) {
+        func open(_ name: String, leaseMilliseconds: UInt64 = 10_000, timeoutSeconds: Int = 5) throws
+            -> (index: Int, loaded: PostgresJournal.Loaded) {
             var configured = PostgresJournal.Settings(url: url, replica: name)
             configured.leaseMilliseconds = leaseMilliseconds
+            configured.timeouts = PGTimeouts(seconds: timeoutSeconds)
             let settings = configured
             let index = thread.run { [self] in
                 let journal = PostgresJournal(loop: thread.loop, settings: settings)
@@ -177,6 +179,115 @@ struct Unchecked<Value>: @unchecked Sendable {
         try h.call("a's second commit") { done in h.journals[a].commitTurn(2, second, events: [], eventSequence: 0, done) }.get()
         let loaded = try h.call("reload") { done in h.journals[b].loadEverything(done) }.get()
         #expect(loaded.turn == 2 && loaded.state.tasks.map(\.sequence) == [1, 2])
+        try h.finish()
+    }
+
+    /// A replica frozen inside its turn (SIGSTOP, a paused VM: it sends nothing more) holds the
+    /// turn lock only until the server ends its idle session; a replica waiting for the lock
+    /// meanwhile waits past its own timeouts and then gets it.
+    @Test func aReplicaFrozenInsideItsTurnHasItsSessionEndedAndAnotherGetsTheTurn() throws {
+        let h = try Harness()
+        let frozen = try h.open("frozen", timeoutSeconds: 2).index
+        let waiting = try h.open("waiting", timeoutSeconds: 1).index
+        let lost = Locked<PGError?>(nil)
+        h.thread.run { h.journals[frozen].onLost = { error in lost.withLock { $0 = error } } }
+        _ = try h.call("frozen's turn") { done in h.journals[frozen].beginTurn(after: 0, done) }.get()
+        let turn = Locked<Result<SharedDelta?, PGError>?>(nil)
+        h.thread.run { h.journals[waiting].beginTurn(after: 0) { result in turn.withLock { $0 = result } } }
+        try pollUntil("the waiting replica's turn", timeout: 15) { turn.value != nil }
+        #expect(try turn.value!.get()?.turn == 0, "the turn came, not a timeout")
+        try pollUntil("the frozen replica to hear its session ended") { lost.value != nil }
+        try h.call("the turn's commit") { done in h.journals[waiting].commitTurn(1, StoreBatch(), events: [], eventSequence: 0, done) }.get()
+        try h.finish()
+    }
+
+    /// How many sessions on the test's database wait for a lock.
+    static func waitingForLocks(_ url: String) throws -> String {
+        try PostgresCluster.shared().sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            database: url).trimmingCharacters(in: .newlines)
+    }
+
+    /// A renewal does not wait behind the turn lock (a replica waiting for its turn would
+    /// otherwise be taken for gone), and its lease runs from when the row is written, not
+    /// from the start of the statement's transaction.
+    @Test func aLeaseIsRenewedWhileTheTurnWaitsAndRunsFromTheRenewalsWrite() throws {
+        let h = try Harness()
+        let a = try h.open("a", leaseMilliseconds: 60_000).index
+        // b's turn is not cut short by its idle timeout while a waits for it.
+        let b = try h.open("b", timeoutSeconds: 60).index
+        _ = try h.call("b's turn") { done in h.journals[b].beginTurn(after: 0, done) }.get()
+        let aTurn = Locked<Result<SharedDelta?, PGError>?>(nil)
+        h.thread.run { h.journals[a].beginTurn(after: 0) { result in aTurn.withLock { $0 = result } } }
+        try pollUntil("a waiting for the turn lock") { try Self.waitingForLocks(h.url) == "1" }
+        try h.call("a renews while its turn waits", timeout: 5) { done in h.journals[a].renewLease(done) }.get()
+        #expect(aTurn.value == nil)
+        h.thread.run { h.journals[b].abandonTurn() }
+        try pollUntil("a's turn") { aTurn.value != nil }
+        _ = try h.call("a gives its turn up") { done in h.journals[a].abandonTurn { done(()) } }
+
+        // Another session changes a's row: the renewal waits for it, and its lease counts from
+        // after that change committed.
+        let holder = Locked<[String]>([])
+        let connection = h.thread.run { Unchecked(PGConnection(loop: h.thread.loop)) }
+        let hold = { (queries: [PGQuery]) in
+            let before = holder.value.count
+            h.thread.run {
+                connection.value.execute(queries) { result in
+                    let rows = (try? result.get().filter { $0.rowCount > 0 }.compactMap { $0.text(0, 0) }) ?? ["\(result)"]
+                    holder.withLock { $0.append(rows.joined()) }
+                }
+            }
+            try pollUntil("the holder's batch") { holder.value.count > before }
+        }
+        _ = try h.call("the holder connects") { done in connection.value.connect(h.url) { done($0) } }.get()
+        try hold([PGQuery("BEGIN"), PGQuery("UPDATE taskloop.replicas SET started_at = clock_timestamp() WHERE name = 'a'")])
+        let renewed = Locked<Result<Void, PGError>?>(nil)
+        h.thread.run { h.journals[a].renewLease { result in renewed.withLock { $0 = result } } }
+        try pollUntil("the renewal waiting for the row") { try Self.waitingForLocks(h.url) == "1" }
+        try hold([PGQuery("SELECT extract(epoch FROM clock_timestamp())::text"), PGQuery("COMMIT")])
+        let released = try #require(Double(holder.value[1]), "\(holder.value)")
+        try pollUntil("the renewal") { renewed.value != nil }
+        try renewed.value!.get()
+        let expires = try PostgresCluster.shared().sql(
+            "SELECT extract(epoch FROM expires_at) FROM taskloop.replicas WHERE name = 'a'", database: h.url)
+        let leaseStart = try #require(Double(expires.trimmingCharacters(in: .whitespacesAndNewlines))) - 60
+        #expect(leaseStart > released, "the lease started \(released - leaseStart) s before the renewal wrote it")
+        h.thread.run { connection.value.close() }
+        try h.finish()
+    }
+
+    static func failureState<Value>(_ result: Result<Value, PGError>) -> String? {
+        if case .failure(let error) = result { return error.sqlState }
+        return nil
+    }
+
+    /// A process opening under a name in use takes it over: the older one's renewals and turns
+    /// fail with `replicaReplaced` (its turn gives the lock back), starting over does not take
+    /// the name back, and leaving does not remove the newer one's row.
+    @Test func aProcessOpeningUnderANameInUseTakesItOverAndTheOlderIsFenced() throws {
+        let h = try Harness()
+        let older = try h.open("a").index
+        let newer = try h.open("a").index
+        let renewed = try h.call("the older renews") { done in h.journals[older].renewLease(done) }
+        #expect(Self.failureState(renewed) == PostgresJournal.replicaReplaced)
+        let turn = try h.call("the older's turn") { done in h.journals[older].beginTurn(after: 0, done) }
+        #expect(Self.failureState(turn) == PostgresJournal.replicaReplaced)
+        _ = try h.call("the newer's turn", timeout: 5) { done in h.journals[newer].beginTurn(after: 0, done) }.get()
+        h.thread.run { h.journals[newer].abandonTurn() }
+        try h.call("the newer renews") { done in h.journals[newer].renewLease(done) }.get()
+
+        let settings = h.thread.run { h.journals[older].settings }
+        let again = h.thread.run {
+            h.journals.append(PostgresJournal(loop: h.thread.loop, settings: settings))
+            return h.journals.count - 1
+        }
+        let reopened = try h.call("the older starts over") { done in h.journals[again].open(replacing: false, done) }
+        #expect(Self.failureState(reopened) == PostgresJournal.replicaReplaced)
+        _ = try h.call("the older leaves") { done in h.journals[older].close { done(()) } }
+        #expect(try PostgresCluster.shared().sql("SELECT count(*) FROM taskloop.replicas WHERE name = 'a'", database: h.url)
+            .hasPrefix("1"))
+        try h.call("the newer renews again") { done in h.journals[newer].renewLease(done) }.get()
         try h.finish()
     }
 

@@ -23,6 +23,8 @@ import TaskloopStore
 ///   replica's lease ran out, a turn takes over what that replica ran. When it says this
 ///   replica was taken for gone, or the database cannot be reached or fails a turn, the
 ///   replica stops serving (503) and starts over from the database once it can.
+/// - When a renewal or a turn finds that another process took this replica's name over, this
+///   process stops for good: its work, and serving (503).
 ///
 /// Threading: loop thread only.
 final class SharedState: Journal, EngineGate {
@@ -52,6 +54,8 @@ final class SharedState: Journal, EngineGate {
         case catchingUp
         /// The database is out of reach, or this replica must start over.
         case recovering
+        /// Another process holds this replica's name: this one does nothing more.
+        case displaced
     }
     private var phase = Phase.idle
     private var wantsTurn = false
@@ -117,22 +121,25 @@ final class SharedState: Journal, EngineGate {
     // MARK: the gate
 
     func `defer`(_ work: @escaping () -> Void) {
+        guard phase != .displaced else { return }
         deferred.append((work, nil))
         scheduleTurn()
     }
 
     /// Runs a changing request in the next turn; `refuse` answers it if that turn never comes.
     func inNextTurn(_ run: @escaping () -> Void, refuse: @escaping () -> Void) {
+        guard phase != .displaced else { return refuse() }
         deferred.append((run, refuse))
         scheduleTurn()
     }
 
     /// Runs `read` once what was committed before now has been absorbed.
     func whenCaughtUp(_ read: @escaping () -> Void, refuse: @escaping () -> Void) {
+        guard phase != .displaced else { return refuse() }
         readers.append((read, refuse))
         switch phase {
         case .idle: catchUp()
-        case .opening, .committing, .catchingUp, .recovering: break
+        case .opening, .committing, .catchingUp, .recovering, .displaced: break
         }
     }
 
@@ -156,7 +163,7 @@ final class SharedState: Journal, EngineGate {
             switch result {
             case .failure(let error):
                 readers = readersNow + readers
-                lose(error)
+                fail(error)
             case .success(nil):
                 readers = readersNow + readers
                 startOver(reason: "it fell behind the database's retained history")
@@ -277,14 +284,12 @@ final class SharedState: Journal, EngineGate {
 
     private func renewLease() {
         leaseRenewal = scheduler.schedule(after: journal.settings.leaseMilliseconds / 4) { [weak self] in
-            guard let self, phase != .recovering else { return }
+            guard let self, phase != .recovering, phase != .displaced else { return }
             journal.renewLease { [weak self] result in
                 guard let self else { return }
                 switch result {
-                case .failure(let error) where error.sqlState == PostgresJournal.replicaGone:
-                    startOver(reason: "other replicas took it for gone")
                 case .failure(let error):
-                    lose(error)
+                    fail(error)
                 case .success:
                     journal.anyReplicaGone { [weak self] result in
                         if case .success(true) = result { self?.scheduleTurnForTakeover() }
@@ -302,7 +307,16 @@ final class SharedState: Journal, EngineGate {
 
     // MARK: failing and starting over
 
-    var isFailing: Bool { phase == .recovering }
+    var isFailing: Bool { phase == .recovering || phase == .displaced }
+
+    /// A turn or a renewal failed: the database, or this replica's standing in it.
+    private func fail(_ error: PGError) {
+        switch error.sqlState {
+        case PostgresJournal.replicaGone: startOver(reason: "other replicas took it for gone")
+        case PostgresJournal.replicaReplaced: yieldTheName()
+        default: lose(error)
+        }
+    }
 
     private func lose(_ error: PGError) {
         if let closing {
@@ -311,6 +325,8 @@ final class SharedState: Journal, EngineGate {
             logger.error("the shared database failed while stopping", metadata: ["error": "\(error)"])
             return finishClosing(closing)
         }
+        // What was in flight when the name went is refused as it fails.
+        guard phase != .displaced else { return refuseWaiting() }
         // The journal reports its lost connection itself once the turn being committed has its
         // outcome; until then nobody is answered (a lease renewal failing meanwhile included).
         guard phase != .recovering, !journal.isResolvingCommit else { return }
@@ -327,6 +343,12 @@ final class SharedState: Journal, EngineGate {
         leaseRenewal = nil
         // What waited on a turn that will not commit is refused; what waits for the next turn
         // is refused too: the replica does not know what the database holds until it reloads.
+        refuseWaiting()
+        logger.warning("starting over from the shared database", metadata: ["reason": "\(reason)"])
+        reconnect()
+    }
+
+    private func refuseWaiting() {
         answer(through: sent, committed: false)
         builder = StoreBatchBuilder()
         // Attempts the failed turn made never start: the database's state replaces them.
@@ -335,20 +357,47 @@ final class SharedState: Journal, EngineGate {
         deferred = []
         readers = []
         for refuse in refused { refuse() }
-        logger.warning("starting over from the shared database", metadata: ["reason": "\(reason)"])
-        reconnect()
+    }
+
+    /// Another process took this replica's name over (started under it: a restart while this
+    /// one was frozen or cut off, or a second process by mistake). It owns the name's records
+    /// now, and its first turn interrupted this one's attempts: this process stops its work and
+    /// serves 503 until it is stopped. It does not take the name back, which would make the
+    /// other stop in turn.
+    private func yieldTheName() {
+        guard phase != .displaced else { return }
+        phase = .displaced
+        isOpen = false
+        leaseRenewal?.cancel()
+        leaseRenewal = nil
+        let stopped = engine.suspendForShutdown()
+        refuseWaiting()
+        logger.error("""
+            another process took over the replica name \(journal.settings.replica): this one stops serving (503) and should be \
+            stopped; give each process its own --replica-name
+            """, metadata: ["attempts stopped": "\(stopped)"])
+        journal.onLost = nil
+        journal.onTurnCommitted = nil
+        journal.discard()
     }
 
     private func reconnect() {
         let fresh = PostgresJournal(loop: loop, settings: journal.settings)
-        journal.onLost = nil
-        journal.onTurnCommitted = nil
-        journal.discard()
+        let previous = journal
+        previous.onLost = nil
+        previous.onTurnCommitted = nil
+        previous.discard()
+        // This may run inside the previous journal's failing batch, whose connection fails the
+        // batches after it once this returns (their completions hold the journal unowned): it
+        // goes once the loop is back.
+        _ = scheduler.schedule(after: 0) { withExtendedLifetime(previous) {} }
         journal = fresh
         listen(to: fresh)
-        fresh.open { [weak self] result in
+        fresh.open(replacing: false) { [weak self] result in
             guard let self else { return }
             switch result {
+            case .failure(let error) where error.sqlState == PostgresJournal.replicaReplaced:
+                yieldTheName()
             case .failure(let error):
                 logger.debug("the shared database is still out of reach", metadata: ["error": "\(error)"])
                 _ = scheduler.schedule(after: 1_000) { [weak self] in self?.reconnect() }
@@ -398,9 +447,11 @@ final class SharedState: Journal, EngineGate {
         return answered < target ? target : nil
     }
 
-    var isCaughtUp: Bool { builder.isEmpty && answered == sent }
+    /// Displaced, nothing commits any more: answers leave at once.
+    var isCaughtUp: Bool { phase == .displaced || builder.isEmpty && answered == sent }
 
     func whenDurable(_ action: @escaping (Bool) -> Void) {
+        guard phase != .displaced else { return action(false) }
         let target = builder.isEmpty ? sent : sent + 1
         guard answered < target else { return action(true) }
         waiting.append((target, action))
@@ -426,7 +477,7 @@ final class SharedState: Journal, EngineGate {
             } else {
                 openTurn()
             }
-        case .recovering:
+        case .recovering, .displaced:
             closing = nil
             finishClosing(completion)
         case .opening, .committing, .catchingUp:
