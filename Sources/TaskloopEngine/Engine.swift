@@ -22,8 +22,22 @@ public struct EngineConfiguration: Sendable {
     /// This replica's name when several replicas share one database (docs/SCALING.md): it marks
     /// the attempts this process runs. Nil for a server on its own.
     public var replica: String?
+    /// With cells (docs/SCALING.md): the one cell this engine holds. Nil for a server on its own.
+    public var cells: CellPlacement?
 
     public init() {}
+}
+
+/// The cell an engine holds, and where every queue is: the engine holds the tasks of its own
+/// queues only, and reaches dependencies in other cells through `CellMessage`s.
+public struct CellPlacement: Sendable {
+    public var cell: UInt16
+    public var cellOfQueue: @Sendable (String) -> UInt16
+
+    public init(cell: UInt16, cellOfQueue: @escaping @Sendable (String) -> UInt16) {
+        self.cell = cell
+        self.cellOfQueue = cellOfQueue
+    }
 }
 
 /// What happened, for observers (long polls, metrics, logs, event streams, the store). Events
@@ -45,9 +59,13 @@ public enum EngineEvent {
     case evicted(TaskRecord, workflowEmptied: Bool)
     /// A worker's heartbeat moved its lease's expiry.
     case leaseRenewed(TaskRecord)
-    /// A task no longer waits on a dependency that had released it and was retried
-    /// (`TaskRecord.releasedBy`); its state did not change.
+    /// A task no longer waits on a dependency that had released it and was retried, or that
+    /// ended in another cell (`TaskRecord.releasedBy`); its state did not change.
     case releasedByRetry(TaskRecord)
+    /// A message for another cell, to be committed with the rest of its batch (Engine+Cells).
+    case messageSent(CellMessage)
+    /// A task gained a watcher: a cell with tasks depending on it (`TaskRecord.watchers`).
+    case watched(TaskRecord)
 }
 
 /// A reference to the engine that `deinit` clears, for timers and attempts that may outlive it.
@@ -120,6 +138,12 @@ public final class Engine {
     /// With several replicas: when this one may change the shared state (Engine+Replication).
     public var gate: EngineGate?
     var absorbing = false
+    /// The cell this engine holds, or nil (`EngineConfiguration.cells`).
+    let cell: UInt16?
+    /// Stand-ins for the dependencies in other cells that tasks here name (Engine+Cells).
+    var remoteDependencies: [TaskID: RemoteDependency] = [:]
+    /// The remote dependencies of the list being checked, for its duplicate check.
+    var claimedRemote: (stamp: UInt64, ids: [TaskID]) = (0, [])
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()
@@ -128,7 +152,9 @@ public final class Engine {
         self.configuration = configuration
         self.scheduler = scheduler
         self.executors = executors
-        _ = queue(named: "default")
+        cell = configuration.cells?.cell
+        if let cells = configuration.cells { ids = TaskIDGenerator(cell: cells.cell) }
+        if configuration.cells.map({ $0.cellOfQueue("default") == $0.cell }) ?? true { _ = queue(named: "default") }
         link.engine = self
     }
 
@@ -289,6 +315,10 @@ public final class Engine {
     func finish(_ record: TaskRecord, as state: TaskState, result: JSONValue? = nil, error: TaskError? = nil) {
         var cascade: [(dependent: TaskRecord, error: TaskError)] = []
         settle(record, as: state, result: result, error: error, cascade: &cascade)
+        cancel(cascade: &cascade)
+    }
+
+    func cancel(cascade: inout [(dependent: TaskRecord, error: TaskError)]) {
         while let (dependent, error) = cascade.popLast() {
             settle(dependent, as: .cancelled, result: nil, error: error, cascade: &cascade)
         }
@@ -311,9 +341,19 @@ public final class Engine {
         if wasRunning { needsDispatch(record.queue) }
         let dependents = record.dependents
         record.dependents = []
+        release(dependents, endOf: record.id, as: state, cascade: &cascade)
+        if !record.watchers.isEmpty { tellWatchers(of: record, .ended) }
+        retain(record)
+    }
+
+    /// A dependency ended, here or in another cell (Engine+Cells): each waiting dependent is
+    /// cancelled (`dependency_failed`, by the cascade) or no longer waits for it.
+    @inline(__always)
+    func release(_ dependents: [TaskRecord], endOf dependency: TaskID, as state: TaskState,
+                 cascade: inout [(dependent: TaskRecord, error: TaskError)]) {
         for dependent in dependents where !dependent.state.isTerminal {
             if state != .succeeded && dependent.onDependencyFailure == .cancel {
-                cascade.append((dependent, .dependencyFailed(record.id, state: state)))
+                cascade.append((dependent, .dependencyFailed(dependency, state: state)))
             } else {
                 dependent.blockingDependencies -= 1
                 if dependent.blockingDependencies == 0 && dependent.state == .pending && dependent.attemptTimer == nil {
@@ -321,6 +361,5 @@ public final class Engine {
                 }
             }
         }
-        retain(record)
     }
 }

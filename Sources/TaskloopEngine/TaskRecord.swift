@@ -44,8 +44,15 @@ public final class TaskRecord {
     public internal(set) var runner: String?
     /// Dependencies that released this task and were then brought back by an explicit retry:
     /// they no longer hold it up. With the rest of the record it says which dependencies a
-    /// task waits on, so a replica can rebuild the waits from records alone.
+    /// task waits on, so a replica can rebuild the waits from records alone. With cells, also
+    /// every dependency in another cell that released it (whose end a restart cannot see).
     public internal(set) var releasedBy: [TaskID] = []
+    /// Cells whose tasks depend on this one (Engine+Cells): each is told when it ends and when
+    /// a retry brings it back. Kept with the record.
+    public internal(set) var watchers: [UInt16] = []
+    /// How many times a retry (its own or a dependency's) brought it back: the epoch of the
+    /// messages about it. Kept with the record.
+    public internal(set) var reopenings: UInt32 = 0
 
     /// Dependencies that have not yet released this task.
     var blockingDependencies = 0
