@@ -4,7 +4,7 @@
 /// receiving cell's owner hands it to `Engine.apply(_:)` once.
 ///
 /// The protocol, per dependency D and the cell W of tasks that name it:
-/// - `watch` (W to D's cell): tasks of W depend on D. D's cell keeps W among D's `watchers`
+/// - `watch` (W to D's cell): tasks of W depend on D. D's cell keeps W among D's watchers
 ///   (with the record) and answers at once with `ended` if D is already terminal, `missing` if
 ///   it holds no D.
 /// - `ended` (D's cell to each watcher): D reached `state`.

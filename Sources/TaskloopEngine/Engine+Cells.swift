@@ -6,7 +6,7 @@
 ///   does not hold, and asks that task's cell to report its end (`CellMessage.watch`). When the
 ///   end arrives, the stand-in's waiting dependents are released or cancelled by the same code
 ///   as a local dependency's (`release`, `cancel(cascade:)`).
-/// - The dependency's cell keeps the watching cells with the task (`TaskRecord.watchers`, in the
+/// - The dependency's cell keeps the watching cells of the task (`watchers(of:)`, kept with the
 ///   record, so they survive restarts) and tells each of them when the task ends (`settle`) and
 ///   when a retry brings it back (`reopenOne`); the watcher then brings back the tasks that end
 ///   had cancelled, as a local retry does (`bringBack`).
@@ -120,15 +120,21 @@ extension Engine {
 
     /// Tells every cell watching `record` that it ended or was brought back.
     func tellWatchers(of record: TaskRecord, _ kind: CellMessage.Kind) {
-        guard let cell else { return }
-        for watcher in record.watchers {
+        guard let cell, let watchers = watchersByTask[record.id] else { return }
+        for watcher in watchers {
             emit(.messageSent(CellMessage(kind, from: cell, to: watcher, dependency: record.id, epoch: record.reopenings,
                                           state: kind == .ended ? record.state : nil)))
         }
     }
 
-    /// A forgotten task no longer holds the stand-ins of its dependencies in other cells.
+    /// Cells whose tasks depend on `record`: each is told when it ends and when a retry brings it back.
+    public func watchers(of record: TaskRecord) -> [UInt16] {
+        watchersByTask[record.id] ?? []
+    }
+
+    /// A forgotten task is watched no more, and no longer holds the stand-ins of its dependencies in other cells.
     func dropRemoteReferences(of record: TaskRecord) {
+        watchersByTask.removeValue(forKey: record.id)
         for id in record.dependencies {
             guard let standIn = remoteDependencies[id] else { continue }
             standIn.references -= 1
@@ -154,8 +160,8 @@ extension Engine {
             emit(.messageSent(CellMessage(.missing, from: cell!, to: message.from, dependency: message.dependency)))
             return
         }
-        if !record.watchers.contains(message.from) {
-            record.watchers.append(message.from)
+        if !watchersByTask[record.id, default: []].contains(message.from) {
+            watchersByTask[record.id, default: []].append(message.from)
             emit(.watched(record))
         }
         if record.state.isTerminal {

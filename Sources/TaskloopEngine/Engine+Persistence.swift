@@ -15,7 +15,7 @@ extension Engine {
                               expiresAt: $0.expiresAt)
             },
             runner: record.state == .running && record.lease == nil ? record.runner ?? configuration.replica : nil,
-            releasedBy: record.releasedBy, watchers: record.watchers, reopenings: record.reopenings)
+            releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {

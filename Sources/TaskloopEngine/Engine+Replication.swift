@@ -315,7 +315,7 @@ extension Engine {
         record.progress = saved.progress
         record.notBefore = saved.notBefore
         record.releasedBy = saved.releasedBy
-        record.watchers = saved.watchers
+        if !saved.watchers.isEmpty { watchersByTask[saved.id] = saved.watchers }
         record.reopenings = saved.reopenings
     }
 

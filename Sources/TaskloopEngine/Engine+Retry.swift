@@ -80,7 +80,7 @@ extension Engine {
         record.blockingDependencies = 0
         record.releasedBy = []
         record.reopenings &+= 1
-        if !record.watchers.isEmpty { tellWatchers(of: record, .reopened) }
+        if cell != nil { tellWatchers(of: record, .reopened) }
     }
 
     /// Unfinished tasks that `reopened` released when they ended go on without waiting for

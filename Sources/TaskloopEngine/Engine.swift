@@ -64,7 +64,7 @@ public enum EngineEvent {
     case releasedByRetry(TaskRecord)
     /// A message for another cell, to be committed with the rest of its batch (Engine+Cells).
     case messageSent(CellMessage)
-    /// A task gained a watcher: a cell with tasks depending on it (`TaskRecord.watchers`).
+    /// A task gained a watcher: a cell with tasks depending on it (`Engine.watchers(of:)`).
     case watched(TaskRecord)
 }
 
@@ -142,6 +142,9 @@ public final class Engine {
     let cell: UInt16?
     /// Stand-ins for the dependencies in other cells that tasks here name (Engine+Cells).
     var remoteDependencies: [TaskID: RemoteDependency] = [:]
+    /// The cells whose tasks depend on each task that has any (Engine+Cells). Beside the records,
+    /// not in them: a server on its own pays nothing for it.
+    var watchersByTask: [TaskID: [UInt16]] = [:]
     /// The remote dependencies of the list being checked, for its duplicate check.
     var claimedRemote: (stamp: UInt64, ids: [TaskID]) = (0, [])
 
@@ -342,7 +345,7 @@ public final class Engine {
         let dependents = record.dependents
         record.dependents = []
         release(dependents, endOf: record.id, as: state, cascade: &cascade)
-        if !record.watchers.isEmpty { tellWatchers(of: record, .ended) }
+        if cell != nil { tellWatchers(of: record, .ended) }
         retain(record)
     }
 

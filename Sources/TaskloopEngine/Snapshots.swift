@@ -33,7 +33,7 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var runner: String?
     /// See `TaskRecord.releasedBy`.
     public var releasedBy: [TaskID]
-    /// See `TaskRecord.watchers`.
+    /// See `Engine.watchers(of:)`.
     public var watchers: [UInt16]
     /// See `TaskRecord.reopenings`.
     public var reopenings: UInt32

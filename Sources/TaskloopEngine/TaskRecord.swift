@@ -47,12 +47,6 @@ public final class TaskRecord {
     /// task waits on, so a replica can rebuild the waits from records alone. With cells, also
     /// every dependency in another cell that released it (whose end a restart cannot see).
     public internal(set) var releasedBy: [TaskID] = []
-    /// Cells whose tasks depend on this one (Engine+Cells): each is told when it ends and when
-    /// a retry brings it back. Kept with the record.
-    public internal(set) var watchers: [UInt16] = []
-    /// How many times a retry (its own or a dependency's) brought it back: the epoch of the
-    /// messages about it. Kept with the record.
-    public internal(set) var reopenings: UInt32 = 0
 
     /// Dependencies that have not yet released this task.
     var blockingDependencies = 0
@@ -71,6 +65,10 @@ public final class TaskRecord {
     var finishedAtMonotonic: Int64 = 0
     /// Moves on when an explicit retry brings the task back, so its old retention entry is known stale.
     var retentionEpoch: UInt32 = 0
+    /// How many times a retry (its own or a dependency's) brought it back: the epoch of the
+    /// messages about it (Engine+Cells). Kept with the record; beside `retentionEpoch`, the two
+    /// share one word.
+    public internal(set) var reopenings: UInt32 = 0
 
     init(id: TaskID, sequence: UInt64, spec: TaskSpec, executor: TaskExecutor, queue: TaskQueue, dependencies: [TaskID],
          createdAt: Int64) {

@@ -91,7 +91,7 @@ import TaskloopJSON
         #expect(cells.engines[2]!.unfinishedCount == 1)
 
         #expect(cells.deliver(from: 2).map(\.kind) == [.watch])
-        #expect(dependency.watchers == [2])
+        #expect(cells.engines[1]!.watchers(of: dependency) == [2])
         #expect(cells.engines[1]!.snapshot(of: dependency).watchers == [2])
         #expect(cells.sent(by: 1).isEmpty)
 
@@ -180,7 +180,7 @@ import TaskloopJSON
 
         let after = try Cells(restoring: saved)
         let restored = try #require(after.engines[1]!.task(dependency.id))
-        #expect(restored.watchers == [2])
+        #expect(after.engines[1]!.watchers(of: restored) == [2])
         #expect(restored.state == .running)
         // The dependent's cell asks again, and waits.
         #expect(after.deliver(from: 2).map(\.kind) == [.watch])
