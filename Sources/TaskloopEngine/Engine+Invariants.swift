@@ -22,6 +22,10 @@ extension Engine {
         if unfinished != unfinishedCount {
             violations.append("unfinished count \(unfinishedCount), but the queues count \(unfinished)")
         }
+        for (id, standIn) in remoteDependencies {
+            let naming = tasks.entries.count { $0?.dependencies.contains(id) ?? false }
+            if standIn.references != naming { violations.append("stand-in \(id) counts \(standIn.references) tasks, \(naming) name it") }
+        }
         var checkedWorkflows = Set<ObjectIdentifier>()
         for record in records where tasks[record.id] === record {
             let name = "\(record.id) (\(record.state.rawValue))"
@@ -34,7 +38,8 @@ extension Engine {
                 // A dependency releases its dependents once, when it ends; one that an explicit
                 // retry brought back is no longer waited on by those it released.
                 let waitingOn = record.dependencies.filter { id in
-                    tasks[id].map { !$0.state.isTerminal && $0.dependents.contains { $0 === record } } ?? false
+                    tasks[id].map { !$0.state.isTerminal && $0.dependents.contains { $0 === record } }
+                        ?? remoteDependencies[id]?.holds(record) ?? false
                 }.count
                 if record.blockingDependencies != waitingOn {
                     violations.append("\(name) is blocked by \(record.blockingDependencies), waits on \(waitingOn)")

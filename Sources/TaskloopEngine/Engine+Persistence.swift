@@ -15,7 +15,7 @@ extension Engine {
                               expiresAt: $0.expiresAt)
             },
             runner: record.state == .running && record.lease == nil ? record.runner ?? configuration.replica : nil,
-            releasedBy: record.releasedBy)
+            releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -83,6 +83,7 @@ extension Engine {
                     if let dependency = tasks[id] { link(record, to: dependency) }
                 }
             }
+            if cell != nil { restoreRemoteDependencies(of: ordered.compactMap { tasks[$0.id] }) }
             var savedLeases: [TaskID: LeaseSnapshot] = [:]
             for saved in ordered where saved.state == .running { savedLeases[saved.id] = saved.lease }
             for record in unfinished where !record.state.isTerminal {

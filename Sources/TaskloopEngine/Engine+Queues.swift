@@ -11,7 +11,10 @@ extension Engine {
             throw EngineError(.invalid, "max_concurrency \(SubmissionValidator.rangeRule(SubmissionValidator.maxConcurrency))",
                               field: "max_concurrency")
         }
-        if queues[name] == nil { try makeRoomForQueues(1, field: "name") }
+        if queues[name] == nil {
+            try makeRoomForQueues(1, field: "name")
+            try checkCell(ofQueue: name, field: "name")
+        }
         return settling {
             let queue = queue(named: name)
             if let maxConcurrency { queue.maxConcurrency = maxConcurrency }

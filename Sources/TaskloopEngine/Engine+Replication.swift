@@ -32,12 +32,14 @@ public struct SharedChanges: Sendable {
     public var evictedWorkflows: [TaskID] = []
     public var queues: [QueueSnapshot] = []
     public var forgottenQueues: [String] = []
+    /// Messages to other cells, in the order sent (Engine+Cells).
+    public var messages: [CellMessage] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
-            && forgottenQueues.isEmpty
+            && forgottenQueues.isEmpty && messages.isEmpty
     }
 }
 
@@ -66,16 +68,19 @@ public struct ChangeCollector {
     private var evictedTasks: [StoredTaskKey] = []
     private var evictedWorkflows: [TaskID] = []
     private var forgottenQueues: [String] = []
+    private var messages: [CellMessage] = []
 
     public init() {}
 
-    public var isEmpty: Bool { tasks.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty }
+    public var isEmpty: Bool {
+        tasks.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty && messages.isEmpty
+    }
 
     public mutating func add(_ events: [EngineEvent]) {
         for event in events {
             switch event {
             case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record),
-                 .leaseRenewed(let record), .releasedByRetry(let record):
+                 .leaseRenewed(let record), .releasedByRetry(let record), .watched(let record):
                 if tasks.last !== record { tasks.append(record) }
             case .workflowSubmitted(let workflow):
                 workflows.append(workflow)
@@ -85,6 +90,8 @@ public struct ChangeCollector {
             case .queueForgotten(let name):
                 queues.removeValue(forKey: name)
                 forgottenQueues.append(name)
+            case .messageSent(let message):
+                messages.append(message)
             case .evicted(let record, let workflowEmptied):
                 // `take` skips it if it also changed in this turn.
                 evictedRecords.append(record)
@@ -112,6 +119,7 @@ public struct ChangeCollector {
         changes.evictedTasks = evictedTasks
         changes.evictedWorkflows = evictedWorkflows
         changes.forgottenQueues = forgottenQueues
+        changes.messages = messages
         self = ChangeCollector()
         return changes
     }
@@ -307,6 +315,8 @@ extension Engine {
         record.progress = saved.progress
         record.notBefore = saved.notBefore
         record.releasedBy = saved.releasedBy
+        if !saved.watchers.isEmpty { watchersByTask[saved.id] = saved.watchers }
+        record.reopenings = saved.reopenings
     }
 
     /// Takes a record's state out of the books (counts, retention, leases).

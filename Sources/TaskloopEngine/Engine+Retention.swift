@@ -66,6 +66,7 @@ extension Engine {
 
     func evict(_ record: TaskRecord) {
         tasks.remove(record.id)
+        if cell != nil { dropRemoteReferences(of: record) }
         record.queue.count(record.state, -1)
         if isIdle(record.queue) { forget(record.queue) }
         var workflowEmptied = false

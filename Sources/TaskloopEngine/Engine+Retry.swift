@@ -23,26 +23,34 @@ extension Engine {
     }
 
     /// Brings `retried` back with new attempts, and their `dependency_failed` dependents with
-    /// them, in one settled call: all are reopened before any is linked to its dependencies
-    /// (inside a workflow a task may depend on a later sibling), so links among them wait.
+    /// them, in one settled call.
     @discardableResult
     private func reopen(_ retried: [TaskRecord]) throws(EngineError) -> Int {
         guard !retried.isEmpty else { return 0 }
-        let dependents = cancelledDependents(of: retried)
+        let dependents = cancelledDependents(of: retried.map(\.id))
         try admit(retried.count + dependents.count)
+        settling { bringBack(retried, dependents: dependents) }
+        return retried.count + dependents.count
+    }
+
+    /// Reopens `retried` (new attempts) and `dependents` (their cancellations undone), after
+    /// noting the tasks that the reopened ones, or `reopenedElsewhere` (a dependency in
+    /// another cell: Engine+Cells), had released. All are reopened before any is linked to its
+    /// dependencies (inside a workflow a task may depend on a later sibling), so links among
+    /// them wait.
+    func bringBack(_ retried: [TaskRecord], dependents: [TaskRecord], reopenedElsewhere: TaskID? = nil) {
         let explicit = Set(retried.map { ObjectIdentifier($0) })
         let all = (retried + dependents).sorted { $0.sequence < $1.sequence }
-        settling {
-            let wasDispatching = dispatching
-            dispatching = true
-            noteReleasedDependents(of: all)
-            for record in all { reopenOne(record, newAttempt: explicit.contains(ObjectIdentifier(record))) }
-            for record in all where !record.state.isTerminal { relink(record) }
-            for record in all where record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
-            dispatching = wasDispatching
-            dispatch()
-        }
-        return all.count
+        let wasDispatching = dispatching
+        dispatching = true
+        var reopenedIDs = Set(all.map(\.id))
+        if let reopenedElsewhere { reopenedIDs.insert(reopenedElsewhere) }
+        noteReleasedDependents(of: reopenedIDs)
+        for record in all { reopenOne(record, newAttempt: explicit.contains(ObjectIdentifier(record))) }
+        for record in all where !record.state.isTerminal { relink(record) }
+        for record in all where record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
+        dispatching = wasDispatching
+        dispatch()
     }
 
     private func reopenOne(_ record: TaskRecord, newAttempt: Bool) {
@@ -71,15 +79,19 @@ extension Engine {
         emit(.stateChanged(record, from: from, to: .pending))
         record.blockingDependencies = 0
         record.releasedBy = []
+        record.reopenings &+= 1
+        if cell != nil { tellWatchers(of: record, .reopened) }
     }
 
     /// Unfinished tasks that `reopened` released when they ended go on without waiting for
     /// them again; each notes which, so its waits can be rebuilt from records (a replica, a
     /// restart) rather than from the lists of dependents, which say it only here.
-    private func noteReleasedDependents(of reopened: [TaskRecord]) {
-        let ids = Set(reopened.map(\.id))
+    /// (A task still waiting on a dependency in another cell had not been released by it.)
+    private func noteReleasedDependents(of ids: Set<TaskID>) {
         for case let record? in tasks.entries where !record.state.isTerminal && !record.dependencies.isEmpty {
-            let released = record.dependencies.filter { ids.contains($0) && !record.releasedBy.contains($0) }
+            let released = record.dependencies.filter {
+                ids.contains($0) && !record.releasedBy.contains($0) && !(remoteDependencies[$0]?.holds(record) ?? false)
+            }
             guard !released.isEmpty else { continue }
             record.releasedBy += released
             emit(.releasedByRetry(record))
@@ -89,19 +101,22 @@ extension Engine {
     /// Waits on the dependencies again. A task cancelled while a dependency was unfinished is
     /// still on that dependency's list of dependents: it is counted, not added twice.
     private func relink(_ record: TaskRecord) {
-        for id in record.dependencies {
-            guard let dependency = tasks[id], !record.state.isTerminal else { continue }
-            if !dependency.state.isTerminal && dependency.dependents.contains(where: { $0 === record }) {
-                record.blockingDependencies += 1
-            } else {
-                link(record, to: dependency)
+        for id in record.dependencies where !record.state.isTerminal {
+            if let dependency = tasks[id] {
+                if !dependency.state.isTerminal && dependency.dependents.contains(where: { $0 === record }) {
+                    record.blockingDependencies += 1
+                } else {
+                    link(record, to: dependency)
+                }
+            } else if let standIn = remoteDependencies[id] {
+                if standIn.holds(record) { record.blockingDependencies += 1 } else { link(record, toRemote: standIn) }
             }
         }
     }
 
     /// Tasks cancelled with `dependency_failed` naming one of `roots`, or, transitively, one of
     /// those: found by one walk over the tasks (terminal tasks keep no list of dependents).
-    private func cancelledDependents(of roots: [TaskRecord]) -> [TaskRecord] {
+    func cancelledDependents(of roots: [TaskID]) -> [TaskRecord] {
         var byDependency: [TaskID: [TaskRecord]] = [:]
         for case let record? in tasks.entries where record.state == .cancelled && record.error?.code == "dependency_failed" {
             if case .string(let text)? = record.error?.details["dependency"], let dependency = TaskID(text) {
@@ -110,12 +125,12 @@ extension Engine {
         }
         guard !byDependency.isEmpty else { return [] }
         var found: [TaskRecord] = []
-        var seen = Set(roots.map { ObjectIdentifier($0) })
+        var seen = Set(roots)
         var work = roots
-        while let record = work.popLast() {
-            for dependent in byDependency[record.id] ?? [] where seen.insert(ObjectIdentifier(dependent)).inserted {
+        while let id = work.popLast() {
+            for dependent in byDependency[id] ?? [] where seen.insert(dependent.id).inserted {
                 found.append(dependent)
-                work.append(dependent)
+                work.append(dependent.id)
             }
         }
         return found

@@ -28,7 +28,9 @@ extension Engine {
         let wasDispatching = dispatching
         dispatching = true
         register(record)
-        for id in dependencies { link(record, to: tasks[id]!) }
+        for id in dependencies {
+            if let dependency = tasks[id] { link(record, to: dependency) } else { link(record, toRemote: referenceRemote(id)) }
+        }
         if record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
         dispatching = wasDispatching
         dispatch()
@@ -36,10 +38,15 @@ extension Engine {
     }
 
     /// The existing task `id` as a dependency of the list being checked (stamped with
-    /// `duplicateStamp`): throws if it does not exist or the list named it already.
+    /// `duplicateStamp`), or nil for a task of another cell (Engine+Cells), taken on trust:
+    /// throws if it does not exist or the list named it already.
     @discardableResult
-    func claimDependency(_ id: TaskID, field: () -> String) throws(EngineError) -> TaskRecord {
+    func claimDependency(_ id: TaskID, field: () -> String) throws(EngineError) -> TaskRecord? {
         guard let dependency = tasks[id] else {
+            if let cell, id.cell != cell {
+                try claimRemote(id, field: field)
+                return nil
+            }
             throw EngineError(.unknownDependency, "No task \(id).", field: field())
         }
         guard dependency.duplicateStamp != duplicateStamp else {
@@ -89,19 +96,27 @@ extension Engine {
         guard lastQueue?.name == spec.queue || queues[spec.queue] != nil || SubmissionValidator.isValidQueueName(spec.queue) else {
             throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "\(at())queue")
         }
-        if lastQueue?.name != spec.queue && queues[spec.queue] == nil { try makeRoomForQueues(1, field: "\(at())queue") }
+        if lastQueue?.name != spec.queue && queues[spec.queue] == nil {
+            try makeRoomForQueues(1, field: "\(at())queue")
+            if configuration.cells != nil { try checkCell(ofQueue: spec.queue, field: "\(at())queue") }
+        }
         return executor
     }
 
     /// Makes `record` wait for `dependency`, or applies a dependency that already finished.
     func link(_ record: TaskRecord, to dependency: TaskRecord) {
         if dependency.state.isTerminal {
-            if dependency.state != .succeeded, record.onDependencyFailure == .cancel, !record.state.isTerminal {
-                finish(record, as: .cancelled, error: .dependencyFailed(dependency.id, state: dependency.state))
-            }
+            link(record, toEnded: dependency.id, as: dependency.state)
             return
         }
         record.blockingDependencies += 1
         dependency.dependents.append(record)
+    }
+
+    /// Applies a dependency that already finished (here, or in another cell) to a task linked to it.
+    func link(_ record: TaskRecord, toEnded dependency: TaskID, as state: TaskState) {
+        if state != .succeeded, record.onDependencyFailure == .cancel, !record.state.isTerminal {
+            finish(record, as: .cancelled, error: .dependencyFailed(dependency, state: state))
+        }
     }
 }

@@ -19,6 +19,7 @@ extension Engine {
             let dependencyIDs = checked.dependencies.map { reference -> TaskID in
                 switch reference {
                 case .existing(let record): record.id
+                case .remote(let id): id
                 case .sibling(let sibling): memberIDs[sibling]
                 }
             }
@@ -38,6 +39,7 @@ extension Engine {
             for reference in checked.dependencies {
                 switch reference {
                 case .existing(let dependency): link(record, to: dependency)
+                case .remote(let id): link(record, toRemote: referenceRemote(id))
                 case .sibling(let position): link(record, to: records[position])
                 }
             }
@@ -59,6 +61,8 @@ extension Engine {
 
     enum ResolvedDependency {
         case existing(TaskRecord)
+        /// A task of another cell (Engine+Cells).
+        case remote(TaskID)
         case sibling(Int)
     }
 
@@ -89,7 +93,7 @@ extension Engine {
                 func field() -> String { "tasks[\(index)].dependencies[\(position)]" }
                 switch reference {
                 case .task(let id):
-                    dependencies.append(.existing(try claimDependency(id, field: field)))
+                    dependencies.append(try claimDependency(id, field: field).map { .existing($0) } ?? .remote(id))
                 case .sibling(let key):
                     guard let sibling = positions[key] else {
                         throw EngineError(.unknownDependency, "No task with key \(key) in this workflow.", field: field())

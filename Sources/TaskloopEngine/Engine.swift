@@ -27,8 +27,22 @@ public struct EngineConfiguration: Sendable {
     /// is called once the journal says the change is durable (`Engine+HeldStarts`). Without it
     /// a commit that fails leaves a program running for a task the store holds as `queued`.
     public var startsAfterCommit = false
+    /// With cells (docs/SCALING.md): the one cell this engine holds. Nil for a server on its own.
+    public var cells: CellPlacement?
 
     public init() {}
+}
+
+/// The cell an engine holds, and where every queue is: the engine holds the tasks of its own
+/// queues only, and reaches dependencies in other cells through `CellMessage`s.
+public struct CellPlacement: Sendable {
+    public var cell: UInt16
+    public var cellOfQueue: @Sendable (String) -> UInt16
+
+    public init(cell: UInt16, cellOfQueue: @escaping @Sendable (String) -> UInt16) {
+        self.cell = cell
+        self.cellOfQueue = cellOfQueue
+    }
 }
 
 /// What happened, for observers (long polls, metrics, logs, event streams, the store). Events
@@ -50,9 +64,13 @@ public enum EngineEvent {
     case evicted(TaskRecord, workflowEmptied: Bool)
     /// A worker's heartbeat moved its lease's expiry.
     case leaseRenewed(TaskRecord)
-    /// A task no longer waits on a dependency that had released it and was retried
-    /// (`TaskRecord.releasedBy`); its state did not change.
+    /// A task no longer waits on a dependency that had released it and was retried, or that
+    /// ended in another cell (`TaskRecord.releasedBy`); its state did not change.
     case releasedByRetry(TaskRecord)
+    /// A message for another cell, to be committed with the rest of its batch (Engine+Cells).
+    case messageSent(CellMessage)
+    /// A task gained a watcher: a cell with tasks depending on it (`Engine.watchers(of:)`).
+    case watched(TaskRecord)
 }
 
 /// A reference to the engine that `deinit` clears, for timers and attempts that may outlive it.
@@ -130,6 +148,15 @@ public final class Engine {
     /// With several replicas: when this one may change the shared state (Engine+Replication).
     public var gate: EngineGate?
     var absorbing = false
+    /// The cell this engine holds, or nil (`EngineConfiguration.cells`).
+    let cell: UInt16?
+    /// Stand-ins for the dependencies in other cells that tasks here name (Engine+Cells).
+    var remoteDependencies: [TaskID: RemoteDependency] = [:]
+    /// The cells whose tasks depend on each task that has any (Engine+Cells). Beside the records,
+    /// not in them: a server on its own pays nothing for it.
+    var watchersByTask: [TaskID: [UInt16]] = [:]
+    /// The remote dependencies of the list being checked, for its duplicate check.
+    var claimedRemote: (stamp: UInt64, ids: [TaskID]) = (0, [])
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()
@@ -138,7 +165,9 @@ public final class Engine {
         self.configuration = configuration
         self.scheduler = scheduler
         self.executors = executors
-        _ = queue(named: "default")
+        cell = configuration.cells?.cell
+        if let cells = configuration.cells { ids = TaskIDGenerator(cell: cells.cell) }
+        if configuration.cells.map({ $0.cellOfQueue("default") == $0.cell }) ?? true { _ = queue(named: "default") }
         link.engine = self
     }
 
@@ -301,6 +330,10 @@ public final class Engine {
     func finish(_ record: TaskRecord, as state: TaskState, result: JSONValue? = nil, error: TaskError? = nil) {
         var cascade: [(dependent: TaskRecord, error: TaskError)] = []
         settle(record, as: state, result: result, error: error, cascade: &cascade)
+        cancel(cascade: &cascade)
+    }
+
+    func cancel(cascade: inout [(dependent: TaskRecord, error: TaskError)]) {
         while let (dependent, error) = cascade.popLast() {
             settle(dependent, as: .cancelled, result: nil, error: error, cascade: &cascade)
         }
@@ -323,9 +356,19 @@ public final class Engine {
         if wasRunning { needsDispatch(record.queue) }
         let dependents = record.dependents
         record.dependents = []
+        release(dependents, endOf: record.id, as: state, cascade: &cascade)
+        if cell != nil { tellWatchers(of: record, .ended) }
+        retain(record)
+    }
+
+    /// A dependency ended, here or in another cell (Engine+Cells): each waiting dependent is
+    /// cancelled (`dependency_failed`, by the cascade) or no longer waits for it.
+    @inline(__always)
+    func release(_ dependents: [TaskRecord], endOf dependency: TaskID, as state: TaskState,
+                 cascade: inout [(dependent: TaskRecord, error: TaskError)]) {
         for dependent in dependents where !dependent.state.isTerminal {
             if state != .succeeded && dependent.onDependencyFailure == .cancel {
-                cascade.append((dependent, .dependencyFailed(record.id, state: state)))
+                cascade.append((dependent, .dependencyFailed(dependency, state: state)))
             } else {
                 dependent.blockingDependencies -= 1
                 if dependent.blockingDependencies == 0 && dependent.state == .pending && dependent.attemptTimer == nil {
@@ -333,6 +376,5 @@ public final class Engine {
                 }
             }
         }
-        retain(record)
     }
 }

@@ -33,6 +33,10 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var runner: String?
     /// See `TaskRecord.releasedBy`.
     public var releasedBy: [TaskID]
+    /// See `Engine.watchers(of:)`.
+    public var watchers: [UInt16]
+    /// See `TaskRecord.reopenings`.
+    public var reopenings: UInt32
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
@@ -40,7 +44,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         retry: RetryPolicy, metadata: JSONValue?, workflow: TaskID?, createdAt: Int64, state: TaskState,
         cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
-        runner: String? = nil, releasedBy: [TaskID] = []
+        runner: String? = nil, releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0
     ) {
         self.id = id
         self.sequence = sequence
@@ -68,6 +72,8 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.lease = lease
         self.runner = runner
         self.releasedBy = releasedBy
+        self.watchers = watchers
+        self.reopenings = reopenings
     }
 }
 

@@ -44,7 +44,8 @@ public final class TaskRecord {
     public internal(set) var runner: String?
     /// Dependencies that released this task and were then brought back by an explicit retry:
     /// they no longer hold it up. With the rest of the record it says which dependencies a
-    /// task waits on, so a replica can rebuild the waits from records alone.
+    /// task waits on, so a replica can rebuild the waits from records alone. With cells, also
+    /// every dependency in another cell that released it (whose end a restart cannot see).
     public internal(set) var releasedBy: [TaskID] = []
 
     /// Dependencies that have not yet released this task.
@@ -64,6 +65,10 @@ public final class TaskRecord {
     var finishedAtMonotonic: Int64 = 0
     /// Moves on when an explicit retry brings the task back, so its old retention entry is known stale.
     var retentionEpoch: UInt32 = 0
+    /// How many times a retry (its own or a dependency's) brought it back: the epoch of the
+    /// messages about it (Engine+Cells). Kept with the record; beside `retentionEpoch`, the two
+    /// share one word.
+    public internal(set) var reopenings: UInt32 = 0
 
     init(id: TaskID, sequence: UInt64, spec: TaskSpec, executor: TaskExecutor, queue: TaskQueue, dependencies: [TaskID],
          createdAt: Int64) {

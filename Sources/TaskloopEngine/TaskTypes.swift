@@ -68,6 +68,12 @@ public struct TaskError: Error, Sendable, Equatable {
                   details: ["dependency": .string(dependency.description)])
     }
 
+    /// A dependency in another cell that its cell does not hold (never made, or already forgotten).
+    public static func unknownDependency(_ dependency: TaskID) -> TaskError {
+        TaskError(code: "unknown_dependency", message: "Dependency \(dependency) does not exist.",
+                  details: ["dependency": .string(dependency.description)])
+    }
+
     public static let cancelled = TaskError(code: "cancelled", message: "The task was cancelled.")
 }
 

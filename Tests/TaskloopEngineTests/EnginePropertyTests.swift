@@ -39,12 +39,13 @@ import TaskloopTestSupport
             let records = settled.compactMap { event -> TaskRecord? in
                 switch event {
                 case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record),
-                     .cancelRequested(let record), .leaseRenewed(let record), .releasedByRetry(let record): record
-                case .workflowSubmitted, .queueChanged, .queueForgotten, .evicted: nil
+                     .cancelRequested(let record), .leaseRenewed(let record), .releasedByRetry(let record), .watched(let record): record
+                case .workflowSubmitted, .queueChanged, .queueForgotten, .evicted, .messageSent: nil
                 }
             }
             for rule in engine.invariantViolations(of: records) { fail("inside an observer: \(rule)") }
             for case .stateChanged(let record, let from, let to) in settled { check(record, from: from, to: to) }
+            for case .messageSent(let message) in settled { fail("a server on its own sent \(message)") }
         }
 
         func check(_ record: TaskRecord, from: TaskState, to: TaskState) {

@@ -27,8 +27,8 @@ import TaskloopJSON
         static func record(_ event: EngineEvent) -> TaskRecord? {
             switch event {
             case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record),
-                 .leaseRenewed(let record), .releasedByRetry(let record), .evicted(let record, _): record
-            case .workflowSubmitted, .queueChanged, .queueForgotten: nil
+                 .leaseRenewed(let record), .releasedByRetry(let record), .watched(let record), .evicted(let record, _): record
+            case .workflowSubmitted, .queueChanged, .queueForgotten, .messageSent: nil
             }
         }
 
