@@ -60,6 +60,10 @@ public final class PGConnection {
     }
 
     deinit {
+        // Dropped without `close`: the loop stops watching the socket before libpq closes it,
+        // or the next connection given the same descriptor could not be watched (EEXIST).
+        poll?.close()
+        connectTimer?.close()
         if let connection { PQfinish(connection) }
     }
 

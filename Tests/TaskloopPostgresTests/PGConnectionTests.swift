@@ -132,6 +132,18 @@ import TaskloopTestSupport
         try harness.finish()
     }
 
+    /// A connection let go without `close` stops being watched: the next one, given the same
+    /// descriptor, works (before, its watch failed with EEXIST), and the loop closes clean.
+    @Test func aConnectionLetGoUnclosedLeavesNothingBehind() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let dropped = try harness.connect(database)
+        harness.thread.run { harness.connections[dropped] = PGConnection(loop: harness.thread.loop) }
+        let next = try harness.connect(database)
+        #expect(try harness.execute(next, [PGQuery("SELECT 'works'")]).get() == "works")
+        try harness.finish()
+    }
+
     @Test func aNotifyReachesTheConnectionThatListens() throws {
         let database = try PostgresCluster.shared().makeDatabase()
         let harness = try Harness()
