@@ -611,8 +611,10 @@ struct Reply {
               !(durable.isFailing && (method == .GET || method == .HEAD)) else {
             return deliver(response)
         }
+        // Refused by the store the application has: the disk, or the replicas' database.
+        let refusal = application.shared == nil ? TaskloopApplication.storageUnavailable : TaskloopApplication.sharedDatabaseUnavailable
         durable.whenDurable { committed in
-            deliver(committed ? response : TaskloopApplication.storageUnavailable.response())
+            deliver(committed ? response : refusal.response())
         }
     }
 

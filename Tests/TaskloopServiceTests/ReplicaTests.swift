@@ -141,6 +141,7 @@ import TaskloopTestSupport
         // The turn unpauses the queue and starts the task, then cannot commit.
         let refused = try clients[0].call("PATCH", "/queues/held", json: #"{"paused":false}"#)
         #expect(refused.status == 503, "\(refused.text)")
+        #expect(refused.json["code"] as? String == "database_unavailable", "the database refused it, not a disk: \(refused.text)")
         try PostgresCluster.shared().sql("DROP TRIGGER refuse_commit ON taskloop.tasks", database: url)
         // Started over: the replica holds what the database holds.
         try pollUntil("the replica to serve again", timeout: 30, every: 20_000) {
