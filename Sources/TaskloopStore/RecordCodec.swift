@@ -45,7 +45,10 @@ enum RecordCodec {
         static let lease = TaskFields(rawValue: 1 << 15)
         static let runner = TaskFields(rawValue: 1 << 16)
         static let releasedBy = TaskFields(rawValue: 1 << 17)
-        static let known = TaskFields(rawValue: (1 << 18) - 1)
+        /// Cells waiting for the task's end (a cluster's dependencies across cells).
+        static let watchers = TaskFields(rawValue: 1 << 18)
+        static let reopenings = TaskFields(rawValue: 1 << 19)
+        static let known = TaskFields(rawValue: (1 << 20) - 1)
     }
 
     /// The task without its sequence number, which is the row's key.
@@ -69,6 +72,8 @@ enum RecordCodec {
         if task.lease != nil { fields.insert(.lease) }
         if task.runner != nil { fields.insert(.runner) }
         if !task.releasedBy.isEmpty { fields.insert(.releasedBy) }
+        if !task.watchers.isEmpty { fields.insert(.watchers) }
+        if task.reopenings != 0 { fields.insert(.reopenings) }
 
         output.byte(taskFormat)
         output.unsigned(fields.rawValue)
@@ -115,6 +120,11 @@ enum RecordCodec {
             output.unsigned(UInt64(task.releasedBy.count))
             for id in task.releasedBy { output.id(id) }
         }
+        if !task.watchers.isEmpty {
+            output.unsigned(UInt64(task.watchers.count))
+            for cell in task.watchers { output.unsigned(UInt64(cell)) }
+        }
+        if task.reopenings != 0 { output.unsigned(UInt64(task.reopenings)) }
     }
 
     static func decodeTask(_ bytes: UnsafeRawBufferPointer, sequence: UInt64) throws(RecordDecodingError) -> TaskSnapshot {
@@ -167,6 +177,18 @@ enum RecordCodec {
         if fields.contains(.releasedBy) {
             for _ in 0..<(try input.count(ofAtLeast: 16)) { releasedBy.append(try input.id()) }
         }
+        var watchers: [UInt16] = []
+        if fields.contains(.watchers) {
+            for _ in 0..<(try input.count(ofAtLeast: 1)) {
+                guard let cell = UInt16(exactly: try input.unsigned()) else { throw input.failure("a cell beyond 65535") }
+                watchers.append(cell)
+            }
+        }
+        var reopenings: UInt32 = 0
+        if fields.contains(.reopenings) {
+            guard let count = UInt32(exactly: try input.unsigned()) else { throw input.failure("too many reopenings") }
+            reopenings = count
+        }
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
         return TaskSnapshot(
             id: id, sequence: sequence, kind: kind, params: params, name: name, queue: queue, priority: priority,
@@ -174,7 +196,7 @@ enum RecordCodec {
             retry: retry, metadata: metadata, workflow: workflow, createdAt: createdAt, state: state,
             cancelRequested: fields.contains(.cancelRequested), attempt: attempt, startedAt: startedAt,
             finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease,
-            runner: runner, releasedBy: releasedBy)
+            runner: runner, releasedBy: releasedBy, watchers: watchers, reopenings: reopenings)
     }
 
     /// Which optional fields a workflow record holds.

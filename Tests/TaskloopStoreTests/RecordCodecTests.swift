@@ -15,7 +15,7 @@ import TaskloopJSON
         state: .failed, cancelRequested: true, attempt: 5, startedAt: 1_795_000_000_001, finishedAt: 1_795_000_000_002,
         result: .null, error: TaskError(code: "http_status", message: "502", details: ["status": 502]),
         progress: TaskProgress(fraction: 0.25, message: "a quarter", details: .null, updatedAt: 1_795_000_000_003),
-        notBefore: -1, runner: "replica-7", releasedBy: [TaskID(high: 3, low: 4)])
+        notBefore: -1, runner: "replica-7", releasedBy: [TaskID(high: 3, low: 4)], watchers: [3, 65_535], reopenings: 2)
 
     static func encoded(_ task: TaskSnapshot) -> [UInt8] {
         var output = RecordWriter()
