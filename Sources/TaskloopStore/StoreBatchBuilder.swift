@@ -68,6 +68,7 @@ public struct StoreBatchBuilder {
         batch.evictedWorkflows = shared.evictedWorkflows
         batch.queues = shared.queues
         batch.forgottenQueues = shared.forgottenQueues
+        batch.messages = shared.messages
         batch.idempotencyKeys = idempotencyKeys
         batch.expiredIdempotencyKeys = expiredIdempotencyKeys
         batch.webhooks = Array(webhooks.values)

@@ -40,6 +40,9 @@ public struct StoreBatch: Sendable {
     public var deliveries: [DeliveryRecord] = []
     /// Finished deliveries pushed out of their webhook's log.
     public var deletedDeliveries: [String] = []
+    /// What a cell's engine tells other cells, in the order sent (only in a cluster: the
+    /// commit that writes the batch sends them).
+    public var messages: [CellMessage] = []
     /// The event stream's last number when the batch was made: numbers go on after a restart.
     public var eventSequence: UInt64?
 
@@ -48,6 +51,7 @@ public struct StoreBatch: Sendable {
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
             && forgottenQueues.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty && !hasWebhookChanges
+            && messages.isEmpty
     }
 
     public var hasWebhookChanges: Bool {

@@ -72,6 +72,28 @@ import TaskloopTestSupport
         }
     }
 
+    /// A cell's engine's messages to other cells leave in the batch of the change that made
+    /// them, for the commit that writes it to send.
+    @Test func aCellsMessagesLeaveInTheBatchOfTheirChange() throws {
+        let clock = VirtualScheduler(wallClockOrigin: 1_795_000_000_000)
+        var configuration = EngineConfiguration()
+        configuration.cells = CellPlacement(cell: 1) { $0 == "mine" ? 1 : 2 }
+        let engine = Engine(configuration: configuration, scheduler: clock)
+        var builder = StoreBatchBuilder()
+        engine.addObserver { events in builder.add(events) }
+        var elsewhere = TaskIDGenerator(cell: 2)
+        let remote = elsewhere.next(wallClockMilliseconds: 1_795_000_000_000)
+        var spec = TaskSpec(kind: "noop")
+        spec.queue = "mine"
+        spec.dependencies = [.task(remote)]
+        let dependent = try engine.submit(spec)
+        let batch = builder.take(from: engine)
+        #expect(batch.tasks.map(\.id) == [dependent.id])
+        #expect(batch.messages == [CellMessage(.watch, from: 1, to: 2, dependency: remote)])
+        #expect(!batch.isEmpty)
+        #expect(builder.take(from: engine).messages.isEmpty, "taken once")
+    }
+
     @Test func everyStateSurvivesARestart() throws {
         let first = try Durable()
         defer { try? FileManager.default.removeItem(atPath: first.path) }
