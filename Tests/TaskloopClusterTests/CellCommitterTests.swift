@@ -15,13 +15,12 @@ import TaskloopTestSupport
         try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
         let epoch = cluster.thread.run { cluster.keepers["a"]!.openCells[Cell(4)]! }
         try PostgresCluster.shared().sql("CREATE TABLE written (x int)", database: cluster.url)
-        let port = try #require(cluster.url.firstRange(of: /127\.0\.0\.1:(\d+)\//).flatMap { Int(cluster.url[$0].dropFirst(10).dropLast()) })
-        let proxy = try FreezableProxy(targetPort: port)
-        defer { proxy.close() }
+        let proxy = try PostgresProxy(forwardingTo: cluster.url)
+        defer { proxy.stop() }
         let outcomes = Locked<[String: CellCommitter.Outcome]>([:])
         let advanced = Locked<[UInt64]>([])
         let committer = cluster.thread.run {
-            let committer = CellCommitter(loop: cluster.thread.loop, url: cluster.url.replacingOccurrences(of: ":\(port)/", with: ":\(proxy.port)/"),
+            let committer = CellCommitter(loop: cluster.thread.loop, url: proxy.url(through: cluster.url),
                                           identity: ReplicaIdentity(name: "a", incarnation: "a"))
             committer.onEpochAdvanced = { cell, epoch in
                 advanced.withLock { $0.append(epoch) }
@@ -51,7 +50,7 @@ import TaskloopTestSupport
         try pollUntil("the commit to land") { try written() == "1,2" }
         #expect(outcomes.value["answer lost"] == nil, "nobody is told before the outcome is known")
         proxy.cutConnections()
-        proxy.isFrozen = false
+        proxy.freeze(toServer: false, toClient: false)
         try pollUntil("the resolution", timeout: 10) { outcomes.value["answer lost"] != nil }
         #expect(outcomes.value["answer lost"] == .committed)
         #expect(advanced.value == [epoch + 1])
@@ -60,7 +59,7 @@ import TaskloopTestSupport
         proxy.freeze(toServer: true, toClient: false)
         commit("request lost", 3)
         proxy.cutConnections()
-        proxy.isFrozen = false
+        proxy.freeze(toServer: false, toClient: false)
         try pollUntil("the resolution", timeout: 10) { outcomes.value["request lost"] != nil }
         guard case .failed = outcomes.value["request lost"] else { Issue.record("\(String(describing: outcomes.value["request lost"]))"); return }
         #expect(advanced.value == [epoch + 1, epoch + 2])

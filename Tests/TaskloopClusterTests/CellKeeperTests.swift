@@ -172,20 +172,19 @@ import TaskloopTestSupport
     /// to b, each under a new epoch.
     @Test func aReplicaCutOffClosesItsCellsBeforeAnyoneTakesThem() throws {
         let cluster = try Cluster()
-        let port = try #require(cluster.url.firstRange(of: /127\.0\.0\.1:(\d+)\//).flatMap { Int(cluster.url[$0].dropFirst(10).dropLast()) })
-        let proxy = try FreezableProxy(targetPort: port)
-        defer { proxy.close() }
+        let proxy = try PostgresProxy(forwardingTo: cluster.url)
+        defer { proxy.stop() }
         try cluster.start("a")
-        try cluster.start("b", through: cluster.url.replacingOccurrences(of: ":\(port)/", with: ":\(proxy.port)/"))
+        try cluster.start("b", through: proxy.url(through: cluster.url))
         let expected = try cluster.settle()
-        proxy.isFrozen = true
+        proxy.freeze(toServer: true, toClient: true)
         try pollUntil("a to take every cell", timeout: 15) { cluster.open("a").count == 16 }
         for cell in expected["b"]! {
             let fenced = try #require(cluster.lines(containing: "b close \(cell) fenced").last, "b closed \(cell) itself")
             let taken = try #require(cluster.lines(containing: "a open \(cell) ").last)
             #expect(taken.at >= fenced.at + Self.ownership.marginMilliseconds, "b closed \(cell) at \(fenced.at), a took it at \(taken.at)")
         }
-        proxy.isFrozen = false
+        proxy.freeze(toServer: false, toClient: false)
         _ = try cluster.settle()
         try cluster.finish()
     }

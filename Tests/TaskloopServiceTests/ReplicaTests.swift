@@ -165,7 +165,7 @@ import TaskloopTestSupport
     /// client would submit again), and the task exists once.
     @Test func aCommitWhoseAnswerIsLostIsResolvedBeforeTheClientIsAnswered() throws {
         let url = try PostgresCluster.shared().makeDatabase()
-        let proxy = try CommitCuttingProxy(forwardingTo: url)
+        let proxy = try PostgresProxy(forwardingTo: url)
         defer { proxy.stop() }
         let replicas = try Self.replicas(1, on: proxy.url(through: url))
         let client = try replicas[0].client()

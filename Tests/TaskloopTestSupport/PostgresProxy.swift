@@ -1,18 +1,23 @@
 import Foundation
 
-/// A TCP proxy on 127.0.0.1 in front of a PostgreSQL server, that can lose the answer to a
-/// COMMIT: once armed (`cutNextCommit`), the next client bytes holding a `COMMIT` statement go
-/// to the server, the server's answers after them are held back until its `COMMIT` command tag
-/// has arrived (the transaction committed), and then both sides are closed. The client never
-/// learns the outcome. Otherwise bytes pass both ways untouched; connections made after the cut
-/// are served as usual.
+/// A TCP proxy on 127.0.0.1 in front of a PostgreSQL server, for what a network does to a
+/// database connection:
+/// - lose the answer to a COMMIT: once armed (`cutNextCommit`), the next client bytes holding a
+///   `COMMIT` statement go to the server, the server's answers after them are held back until
+///   its `COMMIT` command tag has arrived (the transaction committed), and then both sides are
+///   closed. The client never learns the outcome.
+/// - a partition: while frozen one way or both (`freeze`), nothing is forwarded that way and
+///   nothing is closed; `cutConnections` then ends every connection, and what was held is lost.
+/// Otherwise bytes pass both ways untouched; connections made after a cut are served as usual.
 ///
 /// Blocking sockets, two threads per connection.
-public final class CommitCuttingProxy: @unchecked Sendable {
+public final class PostgresProxy: @unchecked Sendable {
     public let port: Int
     private let target: (host: String, port: UInt16)
     private let listener: Int32
     private let armed = Locked(false)
+    private let frozenToServer = Locked(false)
+    private let frozenToClient = Locked(false)
     /// How many COMMITs' answers were cut.
     public let cuts = Locked(0)
     private let descriptors = Locked<Set<Int32>>([])
@@ -42,10 +47,26 @@ public final class CommitCuttingProxy: @unchecked Sendable {
         armed.withLock { $0 = true }
     }
 
+    /// Holds back what goes to the server (requests), what comes back (answers), or both.
+    public func freeze(toServer: Bool, toClient: Bool) {
+        frozenToServer.withLock { $0 = toServer }
+        frozenToClient.withLock { $0 = toClient }
+    }
+
+    /// Ends every connection made so far, both sides, as a dropped network does; what a freeze
+    /// held back is lost.
+    public func cutConnections() {
+        let cut = descriptors.withLock { descriptors in
+            defer { descriptors = [] }
+            return descriptors
+        }
+        for descriptor in cut { shutdown(descriptor, Int32(SHUT_RDWR)) }
+    }
+
     public func stop() {
         stopped.withLock { $0 = true }
         shutdown(listener, Int32(SHUT_RDWR))
-        for descriptor in descriptors.value { shutdown(descriptor, Int32(SHUT_RDWR)) }
+        cutConnections()
     }
 
     private static func authority(of url: String) -> Range<String.Index>? {
@@ -142,7 +163,7 @@ public final class CommitCuttingProxy: @unchecked Sendable {
                 }
                 if take { connection.cutting.withLock { $0 = true } }
             }
-            guard write(bytes, to: connection.server) else { break }
+            guard holdWhile(frozenToServer, connection), write(bytes, to: connection.server) else { break }
         }
         connection.closeBoth()
     }
@@ -159,9 +180,18 @@ public final class CommitCuttingProxy: @unchecked Sendable {
                 }
                 continue
             }
-            guard write(bytes, to: connection.client) else { break }
+            guard holdWhile(frozenToClient, connection), write(bytes, to: connection.client) else { break }
         }
         connection.closeBoth()
+    }
+
+    /// Waits while `frozen`; false once the connection was cut meanwhile.
+    private func holdWhile(_ frozen: Locked<Bool>, _ connection: Connection) -> Bool {
+        while frozen.value {
+            guard descriptors.value.contains(connection.client) else { return false }
+            usleep(5_000)
+        }
+        return descriptors.value.contains(connection.client)
     }
 
     private func read(_ descriptor: Int32) -> [UInt8]? {
