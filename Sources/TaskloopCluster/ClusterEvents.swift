@@ -83,16 +83,12 @@ public enum ClusterEvents {
             let rows = events[chunk..<min(chunk + 500, events.count)]
             var values: [PGValue] = []
             values.reserveCapacity(rows.count * 8)
-            var placeholders = ""
             for (offset, event) in rows.enumerated() {
-                let base = offset * 8
-                placeholders += offset == 0 ? "(" : ", ("
-                placeholders += (1...8).map { "$\(base + $0)" }.joined(separator: ", ") + ")"
                 values += [.int(chunk + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
                            .optional(event.workflow), .optional(event.queue), .bytes(event.data)]
             }
             return PGQuery("INSERT INTO taskloop.cell_events (index, cell, time, type, task, workflow, queue, data) VALUES "
-                           + placeholders, values)
+                           + PGQuery.placeholders(rows: rows.count, columns: 8), values)
         }
     }
 

@@ -130,3 +130,20 @@ public final class PGResult {
         return bytes(row, column)?.first == 1
     }
 }
+
+extension PGQuery {
+    /// `($1, $2), ($3, $4)` for two rows of two columns: the VALUES of a statement of many rows.
+    public static func placeholders(rows: Int, columns: Int) -> String {
+        var text = ""
+        text.reserveCapacity(rows * columns * 5)
+        for row in 0..<rows {
+            text += row == 0 ? "(" : ", ("
+            for column in 0..<columns {
+                if column > 0 { text += ", " }
+                text += "$\(row * columns + column + 1)"
+            }
+            text += ")"
+        }
+        return text
+    }
+}

@@ -70,7 +70,7 @@ public enum CellSchema {
             }
             queries.append(PGQuery(
                 "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, workflow, record) VALUES "
-                    + SharedSchema.placeholders(rows: rows.count, columns: 7)
+                    + PGQuery.placeholders(rows: rows.count, columns: 7)
                     + " ON CONFLICT (id) DO UPDATE SET state = excluded.state, record = excluded.record", values))
         }
         for key in batch.evictedTasks { queries.append(PGQuery(deleteTask, [.text(key.id.description)])) }

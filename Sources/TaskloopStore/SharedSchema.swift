@@ -184,7 +184,7 @@ enum SharedSchema {
                 values += [.int(Int64(task.sequence)), .text(task.id.description), turnValue, .bytes(writer.record(of: task))]
             }
             queries.append(PGQuery(
-                "INSERT INTO taskloop.tasks (sequence, id, turn, record) VALUES \(placeholders(rows: rows.count, columns: 4)) "
+                "INSERT INTO taskloop.tasks (sequence, id, turn, record) VALUES \(PGQuery.placeholders(rows: rows.count, columns: 4)) "
                     + "ON CONFLICT (sequence) DO UPDATE SET turn = excluded.turn, record = excluded.record", values))
         }
         for key in batch.evictedTasks {
@@ -246,22 +246,7 @@ enum SharedSchema {
                            .bool(event.endsTask), .bytes(event.data)]
             }
             return PGQuery("INSERT INTO taskloop.events (seq, turn, type, time, task, workflow, queue, ends_task, data) VALUES "
-                           + placeholders(rows: rows.count, columns: 9), values)
+                           + PGQuery.placeholders(rows: rows.count, columns: 9), values)
         }
-    }
-
-    /// `($1, $2), ($3, $4)` for two rows of two columns.
-    static func placeholders(rows: Int, columns: Int) -> String {
-        var text = ""
-        text.reserveCapacity(rows * columns * 5)
-        for row in 0..<rows {
-            text += row == 0 ? "(" : ", ("
-            for column in 0..<columns {
-                if column > 0 { text += ", " }
-                text += "$\(row * columns + column + 1)"
-            }
-            text += ")"
-        }
-        return text
     }
 }
