@@ -11,9 +11,7 @@ import TaskloopTestSupport
 @Suite struct CellCommitterTests {
     @Test func aCommitWhoseAnswerWasLostIsResolvedBeforeAnyoneIsAnswered() throws {
         let cluster = try CellKeeperTests.Cluster()
-        try cluster.start("a")
-        try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
-        let epoch = cluster.thread.run { cluster.keepers["a"]!.openCells[Cell(4)]! }
+        let epoch = try cluster.startOwningEverything()[Cell(4)]!
         try PostgresCluster.shared().sql("CREATE TABLE written (x int)", database: cluster.url)
         let proxy = try PostgresProxy(forwardingTo: cluster.url)
         defer { proxy.stop() }

@@ -46,6 +46,13 @@ import TaskloopTestSupport
             #expect(started.value == "success(\(cells))")
         }
 
+        /// Starts a alone and waits until it runs every cell; the epochs it holds them under.
+        func startOwningEverything() throws -> [Cell: UInt64] {
+            try start("a")
+            try pollUntil("a to take every cell", timeout: 10) { open("a").count == cells }
+            return thread.run { [self] in keepers["a"]!.openCells }
+        }
+
         /// Waits until a and b run exactly the cells rendezvous gives each; those cells.
         func settle() throws -> [String: Set<UInt16>] {
             let expected = CellKeeperTests.rendezvous(cells, ["a", "b"])
@@ -193,9 +200,7 @@ import TaskloopTestSupport
     /// once the cell is claimed again the former holder's commit fails and writes nothing.
     @Test func aDeposedOwnersCommitChangesNothing() throws {
         let cluster = try Cluster()
-        try cluster.start("a")
-        try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
-        let epoch = cluster.thread.run { cluster.keepers["a"]!.openCells[Cell(0)]! }
+        let epoch = try cluster.startOwningEverything()[Cell(0)]!
         let a = ReplicaIdentity(name: "a", incarnation: "a")
         try PostgresCluster.shared().sql("CREATE TABLE written (x int)", database: cluster.url)
         func commit(_ x: Int, on connection: Int, ending: Bool = true) throws -> String? {

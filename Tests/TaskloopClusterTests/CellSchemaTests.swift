@@ -21,10 +21,8 @@ import TaskloopTestSupport
 
     @Test func aCellsRecordsGoBackToItsNextOwnerWhole() throws {
         let cluster = try CellKeeperTests.Cluster()
-        try cluster.start("a")
-        try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
+        let epochs = try cluster.startOwningEverything()
         let a = ReplicaIdentity(name: "a", incarnation: "a")
-        let epochs = cluster.thread.run { cluster.keepers["a"]!.openCells }
         let writer = try cluster.connection(), reader = try cluster.connection()
         func commit(_ batch: StoreBatch, cell: UInt16, epoch: UInt64? = nil) throws -> String? {
             try cluster.execute(writer, [PGQuery("BEGIN"), ClusterSchema.fenceCommit(Cell(cell), epoch: epoch ?? epochs[Cell(cell)]!, by: a, token: "t1")]

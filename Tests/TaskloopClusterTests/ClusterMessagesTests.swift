@@ -10,10 +10,8 @@ import TaskloopTestSupport
     /// leaves them for the next.
     @Test func messagesArriveInOrderAndAreAppliedOnceUnderTheReceiversEpoch() throws {
         let cluster = try CellKeeperTests.Cluster()
-        try cluster.start("a")
-        try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
+        let epoch = try cluster.startOwningEverything()[Cell(5)]!
         let a = ReplicaIdentity(name: "a", incarnation: "a")
-        let epoch = cluster.thread.run { cluster.keepers["a"]!.openCells[Cell(5)]! }
         let sender = try cluster.connection(), receiver = try cluster.connection(), listener = try cluster.connection()
         let woken = Locked<[String]>([])
         cluster.thread.run { cluster.connections[listener].onNotification = { _, payload in woken.withLock { $0.append(payload) } } }
