@@ -155,7 +155,9 @@ public final class CellKeeper {
         guard let ownership, !isAbandoned else { return }
         let now = Self.now()
         let deadline = ownership.nextDeadline
-        // Woken at the deadline at the latest, and every 100 ms while a drain or a claim waits.
+        // Woken at the deadline, and never more than 100 ms apart: the loop's timers run on a
+        // clock that stops while the machine is suspended, and after a resume the fence must not
+        // wait out the rest of a long delay.
         let delay = deadline > now ? min(deadline - now, 100) : 0
         timer.start(after: delay) { [weak self] in self?.tick() }
     }
