@@ -116,7 +116,7 @@ let package = Package(
         .target(
             name: "TaskloopService",
             dependencies: [
-                "TaskloopBytes", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine",
+                "TaskloopBytes", "TaskloopCluster", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine",
                 "TaskloopExecutors", "TaskloopJSON", "TaskloopStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

@@ -149,7 +149,7 @@ public final class Engine {
     public var gate: EngineGate?
     var absorbing = false
     /// The cell this engine holds, or nil (`EngineConfiguration.cells`).
-    let cell: UInt16?
+    public let cell: UInt16?
     /// Stand-ins for the dependencies in other cells that tasks here name (Engine+Cells).
     var remoteDependencies: [TaskID: RemoteDependency] = [:]
     /// The cells whose tasks depend on each task that has any (Engine+Cells). Beside the records,

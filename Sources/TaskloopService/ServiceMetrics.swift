@@ -264,8 +264,8 @@ final class ServiceMetrics {
         leaseLatency.record(seconds)
     }
 
-    private func updateLeaseSeries(_ engine: Engine) {
-        for (name, queue) in engine.queues where queue.dispatch == .workers || leaseCollectors[name] != nil {
+    private func updateLeaseSeries(_ queues: [String: TaskQueue]) {
+        for (name, queue) in queues where queue.dispatch == .workers || leaseCollectors[name] != nil {
             let collectors = leaseCollectors[name] ?? {
                 func counter(_ metric: String, _ help: String) -> Counter {
                     registry.makeCounter(descriptor: Self.name(metric, "total", help), labels: [("queue", name)])
@@ -289,7 +289,7 @@ final class ServiceMetrics {
             collectors.counted = now
             collectors.waiting.set(Double(queue.waitingLessees))
         }
-        for (name, collectors) in leaseCollectors where engine.queues[name] == nil {
+        for (name, collectors) in leaseCollectors where queues[name] == nil {
             for counter in [collectors.granted, collectors.expired, collectors.released, collectors.poisoned] {
                 registry.unregisterCounter(counter)
             }
@@ -298,8 +298,9 @@ final class ServiceMetrics {
         }
     }
 
-    /// The text exposition, with the state gauges brought up to date first.
-    func render(engine: Engine, connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
+    /// The text exposition, with the state gauges brought up to date first. `queues`: those of
+    /// the engines here (with cells, of the cells this replica owns).
+    func render(queues: [String: TaskQueue], connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
                 webhooks: Webhooks, droppedLogLines dropped: Int, shared: SharedState? = nil) -> [UInt8] {
         if let shared, let replica {
             let counts = shared.counts
@@ -309,7 +310,7 @@ final class ServiceMetrics {
             replica.counted = counts
             replica.databaseUp.set(Double(shared.isFailing ? 0 : 1))
         }
-        for (name, queue) in engine.queues {
+        for (name, queue) in queues {
             let gauges = taskGauges[name] ?? TaskState.allCases.map { state in
                 registry.makeGauge(
                     descriptor: Self.name("tasks", "", "Tasks known now, by queue and state (finished ones until evicted)."),
@@ -318,11 +319,11 @@ final class ServiceMetrics {
             taskGauges[name] = gauges
             for (state, gauge) in zip(TaskState.allCases, gauges) { gauge.set(Double(queue.counts[state])) }
         }
-        for (name, gauges) in taskGauges where engine.queues[name] == nil {
+        for (name, gauges) in taskGauges where queues[name] == nil {
             for gauge in gauges { registry.unregisterGauge(gauge) }
             taskGauges[name] = nil
         }
-        updateLeaseSeries(engine)
+        updateLeaseSeries(queues)
         openConnections.set(Double(connections))
         waiting.set(Double(longPolls))
         transfers.set(Double(activeTransfers))

@@ -1,6 +1,7 @@
 import Dispatch
 import Glibc
 import Logging
+import TaskloopCluster
 import TaskloopEngine
 import TaskloopExecutors
 import TaskloopHTTP
@@ -33,21 +34,26 @@ public final class TaskloopApplication {
     public let loop: EventLoop
     public let configuration: ServiceConfiguration
     let logger: Logger
+    /// The engine of a single server, or of replicas taking turns; nil with cells, where each
+    /// cell this replica owns has its own (`cellHost`), and a request gets its cell's engine
+    /// in `Reply.engine`.
     private(set) var engine: Engine!
-    private var scheduler: LoopScheduler?
-    private var httpClient: HTTPClient?
-    private var server: HTTPServer?
+    /// With `--replication cells`: the cells this replica owns, their engines and commits.
+    var cellHost: CellHost?
+    private(set) var scheduler: LoopScheduler?
+    private(set) var httpClient: HTTPClient?
+    var server: HTTPServer?
     private var execExecutor: ExecExecutor?
     /// What holds `exec` programs together (`GET /healthz`): `cgroup`, `cookie`, or `none` when
     /// this server runs no programs.
     var processIsolation: String { execExecutor?.isolation.name ?? "none" }
-    private var orphanReaper: OrphanReaper?
-    private(set) var waiters: TaskWaiters!
-    private(set) var leaseCalls: LeaseCalls!
-    private(set) var eventLog: EventLog!
-    private(set) var webhooks: Webhooks!
+    private(set) var orphanReaper: OrphanReaper?
+    var waiters: TaskWaiters!
+    var leaseCalls: LeaseCalls!
+    var eventLog: EventLog!
+    var webhooks: Webhooks!
     /// Writes what each loop turn published to the event streams.
-    private var eventWrites: LoopCheck?
+    var eventWrites: LoopCheck?
     private var router = Router<Route>()
     /// Set once stopping: submissions are refused with 503.
     private(set) var isDraining = false
@@ -59,13 +65,13 @@ public final class TaskloopApplication {
     private(set) var routeTable: [Route] = []
     /// Each request is logged at debug; known once, at start.
     private let logsRequests: Bool
-    private(set) var metrics: ServiceMetrics!
+    var metrics: ServiceMetrics!
     /// Where changes become durable, unless `durability` is `memory`: the embedded store
     /// (`sqlite`) or the database replicas share (`shared`).
     private(set) var durable: Journal?
     private(set) var sqlite: DurableState?
     private(set) var shared: SharedState?
-    private(set) var idempotency: IdempotencyKeys!
+    var idempotency: IdempotencyKeys!
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
         self.loop = loop
@@ -148,10 +154,13 @@ public final class TaskloopApplication {
         // a task the disk holds as queued, and waiting for the group commit was within the noise
         // of Benchmarks/service's exec and http bursts.
         engineConfiguration.startsAfterCommit = configuration.sharedDatabase != nil || configuration.durability != .memory
+        if let settings = configuration.sharedDatabase, settings.replication == .cells {
+            return try startCells(settings, engine: engineConfiguration, executors: extra, scheduler: scheduler)
+        }
         let engine = Engine(configuration: engineConfiguration, scheduler: scheduler, extraExecutors: extra)
         self.engine = engine
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
-        leaseCalls = LeaseCalls(engine: engine, scheduler: scheduler) { [unowned self] in metrics }
+        leaseCalls = LeaseCalls(scheduler: scheduler) { [unowned self] in metrics }
         var restored = StoredState()
         var sharedEvents: [SharedEvent] = []
         var deliveryOwners: [String: String] = [:]
@@ -225,38 +234,56 @@ public final class TaskloopApplication {
             metrics.replicaSeries()
             shared.onTurnCommitted = { [unowned self] seconds in metrics.turnCommitted(seconds: seconds) }
         }
-        router = makeRouter(routes)
-        routeTable = routes
-        let server = HTTPServer(loop: loop, configuration: configuration.http, admission: { [unowned self] request in
-            admit(&request)
-        }) { [unowned self] request, responder in
-            handle(request, responder)
-        }
+        installRoutes(routes)
+        let server = makeServer()
         do {
-            if configuration.adoptsOrphans {
-                try OrphanReaper.becomeChildSubreaper()
-                orphanReaper = try OrphanReaper(loop: loop)
-            }
+            try adoptOrphans()
             let address = try server.start()
             self.server = server
             return address
         } catch {
-            orphanReaper?.close()
-            orphanReaper = nil
-            webhooks.close()
-            httpClient.close()
-            // The store's threads end before anything they point at goes away (a port in use
-            // crashed the exit now and then when they outlived the application).
-            idempotency.close()
-            sqlite?.close()
-            sqlite = nil
-            durable = nil
-            eventWrites?.close()
-            eventWrites = nil
-            scheduler.close()
-            self.scheduler = nil
+            closeAfterFailedStart()
             throw error
         }
+    }
+
+    func installRoutes(_ routes: [Route]) {
+        router = makeRouter(routes)
+        routeTable = routes
+    }
+
+    func makeServer() -> HTTPServer {
+        HTTPServer(loop: loop, configuration: configuration.http, admission: { [unowned self] request in
+            admit(&request)
+        }) { [unowned self] request, responder in
+            handle(request, responder)
+        }
+    }
+
+    /// With `--adopt-orphans`: this process reaps what its programs leave behind.
+    func adoptOrphans() throws {
+        guard configuration.adoptsOrphans else { return }
+        try OrphanReaper.becomeChildSubreaper()
+        orphanReaper = try OrphanReaper(loop: loop)
+    }
+
+    /// Undoes a start that failed before the server listened.
+    func closeAfterFailedStart() {
+        orphanReaper?.close()
+        orphanReaper = nil
+        webhooks?.close()
+        httpClient?.close()
+        httpClient = nil
+        // The store's threads end before anything they point at goes away (a port in use
+        // crashed the exit now and then when they outlived the application).
+        idempotency?.close()
+        sqlite?.close()
+        sqlite = nil
+        durable = nil
+        eventWrites?.close()
+        eventWrites = nil
+        scheduler?.close()
+        scheduler = nil
     }
 
     /// The shutdown story (see the type's comment); `completion` runs once, when everything the
@@ -276,7 +303,9 @@ public final class TaskloopApplication {
         } else {
             serverClosed = true
         }
-        if let engine, let scheduler {
+        if cellHost != nil {
+            stopCells(grace: grace)
+        } else if let engine, let scheduler {
             if durable != nil {
                 // The state is kept: nothing new starts, running work has the grace to finish,
                 // and what still runs then is stopped and runs again after the restart.
@@ -423,8 +452,8 @@ public final class TaskloopApplication {
         return text.replacing(password) { match in "\(match.1)password=***" }
     }
 
-    private func finishStopping() {
-        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0,
+    func finishStopping() {
+        guard isDraining, serverClosed, (execExecutor?.liveAttempts ?? 0) == 0, cellHost == nil,
               durable == nil || engine.runningHereCount == 0,
               let completion = stopCompletion else { return }
         stopCompletion = nil
@@ -440,7 +469,7 @@ public final class TaskloopApplication {
         finishClosing(completion)
     }
 
-    private func finishClosing(_ completion: @escaping () -> Void) {
+    func finishClosing(_ completion: @escaping () -> Void) {
         server = nil
         // Webhook attempts end unrecorded (they are made again after a restart), then cancelling
         // has removed every transfer; this frees curl's connection cache and handles.
@@ -494,7 +523,7 @@ public final class TaskloopApplication {
     /// Consumes the request: setting its parameters then needs no copy of it.
     private func handle(_ request: consuming HTTPRequest, _ responder: HTTPResponder) {
         let found = request.matchedRoute >= 0 ? routeTable[request.matchedRoute] : nil
-        let reply = Reply(responder: responder, method: request.method, path: logsRequests ? request.path : "", route: found,
+        var reply = Reply(responder: responder, method: request.method, path: logsRequests ? request.path : "", route: found,
                           started: Self.monotonicNanoseconds(), application: self)
         if request.method == .OPTIONS && access.isPreflight(request) {
             return reply.send(AccessPolicy.preflightAnswer())
@@ -506,6 +535,10 @@ public final class TaskloopApplication {
             let match = router.match(request.method, rawPath: request.rawPath)
             return reply.send(Router<Route>.problem(for: match, request)!.response())
         }
+        if cellHost != nil && route.placement != .none {
+            return serveInCell(route, request, reply)
+        }
+        reply.engine = engine
         if let shared, route.usesState, !shared.isOpen {
             guard !shared.isFailing else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
             let refuse = { reply.send(Self.sharedDatabaseUnavailable.response()) }
@@ -520,7 +553,7 @@ public final class TaskloopApplication {
         run(route, request, reply)
     }
 
-    private func run(_ route: Route, _ request: HTTPRequest, _ reply: Reply) {
+    func run(_ route: Route, _ request: HTTPRequest, _ reply: Reply) {
         do {
             try route.handler(request, reply)
         } catch {
@@ -545,7 +578,7 @@ public final class TaskloopApplication {
 
     /// What one engine call changed, once it has settled: logs (state changes at debug: at info
     /// they cost most of a submission), metrics, and long polls whose task has ended.
-    private func settled(_ events: [EngineEvent]) {
+    func settled(_ events: [EngineEvent]) {
         let logsStates = logger.logLevel <= .debug
         for case .stateChanged(let task, let from, let to) in events {
             if logsStates {
@@ -555,7 +588,7 @@ public final class TaskloopApplication {
             }
             if to.isTerminal {
                 // Each replica counts what it finished; another replica's ends wake waiters here.
-                if !engine.isAbsorbing { metrics.taskFinished(task) }
+                if engine?.isAbsorbing != true { metrics.taskFinished(task) }
                 waiters.finished(task.id)
             }
         }
@@ -567,13 +600,29 @@ public final class TaskloopApplication {
     var activeTransfers: Int { httpClient?.activeTransfers ?? 0 }
 
     func renderMetrics() -> [UInt8] {
-        metrics.render(engine: engine, connections: server?.openConnections ?? 0, longPolls: waiters.count,
+        metrics.render(queues: queuesHere, connections: server?.openConnections ?? 0, longPolls: waiters.count,
                        transfers: activeTransfers, eventStreams: eventLog.subscriberCount, webhooks: webhooks,
                        droppedLogLines: configuration.logSink?.dropped ?? 0, shared: shared)
     }
 
+    /// The queues of the engines here (with cells, of the cells this replica serves).
+    var queuesHere: [String: TaskQueue] {
+        guard let cellHost else { return engine.queues }
+        var queues: [String: TaskQueue] = [:]
+        for engine in cellHost.openEngines { queues.merge(engine.queues) { first, _ in first } }
+        return queues
+    }
+
+    /// The engine that holds task `id` here, if any.
+    func engine(holding id: TaskID) -> Engine? {
+        guard let cellHost else { return engine }
+        if case .here(let engine) = cellHost.placement(of: Cell(id.cell)) { return engine }
+        return nil
+    }
+
     /// The task as JSON, or 404 if it is gone.
     func taskResponse(_ id: TaskID, status: HTTPStatus = .ok) -> HTTPResponse {
+        guard let engine = engine(holding: id) else { return Self.cellMoving.response() }
         guard let task = engine.task(id) else {
             return APIProblem(.notFound, detail: "No task \(id).").response()
         }
@@ -601,11 +650,18 @@ struct Reply {
     let route: Route?
     let started: UInt64
     unowned let application: TaskloopApplication
+    /// The engine serving the request: the server's, or with cells its cell's (set when routed).
+    var engine: Engine!
 
     /// With a store, the answer leaves once everything changed so far is committed (at once
     /// when nothing is in flight, or when the store is failing and this is a read).
     func send(_ response: HTTPResponse) {
         guard responder.isOpen else { return }
+        if let cellHost = application.cellHost, !cellHost.isCaughtUp {
+            return cellHost.whenDurable { committed in
+                deliver(committed ? response : TaskloopApplication.sharedDatabaseUnavailable.response())
+            }
+        }
         // The common case sends at once, without making a closure per answer.
         guard let durable = application.durable, !durable.isCaughtUp,
               !(durable.isFailing && (method == .GET || method == .HEAD)) else {

@@ -44,7 +44,7 @@ extension TaskloopApplication {
     }
 
     func streamTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
-        let task = try existingTask(request)
+        let task = try existingTask(request, reply.engine)
         try refuseWhileDraining()
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()

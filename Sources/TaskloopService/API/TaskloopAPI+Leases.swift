@@ -23,8 +23,8 @@ extension TaskloopApplication {
                 if let list = value.arrayValue, !list.isEmpty {
                     var kinds = Set<String>()
                     for (index, element) in list.enumerated() {
-                        if let kind = element.stringValue, engine.kinds.contains(kind) { kinds.insert(kind) } else {
-                            reader.fail("kinds[\(index)]", "must be one of \(engine.kinds.joined(separator: ", ")).")
+                        if let kind = element.stringValue, reply.engine.kinds.contains(kind) { kinds.insert(kind) } else {
+                            reader.fail("kinds[\(index)]", "must be one of \(reply.engine.kinds.joined(separator: ", ")).")
                         }
                     }
                     terms.kinds = kinds
@@ -45,7 +45,7 @@ extension TaskloopApplication {
     }
 
     func heartbeat(_ request: HTTPRequest, _ reply: Reply) throws {
-        let task = try existingTask(request)
+        let task = try existingTask(request, reply.engine)
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
         var token: String?, milliseconds: UInt64?, progress: ExternalReport?
@@ -64,7 +64,7 @@ extension TaskloopApplication {
             }
         }
         try reader.check()
-        try engine.heartbeat(task.id, token: token, milliseconds: milliseconds, progress: progress)
+        try reply.engine.heartbeat(task.id, token: token, milliseconds: milliseconds, progress: progress)
         var json = JSONWriter(capacity: 128)
         json.beginObject()
         json.key(static: "lease")
@@ -75,7 +75,7 @@ extension TaskloopApplication {
     }
 
     func release(_ request: HTTPRequest, _ reply: Reply) throws {
-        let task = try existingTask(request)
+        let task = try existingTask(request, reply.engine)
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
         var token: String?
@@ -85,7 +85,7 @@ extension TaskloopApplication {
             if object["lease_token"] == nil { reader.fail("lease_token", "is required.") }
         }
         try reader.check()
-        try engine.release(task.id, token: token)
+        try reply.engine.release(task.id, token: token)
         reply.send(.json(.ok, Representation.task(task)))
     }
 }

@@ -1,3 +1,4 @@
+import TaskloopCluster
 import TaskloopEngine
 import TaskloopHTTP
 import TaskloopJSON
@@ -20,12 +21,15 @@ final class Route {
     /// Reads or changes tasks, queues, webhooks or events: with replicas it waits for a
     /// catch-up (reads) or a turn (changes). The page, the spec, health and metrics do not.
     let usesState: Bool
+    /// Which cell serves it, with cells (docs/SCALING.md): the request is served by that cell's
+    /// engine where it runs, or forwarded to its owner.
+    let placement: RoutePlacement
     let handler: ServiceHandler
     /// The route's place in the route table, which is where the metrics keep its collectors.
     fileprivate(set) var index = -1
 
     init(_ method: HTTPMethod, _ pattern: String, _ answers: [Int], isPublic: Bool = false, forWorkers: Bool = false,
-         usesState: Bool = true, _ handler: @escaping ServiceHandler) {
+         usesState: Bool = true, placement: RoutePlacement = .none, _ handler: @escaping ServiceHandler) {
         self.method = method
         self.pattern = pattern
         var answers = answers
@@ -36,6 +40,7 @@ final class Route {
         self.isPublic = isPublic
         role = method == .GET ? .read : forWorkers ? .worker : .admin
         self.usesState = usesState
+        self.placement = placement
         self.handler = handler
     }
 
@@ -43,6 +48,25 @@ final class Route {
     /// large (body, target, head), no token (with a token configured), a Host that is not
     /// answered (421), too many connections or shutting down.
     static let anyRequest = [400, 401, 408, 413, 414, 421, 431, 503]
+}
+
+/// Where a route's request is served when the tasks live in cells: by the cell its path or
+/// body names (each reads its engine from `Reply.engine`), or by no cell.
+enum RoutePlacement {
+    /// Needs no engine: health, the spec, the page, metrics, webhooks.
+    case none
+    /// The task of path parameter `id`: its id carries its cell.
+    case task
+    /// The workflow of path parameter `id` (ids carry their cell).
+    case workflow
+    /// The queue of path parameter `name`.
+    case queue
+    /// `POST /tasks`: the queue its body names.
+    case submittedTask
+    /// `POST /workflows`: the queue of its first task (a workflow's tasks share a cell).
+    case submittedWorkflow
+    /// Every cell: lists and streams, read from the database.
+    case everyCell
 }
 
 extension TaskloopApplication {
@@ -78,70 +102,70 @@ extension TaskloopApplication {
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
                                         body: renderMetrics()))
             },
-            Route(.POST, "/tasks", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitTask(request, reply) },
-            Route(.GET, "/tasks", [200]) { [unowned self] request, reply in try listTasks(request, reply) },
-            Route(.GET, "/events", [200, 400]) { [unowned self] request, reply in try streamEvents(request, reply) },
-            Route(.GET, "/tasks/{id}/events", [200, 404]) { [unowned self] request, reply in
+            Route(.POST, "/tasks", [201, 404, 415, 422, 429], placement: .submittedTask) { [unowned self] request, reply in try submitTask(request, reply) },
+            Route(.GET, "/tasks", [200], placement: .everyCell) { [unowned self] request, reply in try listTasks(request, reply) },
+            Route(.GET, "/events", [200, 400], placement: .everyCell) { [unowned self] request, reply in try streamEvents(request, reply) },
+            Route(.GET, "/tasks/{id}/events", [200, 404], placement: .task) { [unowned self] request, reply in
                 try streamTaskEvents(request, reply)
             },
-            Route(.GET, "/tasks/{id}", [200, 404]) { [unowned self] request, reply in try getTask(request, reply) },
-            Route(.DELETE, "/tasks/{id}", [200, 202, 404, 409]) { [unowned self] request, reply in
-                let task = try existingTask(request)
-                let outcome = try engine.cancel(task.id)
+            Route(.GET, "/tasks/{id}", [200, 404], placement: .task) { [unowned self] request, reply in try getTask(request, reply) },
+            Route(.DELETE, "/tasks/{id}", [200, 202, 404, 409], placement: .task) { [unowned self] request, reply in
+                let task = try existingTask(request, reply.engine)
+                let outcome = try reply.engine.cancel(task.id)
                 reply.send(.json(outcome == .cancelled ? .ok : .accepted, Representation.task(task)))
             },
-            Route(.POST, "/tasks/{id}/progress", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/progress", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try reportProgress(request, reply)
             },
-            Route(.POST, "/tasks/{id}/complete", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/complete", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try reportCompletion(request, reply)
             },
-            Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/fail", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try reportFailure(request, reply)
             },
-            Route(.POST, "/tasks/{id}/retry", [200, 404, 409, 429]) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/retry", [200, 404, 409, 429], placement: .task) { [unowned self] request, reply in
                 try refuseWhileDraining()
-                let task = try existingTask(request)
-                try engine.retryTask(task.id)
+                let task = try existingTask(request, reply.engine)
+                try reply.engine.retryTask(task.id)
                 reply.send(.json(.ok, Representation.task(task)))
             },
-            Route(.POST, "/tasks/{id}/heartbeat", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/heartbeat", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try heartbeat(request, reply)
             },
-            Route(.POST, "/tasks/{id}/release", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
+            Route(.POST, "/tasks/{id}/release", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try release(request, reply)
             },
-            Route(.POST, "/workflows", [201, 404, 415, 422, 429]) { [unowned self] request, reply in try submitWorkflow(request, reply) },
-            Route(.GET, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
-                reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request)),
+            Route(.POST, "/workflows", [201, 404, 415, 422, 429], placement: .submittedWorkflow) { [unowned self] request, reply in try submitWorkflow(request, reply) },
+            Route(.GET, "/workflows/{id}", [200, 404], placement: .workflow) { [unowned self] request, reply in
+                reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request, reply.engine)),
                                  headers: ["Event-Seq": String(eventLog.lastAssigned)]))
             },
-            Route(.DELETE, "/workflows/{id}", [200, 404]) { [unowned self] request, reply in
-                let workflow = try existingWorkflow(request)
-                try engine.cancelWorkflow(workflow.id)
+            Route(.DELETE, "/workflows/{id}", [200, 404], placement: .workflow) { [unowned self] request, reply in
+                let workflow = try existingWorkflow(request, reply.engine)
+                try reply.engine.cancelWorkflow(workflow.id)
                 reply.send(.json(.ok, Representation.workflow(workflow)))
             },
-            Route(.POST, "/workflows/{id}/retry", [200, 404, 429]) { [unowned self] request, reply in
+            Route(.POST, "/workflows/{id}/retry", [200, 404, 429], placement: .workflow) { [unowned self] request, reply in
                 try refuseWhileDraining()
-                let workflow = try existingWorkflow(request)
-                let count = try engine.retryWorkflow(workflow.id)
+                let workflow = try existingWorkflow(request, reply.engine)
+                let count = try reply.engine.retryWorkflow(workflow.id)
                 reply.send(.json(.ok, Array(#"{"retried":\#(count)}"#.utf8)))
             },
-            Route(.GET, "/queues", [200]) { [unowned self] _, reply in
+            Route(.GET, "/queues", [200], placement: .everyCell) { [unowned self] _, reply in
                 var json = JSONWriter(capacity: 1_024)
                 json.beginObject()
                 json.key(static: "queues")
                 json.beginArray()
-                let now = engine.scheduler.wallClock
-                for name in engine.queues.keys.sorted() { Representation.write(engine.queues[name]!, at: now, into: &json) }
+                let now = reply.engine.scheduler.wallClock
+                for name in reply.engine.queues.keys.sorted() { Representation.write(reply.engine.queues[name]!, at: now, into: &json) }
                 json.endArray()
                 json.endObject()
                 reply.send(.json(.ok, json.bytes))
             },
-            Route(.GET, "/queues/{name}", [200, 404]) { [unowned self] request, reply in
-                reply.send(.json(.ok, Representation.queue(try existingQueue(request), at: engine.scheduler.wallClock)))
+            Route(.GET, "/queues/{name}", [200, 404], placement: .queue) { [unowned self] request, reply in
+                reply.send(.json(.ok, Representation.queue(try existingQueue(request, reply.engine), at: reply.engine.scheduler.wallClock)))
             },
-            Route(.PATCH, "/queues/{name}", [200, 415, 422]) { [unowned self] request, reply in try updateQueue(request, reply) },
+            Route(.PATCH, "/queues/{name}", [200, 415, 422], placement: .queue) { [unowned self] request, reply in try updateQueue(request, reply) },
             Route(.POST, "/webhooks", [201, 409, 415, 422]) { [unowned self] request, reply in try createWebhook(request, reply) },
             Route(.GET, "/webhooks", [200]) { [unowned self] request, reply in try listWebhooks(request, reply) },
             Route(.GET, "/webhooks/{id}", [200, 404]) { [unowned self] request, reply in try getWebhook(request, reply) },
@@ -149,12 +173,12 @@ extension TaskloopApplication {
             Route(.GET, "/webhooks/{id}/deliveries", [200, 400, 404]) { [unowned self] request, reply in
                 try listDeliveries(request, reply)
             },
-            Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422], forWorkers: true) { [unowned self] request, reply in
+            Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422], forWorkers: true, placement: .queue) { [unowned self] request, reply in
                 try lease(request, reply)
             },
-            Route(.POST, "/queues/{name}/cancel", [200, 404]) { [unowned self] request, reply in
-                let queue = try existingQueue(request)
-                let count = engine.cancelAll(inQueue: queue.name)
+            Route(.POST, "/queues/{name}/cancel", [200, 404], placement: .queue) { [unowned self] request, reply in
+                let queue = try existingQueue(request, reply.engine)
+                let count = reply.engine.cancelAll(inQueue: queue.name)
                 reply.send(.json(.ok, Array(#"{"cancelled":\#(count)}"#.utf8)))
             },
         ]
@@ -180,20 +204,21 @@ extension TaskloopApplication {
         var reader = BodyReader()
         let spec = reader.object(document, "").flatMap { reader.taskSpec($0, prefix: "") }
         try reader.check()
-        try checkKindAllowed(spec!.kind, queue: spec!.queue, field: "kind")
+        try checkKindAllowed(spec!.kind, queue: spec!.queue, field: "kind", reply.engine)
         if let key { try idempotency.checkRoom(for: key) }
-        let task = try engine.submit(spec!)
+        let task = try reply.engine.submit(spec!)
         if let key, let fingerprint {
             // Remembered in memory in any case; with a store, written in this turn's batch.
             let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/tasks/\(task.id)")
             durable?.record(record)
+            if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
         }
         metrics.taskSubmitted(kind: task.kind)
         reply.send(.json(.created, Representation.task(task), location: Representation.path("/tasks/", task.id)))
     }
 
     private func getTask(_ request: HTTPRequest, _ reply: Reply) throws {
-        let task = try existingTask(request)
+        let task = try existingTask(request, reply.engine)
         var wait: UInt64 = 0
         if let text = request.query("wait") {
             guard let seconds = Double(text), seconds.isFinite, (0...60).contains(seconds) else {
@@ -232,11 +257,11 @@ extension TaskloopApplication {
                 errors.append(.init(field: "state", message: "must be one of \(TaskState.allCases.map(\.rawValue).joined(separator: ", ")).")) }
         }
         if let text = request.query("queue") {
-            queue = engine.queues[text]
+            queue = reply.engine.queues[text]
             if queue == nil { empty = true }
         }
         if let text = request.query("workflow") {
-            workflow = TaskID(text).flatMap { engine.workflow($0) }
+            workflow = TaskID(text).flatMap { reply.engine.workflow($0) }
             if workflow == nil { empty = true }
         }
         let kind = request.query("kind")
@@ -253,7 +278,7 @@ extension TaskloopApplication {
             if after == nil { errors.append(.init(field: "after", message: "is not a cursor this server gave out.")) }
         }
         guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
-        let page = empty ? (tasks: [], next: nil) : engine.listTasks(before: after, limit: limit, in: workflow) { task in
+        let page = empty ? (tasks: [], next: nil) : reply.engine.listTasks(before: after, limit: limit, in: workflow) { task in
             (state == nil || task.state == state) && (queue == nil || task.queue === queue)
                 && (kind == nil || task.kind == kind)
                 && (dependency == nil || task.dependencies.contains(dependency!))
@@ -279,7 +304,7 @@ extension TaskloopApplication {
     }
 
     private func reportProgress(_ request: HTTPRequest, _ reply: Reply) throws {
-        let task = try existingTask(request)
+        let task = try existingTask(request, reply.engine)
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
         var progress: ExternalReport?
@@ -290,12 +315,12 @@ extension TaskloopApplication {
             token = reader.leaseToken(object)
         }
         try reader.check()
-        try engine.report(progress!, for: task.id, leaseToken: token)
+        try reply.engine.report(progress!, for: task.id, leaseToken: token)
         reply.send(.json(.ok, Representation.task(task)))
     }
 
     private func reportCompletion(_ request: HTTPRequest, _ reply: Reply) throws {
-        let task = try existingTask(request)
+        let task = try existingTask(request, reply.engine)
         var result: JSONValue?
         var token: String?
         if let document = try BodyReader.document(request, optional: true) {
@@ -307,12 +332,12 @@ extension TaskloopApplication {
             }
             try reader.check()
         }
-        try engine.report(.complete(result: result), for: task.id, leaseToken: token)
+        try reply.engine.report(.complete(result: result), for: task.id, leaseToken: token)
         reply.send(.json(.ok, Representation.task(task)))
     }
 
     private func reportFailure(_ request: HTTPRequest, _ reply: Reply) throws {
-        let task = try existingTask(request)
+        let task = try existingTask(request, reply.engine)
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
         var failure: TaskError?
@@ -334,7 +359,7 @@ extension TaskloopApplication {
             }
         }
         try reader.check()
-        try engine.report(.fail(failure!), for: task.id, leaseToken: token)
+        try reply.engine.report(.fail(failure!), for: task.id, leaseToken: token)
         reply.send(.json(.ok, Representation.task(task)))
     }
 
@@ -376,13 +401,14 @@ extension TaskloopApplication {
         }
         try reader.check()
         for (index, member) in members.enumerated() {
-            try checkKindAllowed(member.spec.kind, queue: member.spec.queue, field: "tasks[\(index)].kind")
+            try checkKindAllowed(member.spec.kind, queue: member.spec.queue, field: "tasks[\(index)].kind", reply.engine)
         }
         if let key { try idempotency.checkRoom(for: key) }
-        let workflow = try engine.submitWorkflow(name: name, tasks: members)
+        let workflow = try reply.engine.submitWorkflow(name: name, tasks: members)
         if let key, let fingerprint {
             let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/workflows/\(workflow.id)")
             durable?.record(record)
+            if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
         }
         for task in workflow.tasks { metrics.taskSubmitted(kind: task.kind) }
         reply.send(.json(.created, Representation.workflow(workflow), location: Representation.path("/workflows/", workflow.id)))
@@ -407,8 +433,8 @@ extension TaskloopApplication {
             if case .some(let value?) = reader.boolean(object, "paused", prefix: "") { paused = value }
         }
         try reader.check()
-        let queue = try engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch)
-        reply.send(.json(.ok, Representation.queue(queue, at: engine.scheduler.wallClock)))
+        let queue = try reply.engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch)
+        reply.send(.json(.ok, Representation.queue(queue, at: reply.engine.scheduler.wallClock)))
     }
 
     // MARK: helpers
@@ -424,10 +450,10 @@ extension TaskloopApplication {
         }
         let status = HTTPStatus(code: first.status)
         var response: HTTPResponse
-        if first.resource.hasPrefix("/tasks/"), let id = TaskID(String(first.resource.dropFirst(7))), let task = engine.task(id) {
+        if first.resource.hasPrefix("/tasks/"), let id = TaskID(String(first.resource.dropFirst(7))), let task = reply.engine.task(id) {
             response = .json(status, Representation.task(task), location: first.resource)
         } else if first.resource.hasPrefix("/workflows/"), let id = TaskID(String(first.resource.dropFirst(11))),
-                  let workflow = engine.workflow(id) {
+                  let workflow = reply.engine.workflow(id) {
             response = .json(status, Representation.workflow(workflow), location: first.resource)
         } else {
             throw APIProblem(.notFound, detail: "What Idempotency-Key \(key) created (\(first.resource)) has been forgotten since.")
@@ -446,7 +472,7 @@ extension TaskloopApplication {
 
     /// `exec` needs `--allow-exec`, except in a queue that workers lease: there the worker's
     /// own flag decides.
-    func checkKindAllowed(_ kind: String, queue: String, field: String) throws(APIProblem) {
+    func checkKindAllowed(_ kind: String, queue: String, field: String, _ engine: Engine) throws(APIProblem) {
         guard kind != "exec" || configuration.allowExec || engine.queues[queue]?.dispatch == .workers else {
             throw APIProblem(.unprocessableContent,
                               detail: "exec tasks are disabled here; the server must be started with --allow-exec, "
@@ -456,7 +482,7 @@ extension TaskloopApplication {
         }
     }
 
-    func existingTask(_ request: HTTPRequest) throws(APIProblem) -> TaskRecord {
+    func existingTask(_ request: HTTPRequest, _ engine: Engine) throws(APIProblem) -> TaskRecord {
         let text = request.parameters["id"] ?? ""
         guard let id = TaskID(text), let task = engine.task(id) else {
             throw APIProblem(.notFound, detail: "No task \(text).")
@@ -464,7 +490,7 @@ extension TaskloopApplication {
         return task
     }
 
-    private func existingWorkflow(_ request: HTTPRequest) throws(APIProblem) -> WorkflowRecord {
+    private func existingWorkflow(_ request: HTTPRequest, _ engine: Engine) throws(APIProblem) -> WorkflowRecord {
         let text = request.parameters["id"] ?? ""
         guard let id = TaskID(text), let workflow = engine.workflow(id) else {
             throw APIProblem(.notFound, detail: "No workflow \(text).")
@@ -472,7 +498,7 @@ extension TaskloopApplication {
         return workflow
     }
 
-    private func existingQueue(_ request: HTTPRequest) throws(APIProblem) -> TaskQueue {
+    private func existingQueue(_ request: HTTPRequest, _ engine: Engine) throws(APIProblem) -> TaskQueue {
         let name = request.parameters["name"] ?? ""
         guard let queue = engine.queues[name] else { throw APIProblem(.notFound, detail: "No queue \(name).") }
         return queue

@@ -96,9 +96,16 @@ final class StreamEvent {
     /// and a webhook's `data`.
     var data: [UInt8] {
         if let renderedData { return renderedData }
+        let bytes = render(seq: Int(seq))
+        renderedData = bytes
+        return bytes
+    }
+
+    /// The event's JSON; without `seq` where the id is given later (cells: the database's).
+    func render(seq: Int?) -> [UInt8] {
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()
-        json.field("seq", Int(seq))
+        if let seq { json.field("seq", seq) }
         json.field("type", kind.rawValue)
         Representation.timestamp("time", time, into: &json)
         if let task, let moment {
@@ -112,7 +119,6 @@ final class StreamEvent {
             Representation.write(queue, at: time, into: &json)
         }
         json.endObject()
-        renderedData = json.bytes
         return json.bytes
     }
 

@@ -33,12 +33,10 @@ final class LeaseCalls {
     }
 
     private var waiting: [ObjectIdentifier: Call] = [:]
-    private unowned let engine: Engine
     private let scheduler: EngineScheduler
     private let metrics: () -> ServiceMetrics
 
-    init(engine: Engine, scheduler: EngineScheduler, metrics: @escaping () -> ServiceMetrics) {
-        self.engine = engine
+    init(scheduler: EngineScheduler, metrics: @escaping () -> ServiceMetrics) {
         self.scheduler = scheduler
         self.metrics = metrics
     }
@@ -52,7 +50,7 @@ final class LeaseCalls {
                                    milliseconds: terms.milliseconds) { [weak self, unowned call] tasks in
             self?.answer(call, with: tasks)
         }
-        let tasks = try engine.lease(request, from: queue, waiting: terms.waitMilliseconds > 0)
+        let tasks = try reply.engine.lease(request, from: queue, waiting: terms.waitMilliseconds > 0)
         guard tasks.isEmpty && terms.waitMilliseconds > 0 else { return answer(call, with: tasks) }
         let key = ObjectIdentifier(call)
         call.request = request
@@ -73,7 +71,7 @@ final class LeaseCalls {
         waiting.removeValue(forKey: ObjectIdentifier(call))
         call.timer?.cancel()
         guard call.reply.responder.isOpen else {
-            for task in tasks { _ = try? engine.release(task.id, token: task.lease?.token) }
+            for task in tasks { _ = try? call.reply.engine.release(task.id, token: task.lease?.token) }
             return
         }
         if !tasks.isEmpty {
@@ -92,7 +90,7 @@ final class LeaseCalls {
     private func giveUp(_ key: ObjectIdentifier, answering: Bool) {
         guard let call = waiting.removeValue(forKey: key) else { return }
         call.timer?.cancel()
-        if let request = call.request { engine.withdraw(request) }
+        if let request = call.request { call.reply.engine.withdraw(request) }
         if answering { answer(call, with: []) }
     }
 }

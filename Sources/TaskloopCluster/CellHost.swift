@@ -1,0 +1,444 @@
+import TaskloopEngine
+import TaskloopLoop
+import TaskloopPostgres
+import TaskloopStore
+
+/// The cells this replica owns, each a single-server engine of its own (docs/SCALING.md,
+/// "Under way: cells"): the keeper says which cells to open, drain and close; the host loads a
+/// cell's records into a new engine, commits each loop turn's settled batches of every cell
+/// (fenced by the cell's epoch, with the events and the messages to other cells the change
+/// made, and the deletion of the messages it applied), and applies the messages other cells
+/// send it, in the order they were sent.
+///
+/// A cell's story: `opening` (claimed; its records load) -> `open` (serving) -> `draining`
+/// (graceful: nothing new starts, what runs here is stopped and queued again, that is
+/// committed) -> gone. A commit that fails takes the cell back to `opening` from the database
+/// (the truth): the engine that made the failed change is dropped with its held starts, so no
+/// work starts for a change that was not committed. A cell closed at once (fenced, deposed)
+/// stops its attempts and is gone; nothing more is committed for it.
+///
+/// Answers wait for commits (`whenDurable`), as with a single server's store; commits of all
+/// cells share one connection and complete in order.
+///
+/// Threading: the loop's thread only, callbacks included.
+public final class CellHost {
+    public enum Placement {
+        /// Served here, by this engine.
+        case here(Engine)
+        /// Owned by the replica at this address.
+        case elsewhere(String)
+        /// Owned by nobody reachable just now, or moving: ask again shortly.
+        case moving
+    }
+
+    private enum Phase {
+        case opening
+        case open
+        case draining
+    }
+
+    private final class HostedCell {
+        let cell: Cell
+        var epoch: UInt64
+        var phase = Phase.opening
+        var engine: Engine?
+        var builder = StoreBatchBuilder()
+        var events: [ClusterEvents.Written] = []
+        var dirty = false
+        /// Messages applied and not yet deleted by a commit, and the last one read.
+        var applied: [Int64] = []
+        var lastMessage: Int64 = 0
+        var readingInbox = false
+        var inboxAgain = false
+        /// Commits sent and not answered.
+        var commitsInFlight = 0
+        /// Opened again after a failed commit; each load knows which generation it is for.
+        var generation = 0
+        var drained: (() -> Void)?
+
+        init(cell: Cell, epoch: UInt64) {
+            self.cell = cell
+            self.epoch = epoch
+        }
+    }
+
+    public let loop: EventLoop
+    public let keeper: CellKeeper
+    private let committer: CellCommitter
+    private var reader: PGConnection
+    private let url: String
+    private var cells: [Cell: HostedCell] = [:]
+    private let makeEngine: (Cell) -> Engine
+    private let eventsOf: ([EngineEvent]) -> [ClusterEvents.Written]
+    private var endOfTurn: LoopCheck?
+    private var isClosed = false
+    public private(set) var layout = CellLayout(count: CellLayout.defaultCount)
+
+    /// Told when a cell's engine serves (add observers; the cell's idempotency keys), and when
+    /// it goes.
+    public var onOpened: ((Engine, [IdempotencyRecord]) -> Void)?
+    public var onClosed: ((Engine) -> Void)?
+
+    // Commits are numbered in the order sent; they complete in order on the one connection.
+    private var sent = 0
+    private var answeredThrough = 0
+    private var completed: Set<Int> = []
+    private var failedCommits: [Int] = []
+    private var waiting: [(from: Int, target: Int, action: (Bool) -> Void)] = []
+
+    public init(loop: EventLoop, keeper settings: CellKeeper.Settings, makeEngine: @escaping (Cell) -> Engine,
+                eventsOf: @escaping ([EngineEvent]) -> [ClusterEvents.Written]) throws(UVError) {
+        self.loop = loop
+        url = settings.url
+        keeper = try CellKeeper(loop: loop, settings: settings)
+        committer = CellCommitter(loop: loop, url: settings.url, identity: settings.identity)
+        reader = PGConnection(loop: loop)
+        self.makeEngine = makeEngine
+        self.eventsOf = eventsOf
+        endOfTurn = try LoopCheck(loop: loop) { [unowned self] in commitDirtyCells() }
+        committer.onEpochAdvanced = { [unowned self] cell, epoch in
+            cells[cell]?.epoch = epoch
+            keeper.epochAdvanced(cell, to: epoch)
+        }
+        keeper.onOpen = { [unowned self] cell, epoch in open(cell, epoch: epoch) }
+        keeper.onDrain = { [unowned self] cell, done in drain(cell, done) }
+        keeper.onClose = { [unowned self] cell, _ in close(cell) }
+    }
+
+    /// Connects the reader, then joins the cluster; `completion` runs once the keeper has the
+    /// cluster's layout (cells open as their claims succeed, after that).
+    public func start(_ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        connectReader { [weak self] result in
+            guard let self else { return }
+            if case .failure(let error) = result { return completion(.failure(error)) }
+            keeper.start { [weak self] result in
+                if case .success(let layout) = result { self?.layout = layout }
+                completion(result)
+            }
+        }
+    }
+
+    // MARK: routing
+
+    /// Where the requests of `cell` go now.
+    public func placement(of cell: Cell) -> Placement {
+        if let hosted = cells[cell] {
+            if hosted.phase == .open, let engine = hosted.engine { return .here(engine) }
+            return .moving
+        }
+        guard let owner = keeper.owners[cell], owner.name != keeper.settings.identity.name,
+              let address = keeper.addresses[owner.name] else { return .moving }
+        return .elsewhere(address)
+    }
+
+    public func cell(ofQueue name: String) -> Cell { layout.cell(ofQueue: name) }
+
+    /// The engines serving here.
+    public var openEngines: [Engine] {
+        cells.keys.sorted().compactMap { cell in cells[cell].flatMap { $0.phase == .open ? $0.engine : nil } }
+    }
+
+    /// The cells that are opening, open or draining here.
+    public var hostedCells: [Cell] { cells.keys.sorted() }
+
+    // MARK: durability
+
+    /// True when nothing changed is uncommitted: an answer may leave at once.
+    public var isCaughtUp: Bool { answeredThrough == sent && !cells.values.contains { $0.dirty } }
+
+    /// Runs `action(true)` once every change made so far is committed; `action(false)` when a
+    /// commit among them failed.
+    public func whenDurable(_ action: @escaping (Bool) -> Void) {
+        let target = sent + cells.values.count { $0.dirty }
+        guard target > answeredThrough else { return action(true) }
+        waiting.append((answeredThrough + 1, target, action))
+    }
+
+    /// Records what one settled call of `cell`'s engine changed.
+    private func record(_ events: [EngineEvent], of hosted: HostedCell) {
+        hosted.builder.add(events)
+        hosted.events += eventsOf(events)
+        hosted.dirty = true
+    }
+
+    /// An idempotency key a request to `cell` made, committed with the cell's next batch.
+    public func record(_ key: IdempotencyRecord, in cell: Cell) {
+        guard let hosted = cells[cell] else { return }
+        hosted.builder.add(key)
+        hosted.dirty = true
+    }
+
+    private func commitDirtyCells() {
+        for cell in cells.keys.sorted() {
+            guard let hosted = cells[cell], hosted.dirty, let engine = hosted.engine else { continue }
+            hosted.dirty = false
+            let batch = hosted.builder.take(from: engine)
+            let held = engine.markHeldStarts()
+            var writes = CellSchema.writes(of: batch, cell: cell.index)
+            if !hosted.events.isEmpty {
+                writes += ClusterEvents.insert(hosted.events, cell: cell)
+                hosted.events = []
+            }
+            var byCell: [UInt16: [[UInt8]]] = [:]
+            for message in batch.messages { byCell[message.to, default: []].append(message.encoded) }
+            for (to, bodies) in byCell.sorted(by: { $0.key < $1.key }) {
+                writes += ClusterMessages.send(bodies, to: Cell(to), from: cell)
+            }
+            if !hosted.applied.isEmpty {
+                writes.append(ClusterMessages.acknowledge(hosted.applied, of: cell))
+                hosted.applied = []
+            }
+            sent += 1
+            let number = sent, generation = hosted.generation
+            hosted.commitsInFlight += 1
+            committer.commit(cell, epoch: hosted.epoch, writes: writes) { [weak self, weak hosted] outcome in
+                guard let self else { return }
+                if let hosted {
+                    hosted.commitsInFlight -= 1
+                    if outcome == .committed, hosted.generation == generation, let engine = hosted.engine {
+                        engine.releaseStarts(through: held)
+                    }
+                    if outcome != .committed && hosted.generation == generation && cells[cell] === hosted {
+                        commitFailed(hosted, outcome)
+                    } else if hosted.commitsInFlight == 0, let drained = hosted.drained, !hosted.dirty {
+                        hosted.drained = nil
+                        drained()
+                    }
+                }
+                answered(number, committed: outcome == .committed)
+            }
+        }
+    }
+
+    private func answered(_ number: Int, committed: Bool) {
+        if !committed { failedCommits.append(number) }
+        completed.insert(number)
+        while completed.remove(answeredThrough + 1) != nil { answeredThrough += 1 }
+        var index = 0
+        while index < waiting.count {
+            let entry = waiting[index]
+            if entry.target <= answeredThrough {
+                waiting.remove(at: index)
+                entry.action(!failedCommits.contains { (entry.from...entry.target).contains($0) })
+            } else {
+                index += 1
+            }
+        }
+        let oldest = waiting.map(\.from).min() ?? answeredThrough + 1
+        failedCommits.removeAll { $0 < oldest }
+    }
+
+    /// The engine's state went beyond what the database holds: drop it, and load the cell
+    /// again if it is still this replica's.
+    private func commitFailed(_ hosted: HostedCell, _ outcome: CellCommitter.Outcome) {
+        switch outcome {
+        case .committed:
+            return
+        case .failed:
+            stopEngine(of: hosted)
+            hosted.generation += 1
+            hosted.phase = .opening
+            load(hosted)
+        case .deposed, .unknown:
+            // Another replica holds it; the keeper's next renewal sees so.
+            stopEngine(of: hosted)
+            cells[hosted.cell] = nil
+            hosted.drained?()
+            hosted.drained = nil
+        }
+    }
+
+    // MARK: opening
+
+    private func open(_ cell: Cell, epoch: UInt64) {
+        let hosted = HostedCell(cell: cell, epoch: epoch)
+        cells[cell] = hosted
+        load(hosted)
+    }
+
+    private func load(_ hosted: HostedCell) {
+        let generation = hosted.generation
+        reader.execute(CellSchema.load(cell: hosted.cell.index)) { [weak self, weak hosted] result in
+            guard let self, let hosted, cells[hosted.cell] === hosted, hosted.generation == generation else { return }
+            switch result {
+            case .failure:
+                // The reader reconnects; the load is tried again then.
+                retryLoad(hosted)
+            case .success(let results):
+                do {
+                    let state = try CellSchema.loaded(results)
+                    try serve(hosted, state)
+                } catch {
+                    retryLoad(hosted)
+                }
+            }
+        }
+    }
+
+    private func retryLoad(_ hosted: HostedCell) {
+        let generation = hosted.generation
+        guard let timer = try? LoopTimer(loop: loop) else { return }
+        timer.start(after: 500) { [weak self, weak hosted] in
+            timer.close()
+            guard let self, let hosted, cells[hosted.cell] === hosted, hosted.generation == generation, !isClosed else { return }
+            load(hosted)
+        }
+    }
+
+    private func serve(_ hosted: HostedCell, _ state: StoredState) throws {
+        let engine = makeEngine(hosted.cell)
+        engine.addObserver { [unowned self, unowned hosted] events in record(events, of: hosted) }
+        try engine.restore(queues: state.queues, workflows: state.workflows, tasks: state.tasks)
+        hosted.engine = engine
+        hosted.lastMessage = 0
+        hosted.applied = []
+        hosted.phase = .open
+        onOpened?(engine, state.idempotencyKeys)
+        readInbox(of: hosted)
+    }
+
+    // MARK: messages from other cells
+
+    private func readInbox(of hosted: HostedCell) {
+        guard hosted.phase == .open else { return }
+        guard !hosted.readingInbox else {
+            hosted.inboxAgain = true
+            return
+        }
+        hosted.readingInbox = true
+        let generation = hosted.generation
+        reader.execute([ClusterMessages.read(for: hosted.cell, after: hosted.lastMessage, limit: 1_000)]) {
+            [weak self, weak hosted] result in
+            guard let self, let hosted else { return }
+            hosted.readingInbox = false
+            guard cells[hosted.cell] === hosted, hosted.generation == generation, hosted.phase == .open,
+                  let engine = hosted.engine else { return }
+            guard case .success(let results) = result else { return }
+            let messages = ClusterMessages.messages(of: results[0])
+            for message in messages {
+                hosted.lastMessage = message.id
+                hosted.applied.append(message.id)
+                if let decoded = CellMessage(encoded: message.body), decoded.to == hosted.cell.index {
+                    engine.apply(decoded)
+                }
+                hosted.dirty = true
+            }
+            if messages.count == 1_000 || hosted.inboxAgain {
+                hosted.inboxAgain = false
+                readInbox(of: hosted)
+            }
+        }
+    }
+
+    private func connectReader(_ completion: @escaping (Result<Void, PGError>) -> Void) {
+        reader.onNotification = { [weak self] channel, payload in
+            guard let self, channel == ClusterMessages.channel, let index = UInt16(payload),
+                  let hosted = cells[Cell(index)] else { return }
+            readInbox(of: hosted)
+        }
+        reader.onClosed = { [weak self] _ in self?.readerLost() }
+        reader.connect(url) { [weak self] result in
+            guard let self else { return }
+            if case .failure(let error) = result { return completion(.failure(error)) }
+            reader.execute([PGQuery("LISTEN \(ClusterMessages.channel)")]) { result in
+                completion(result.map { _ in })
+            }
+        }
+    }
+
+    /// A new reader listens again and reads every open cell's messages it may have missed.
+    private func readerLost() {
+        guard !isClosed else { return }
+        reader = PGConnection(loop: loop)
+        guard let timer = try? LoopTimer(loop: loop) else { return }
+        timer.start(after: 500) { [weak self] in
+            timer.close()
+            guard let self, !isClosed else { return }
+            connectReader { [weak self] result in
+                guard let self else { return }
+                if case .failure = result { return readerLost() }
+                for hosted in cells.values {
+                    hosted.readingInbox = false
+                    readInbox(of: hosted)
+                }
+            }
+        }
+    }
+
+    // MARK: draining and closing
+
+    /// Graceful: nothing new starts; what runs here is stopped and queued again (its attempt not
+    /// spent); once that and everything before it is committed, the cell goes.
+    private func drain(_ cell: Cell, _ done: @escaping () -> Void) {
+        guard let hosted = cells[cell] else { return done() }
+        let finish = { [weak self, weak hosted] in
+            guard let self, let hosted else { return done() }
+            stopEngine(of: hosted)
+            if cells[cell] === hosted { cells[cell] = nil }
+            done()
+        }
+        guard hosted.phase == .open, let engine = hosted.engine else {
+            hosted.phase = .draining
+            return finish()
+        }
+        hosted.phase = .draining
+        engine.suspendForShutdown()
+        if hosted.commitsInFlight == 0 && !hosted.dirty {
+            finish()
+        } else {
+            hosted.drained = finish
+        }
+    }
+
+    /// At once: the cell's attempts stop, and nothing more is committed for it.
+    private func close(_ cell: Cell) {
+        guard let hosted = cells.removeValue(forKey: cell) else { return }
+        stopEngine(of: hosted)
+        hosted.drained?()
+        hosted.drained = nil
+    }
+
+    private func stopEngine(of hosted: HostedCell) {
+        guard let engine = hosted.engine else { return }
+        hosted.engine = nil
+        engine.dropHeldStarts()
+        hosted.dirty = false
+        hosted.events = []
+        hosted.applied = []
+        hosted.builder = StoreBatchBuilder()
+        // Stops the attempts running here (their runs are told to stop); the state change it
+        // makes is not committed: the cell's records stay as last committed.
+        engine.suspendForShutdown()
+        hosted.builder = StoreBatchBuilder()
+        hosted.events = []
+        hosted.dirty = false
+        onClosed?(engine)
+    }
+
+    /// Graceful stop: every cell drained and released, the member row removed.
+    public func stop(_ completion: @escaping () -> Void) {
+        keeper.stop { [weak self] in
+            self?.closeConnections()
+            completion()
+        }
+    }
+
+    /// As a crash: nothing released.
+    public func abandon() {
+        keeper.abandon()
+        for cell in cells.keys.sorted() { close(cell) }
+        closeConnections()
+    }
+
+    private func closeConnections() {
+        isClosed = true
+        endOfTurn?.close()
+        endOfTurn = nil
+        committer.close()
+        reader.onClosed = nil
+        reader.close()
+        let pending = waiting
+        waiting = []
+        for entry in pending { entry.action(false) }
+    }
+}

@@ -1,0 +1,211 @@
+import Glibc
+import TaskloopCluster
+import TaskloopEngine
+import TaskloopExecutors
+import TaskloopHTTP
+import TaskloopJSON
+import TaskloopLoop
+import TaskloopPostgres
+
+/// The service on cells (`--replication cells`, docs/SCALING.md): this replica serves the
+/// cells it owns, each with an engine of its own that `CellHost` opens, commits and closes;
+/// requests for another replica's cell are forwarded to it, and requests for a cell that is
+/// moving wait for its new owner.
+///
+/// Threading: loop thread only, like the application.
+extension TaskloopApplication {
+    static let cellMoving = APIProblem(
+        .serviceUnavailable, detail: "The tasks this request names are moving between replicas; try again in a moment.",
+        code: "cell_moving", headers: ["Retry-After": "1"])
+
+    /// How long a request for a cell that is moving waits for its new owner.
+    static let movingCellWaitMilliseconds: UInt64 = 1_000
+    /// How often a waiting request looks again.
+    static let movingCellPollMilliseconds: UInt64 = 20
+
+    /// Starts the service on cells: the server listens first (the address it advertises may be
+    /// the port it was given), then the replica joins the cluster; cells open as it claims
+    /// them, and until then their requests wait or go to their owners.
+    func startCells(_ settings: SharedDatabaseSettings, engine engineConfiguration: EngineConfiguration,
+                    executors: [String: TaskExecutor], scheduler: LoopScheduler) throws -> SocketAddress {
+        waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
+        leaseCalls = LeaseCalls(scheduler: scheduler) { [unowned self] in metrics }
+        let idempotency = IdempotencyKeys(ttlMilliseconds: configuration.idempotencyTTLMilliseconds,
+                                          maxKeys: configuration.maxIdempotencyKeys, scheduler: scheduler, restored: [])
+        idempotency.start()
+        self.idempotency = idempotency
+        eventLog = EventLog(after: 0, capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
+                            clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
+        webhooks = Webhooks(client: httpClient!, scheduler: scheduler, settings: configuration.webhooks, durable: nil, logger: logger)
+        eventWrites = try LoopCheck(loop: loop) { [unowned self] in eventLog.flushPending() }
+        let routes = routes()
+        metrics = ServiceMetrics(kinds: executors.keys.sorted(), routes: routes)
+        installRoutes(routes)
+        let server = makeServer()
+        let address: SocketAddress
+        do {
+            try adoptOrphans()
+            address = try server.start()
+        } catch {
+            closeAfterFailedStart()
+            throw error
+        }
+        self.server = server
+        let advertised = settings.advertiseAddress ?? "\(address.host):\(address.port)"
+        let identity = ReplicaIdentity(name: settings.replica, incarnation: Self.incarnation())
+        let lease = settings.leaseMilliseconds
+        var keeper = CellKeeper.Settings(url: settings.url, identity: identity, address: advertised,
+                                         ownership: CellOwnership.Settings(leaseMilliseconds: lease, marginMilliseconds: lease / 5))
+        keeper.cells = settings.cells
+        let renderer = ClusterEventRenderer()
+        let host: CellHost
+        do {
+            host = try CellHost(loop: loop, keeper: keeper, makeEngine: { [unowned self] cell in
+                var configuration = engineConfiguration
+                let layout = cellHost!.layout
+                configuration.cells = CellPlacement(cell: cell.index) { layout.cell(ofQueue: $0).index }
+                return Engine(configuration: configuration, scheduler: scheduler, extraExecutors: executors)
+            }, eventsOf: { events in renderer.render(events, at: scheduler.wallClock) })
+        } catch {
+            closeAfterFailedStart()
+            throw error
+        }
+        cellHost = host
+        host.onOpened = { [unowned self, unowned idempotency] engine, keys in
+            idempotency.absorb(keys, expired: [])
+            engine.addObserver { [unowned self] events in settled(events) }
+        }
+        var outcome: Result<CellLayout, PGError>?
+        host.start { outcome = $0 }
+        loop.run { outcome != nil }
+        if case .failure(let error) = outcome! {
+            cellHost = nil
+            host.abandon()
+            closeAfterFailedStart()
+            throw SharedDatabaseError(reason: "the cluster at \(Self.redacted(settings.url)) cannot be joined: \(error)")
+        }
+        logger.info("joined the cluster on \(Self.redacted(settings.url))", metadata: [
+            "replica": "\(settings.replica)", "cells": "\(host.layout.count)", "address": "\(advertised)",
+        ])
+        return address
+    }
+
+    /// A name for this process, unique across restarts of the replica: a process that takes
+    /// the replica's name over makes the one before it close its cells.
+    static func incarnation() -> String {
+        var random = SystemRandomNumberGenerator()
+        return "\(getpid())-" + String(random.next(), radix: 36)
+    }
+
+    /// Stopping with cells: nothing new starts; once the server has closed, every cell is
+    /// drained (what runs here stops and is queued again for its next owner) and released.
+    func stopCells(grace: UInt64) {
+        for engine in cellHost?.openEngines ?? [] { engine.haltDispatch() }
+        waiters.answerAll()
+        leaseCalls.answerAll()
+        eventLog.finishAll()
+        guard let host = cellHost else { return }
+        host.stop { [unowned self] in
+            cellHost = nil
+            finishStopping()
+        }
+    }
+
+    /// Routes a request to the cell its route names: served here, forwarded to the owner, or
+    /// held while the cell moves (up to `movingCellWaitMilliseconds`).
+    func serveInCell(_ route: Route, _ request: HTTPRequest, _ reply: Reply, waitedMilliseconds: UInt64 = 0) {
+        guard let host = cellHost else { return reply.send(Self.cellMoving.response()) }
+        guard let cell = cell(of: route, request, host) else {
+            // Lists and streams read every cell; served from what this replica holds until they
+            // read the database.
+            var reply = reply
+            reply.engine = host.openEngines.first
+            guard reply.engine != nil else { return reply.send(Self.cellMoving.response()) }
+            return run(route, request, reply)
+        }
+        switch host.placement(of: cell) {
+        case .here(let engine):
+            var reply = reply
+            reply.engine = engine
+            run(route, request, reply)
+        case .elsewhere, .moving:
+            guard waitedMilliseconds < Self.movingCellWaitMilliseconds, let scheduler else {
+                return reply.send(Self.cellMoving.response())
+            }
+            let request = request
+            _ = scheduler.schedule(after: Self.movingCellPollMilliseconds) { [weak self] in
+                self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds)
+            }
+        }
+    }
+
+    /// The cell a request names, or nil for one that reads every cell. A request whose id does
+    /// not parse, or names no cell of the cluster, goes to any cell here: its handler answers
+    /// the 404.
+    private func cell(of route: Route, _ request: HTTPRequest, _ host: CellHost) -> Cell? {
+        switch route.placement {
+        case .none, .everyCell:
+            return nil
+        case .task, .workflow:
+            guard let id = TaskID(request.parameters["id"] ?? ""), Int(id.cell) < host.layout.count else { return nil }
+            return Cell(id.cell)
+        case .queue:
+            return host.cell(ofQueue: request.parameters["name"] ?? "")
+        case .submittedTask:
+            let queue = (try? JSONParser.parse(request.body))?.objectValue?["queue"]?.stringValue
+            return host.cell(ofQueue: queue ?? "default")
+        case .submittedWorkflow:
+            let first = (try? JSONParser.parse(request.body))?.objectValue?["tasks"]?.arrayValue?.first
+            return host.cell(ofQueue: first?.objectValue?["queue"]?.stringValue ?? "default")
+        }
+    }
+}
+
+/// Renders the events of a cell's settled batches as the cluster's events table keeps them
+/// (without the id, which the commit's transaction gives), as the event log would show them.
+///
+/// Threading: loop thread only.
+final class ClusterEventRenderer {
+    /// The state each workflow was last announced in: a workflow event only when it changes.
+    private var announced: [ObjectIdentifier: TaskState] = [:]
+
+    func render(_ events: [EngineEvent], at now: Int64) -> [ClusterEvents.Written] {
+        var written: [ClusterEvents.Written] = []
+        var workflowsTouched: [WorkflowRecord] = []
+        func add(_ event: StreamEvent) {
+            written.append(ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
+                                                 workflow: event.workflowID?.description, queue: event.queueName,
+                                                 data: event.render(seq: nil)))
+        }
+        for event in events {
+            switch event {
+            case .submitted(let task):
+                add(StreamEvent(seq: 0, kind: .taskCreated, time: now, task: task, state: .pending, batch: 0))
+            case .stateChanged(let task, _, let to):
+                add(StreamEvent(seq: 0, kind: .taskState, time: now, task: task, state: to, batch: 0))
+                if let workflow = task.workflow, !workflowsTouched.contains(where: { $0 === workflow }) {
+                    workflowsTouched.append(workflow)
+                }
+            case .progressed(let task):
+                add(StreamEvent(seq: 0, kind: .taskProgress, time: now, task: task, state: task.state, batch: 0))
+            case .workflowSubmitted(let workflow):
+                announced[ObjectIdentifier(workflow)] = .running
+                add(StreamEvent(seq: 0, kind: .workflowState, time: now, state: .running, workflow: workflow, batch: 0))
+                workflowsTouched.append(workflow)
+            case .queueChanged(let queue):
+                add(StreamEvent(seq: 0, kind: .queueUpdated, time: now, queue: queue, batch: 0))
+            case .cancelRequested(let task):
+                add(StreamEvent(seq: 0, kind: .taskState, time: now, task: task, state: task.state, batch: 0))
+            case .evicted(let task, let workflowEmptied):
+                if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+            case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
+                break
+            }
+        }
+        for workflow in workflowsTouched where announced[ObjectIdentifier(workflow)] != workflow.state {
+            announced[ObjectIdentifier(workflow)] = workflow.state
+            add(StreamEvent(seq: 0, kind: .workflowState, time: now, state: workflow.state, workflow: workflow, batch: 0))
+        }
+        return written
+    }
+}
