@@ -85,8 +85,12 @@ let package = Package(
         // schema and its migrations; PostgreSQL shared by replicas, on the loop.
         .target(name: "TaskloopStore", dependencies: ["CSQLite", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres"]),
         // A cluster of replicas on PostgreSQL: cells, which replica owns each (rendezvous
-        // hashing, leases with epochs), and the rules of owning them, as values.
-        .target(name: "TaskloopCluster", dependencies: ["TaskloopEngine", "TaskloopLoop", "TaskloopPostgres", "TaskloopStore"]),
+        // hashing, leases with epochs), and the rules of owning them, as values; requests for
+        // another replica's cells forwarded to it.
+        .target(
+            name: "TaskloopCluster",
+            dependencies: ["TaskloopEngine", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopLoop", "TaskloopPostgres", "TaskloopStore"]
+        ),
         .target(
             name: "TaskloopEngine",
             dependencies: [
@@ -191,8 +195,8 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopClusterTests",
-            dependencies: ["TaskloopCluster", "TaskloopEngine", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres", "TaskloopStore",
-                           "TaskloopTestSupport", "TaskloopLoopTestSupport"]
+            dependencies: ["TaskloopCluster", "TaskloopEngine", "TaskloopHTTP", "TaskloopJSON", "TaskloopLoop", "TaskloopPostgres",
+                           "TaskloopStore", "TaskloopTestSupport", "TaskloopLoopTestSupport"]
         ),
         .testTarget(
             name: "TaskloopEngineTests",
