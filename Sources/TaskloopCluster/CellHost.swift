@@ -79,6 +79,10 @@ public final class CellHost {
     public var onOpened: ((Engine, [IdempotencyRecord]) -> Void)?
     public var onClosed: ((Engine) -> Void)?
 
+    /// Commits answered, and those among them that did not commit.
+    public private(set) var commitCount = 0
+    public private(set) var failedCommitCount = 0
+
     // Commits are numbered in the order sent; they complete in order on the one connection.
     private var sent = 0
     private var answeredThrough = 0
@@ -211,7 +215,11 @@ public final class CellHost {
     }
 
     private func answered(_ number: Int, committed: Bool) {
-        if !committed { failedCommits.append(number) }
+        commitCount += 1
+        if !committed {
+            failedCommitCount += 1
+            failedCommits.append(number)
+        }
         completed.insert(number)
         while completed.remove(answeredThrough + 1) != nil { answeredThrough += 1 }
         var index = 0

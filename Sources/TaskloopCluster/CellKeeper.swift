@@ -109,10 +109,19 @@ public final class CellKeeper {
             }
             completion(result)
         }
+        connection.onNotification = { [weak self] channel, payload in
+            guard let self, channel == ClusterSchema.membershipChannel, payload != settings.identity.incarnation else { return }
+            update { ownership in
+                ownership.renewSoon()
+                return []
+            }
+        }
         connection.connect(settings.url) { [weak self] result in
             guard let self else { return }
             if case .failure(let error) = result { return completion(.failure(error)) }
-            connection.execute(ClusterSchema.setUp(self.settings, takingTheNameOver: takingTheNameOver)) { [weak self] result in
+            let setUp = [PGQuery("LISTEN \(ClusterSchema.membershipChannel)")]
+                + ClusterSchema.setUp(self.settings, takingTheNameOver: takingTheNameOver)
+            connection.execute(setUp) { [weak self] result in
                 guard let self else { return }
                 switch result {
                 case .failure(let error):
@@ -229,7 +238,8 @@ public final class CellKeeper {
     }
 
     private func release(_ cell: Cell, epoch: UInt64) {
-        connection.execute([ClusterSchema.release(cell, epoch: epoch, settings)]) { [weak self] _ in
+        connection.execute([ClusterSchema.release(cell, epoch: epoch, settings), ClusterSchema.announceChange(settings)]) {
+            [weak self] _ in
             self?.update { ownership in
                 ownership.released(cell)
                 return []
@@ -264,7 +274,7 @@ public final class CellKeeper {
     private func finishStopping() {
         guard let completion = stopping else { return }
         stopping = nil
-        connection.execute([ClusterSchema.deregister(settings)]) { [weak self] _ in
+        connection.execute([ClusterSchema.deregister(settings), ClusterSchema.announceChange(settings)]) { [weak self] _ in
             guard let self else { return completion() }
             closeEverything()
             completion()

@@ -124,6 +124,8 @@ public struct CellOwnership: Sendable {
     /// When the renewal under way was sent.
     private var renewalSentAt: UInt64?
     private var nextRenewalAt: UInt64 = 0
+    /// Asked to renew while a renewal was under way: the next goes at once after it.
+    private var renewsAgain = false
     public private(set) var isStopping = false
 
     public init(me: ReplicaIdentity, layout: CellLayout, settings: Settings) {
@@ -156,6 +158,16 @@ public struct CellOwnership: Sendable {
 
     // MARK: events
 
+    /// Another replica joined, left or gave a cell up: renew at the next tick rather than at
+    /// the interval, so cells move in a round trip or two instead of a renewal interval.
+    public mutating func renewSoon() {
+        if renewalSentAt == nil {
+            nextRenewalAt = 0
+        } else {
+            renewsAgain = true
+        }
+    }
+
     public mutating func tick(now: UInt64) -> [Action] {
         var actions: [Action] = []
         if let keptUntil, now >= keptUntil, !cells.isEmpty {
@@ -173,7 +185,8 @@ public struct CellOwnership: Sendable {
     /// the next renewal, sent now, decides on fresh rows.
     public mutating func renewed(sentAt: UInt64, now: UInt64, _ answer: RenewalAnswer) -> [Action] {
         renewalSentAt = nil
-        nextRenewalAt = sentAt + settings.renewalInterval
+        nextRenewalAt = renewsAgain ? 0 : sentAt + settings.renewalInterval
+        renewsAgain = false
         guard answer.isRegistered else {
             keptUntil = nil
             return closeAll(.replaced)

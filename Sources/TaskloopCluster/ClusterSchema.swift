@@ -13,8 +13,17 @@ public enum ClusterSchema {
     static let setUpLock: Int64 = 7_361_000_000_003
 
     /// Among `setUp`'s results, the cluster's row (cells, protocol): the one before the
-    /// registration, which comes last.
-    static func clusterRow(amongSetUp results: [PGResult]) -> PGResult { results[results.count - 2] }
+    /// registration and its announcement, which come last.
+    static func clusterRow(amongSetUp results: [PGResult]) -> PGResult { results[results.count - 3] }
+
+    /// The channel a replica's arrival, departure or release of a cell is announced on: the
+    /// others renew at once, so cells move in a round trip instead of a renewal interval. The
+    /// payload names the announcing process, which ignores its own.
+    static let membershipChannel = "taskloop_members"
+
+    static func announceChange(_ settings: CellKeeper.Settings) -> PGQuery {
+        PGQuery("SELECT pg_notify('\(membershipChannel)', $1)", [.text(settings.identity.incarnation)])
+    }
 
     /// The SQLSTATE a commit of a deposed owner fails with.
     public static let deposedState = "TL001"
@@ -93,6 +102,7 @@ public enum ClusterSchema {
                 ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, address = excluded.address,
                     protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at\(takeOver)
                 """, [.text(me.name), .text(me.incarnation), .text(settings.address), .int(settings.protocolVersion), lease]),
+            announceChange(settings),
         ]
     }
 

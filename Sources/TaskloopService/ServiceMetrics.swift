@@ -1,4 +1,5 @@
 import Prometheus
+import TaskloopCluster
 import TaskloopEngine
 import TaskloopHTTP
 
@@ -155,10 +156,44 @@ final class ServiceMetrics {
                 "replica_database_up", "", "1 while this replica serves from the shared database, 0 while it cannot reach it.")))
     }
 
+    /// The series of a replica on cells (`--replication cells`).
+    func cellSeries() {
+        guard cells == nil else { return }
+        cells = CellCollectors(
+            served: registry.makeGauge(descriptor: Self.name("cells_served", "", "Cells whose engines serve on this replica now.")),
+            commits: registry.makeCounter(descriptor: Self.name("cell_commits", "total", "Commits of this replica's cells.")),
+            failedCommits: registry.makeCounter(descriptor: Self.name(
+                "cell_commits_failed", "total", "Commits of this replica's cells that did not commit (the cell loaded again, or moved).")),
+            forwarded: registry.makeCounter(descriptor: Self.name(
+                "requests_forwarded", "total", "Requests forwarded to the replica that owns their cell.")))
+    }
+
+    /// A request went to its cell's owner.
+    func requestForwarded() {
+        cells?.forwarded.increment()
+    }
+
     /// A turn of this replica committed after `seconds`.
     func turnCommitted(seconds: Double) {
         replica?.turnTime.record(seconds)
     }
+
+    final class CellCollectors {
+        let served: Gauge
+        let commits: Counter
+        let failedCommits: Counter
+        let forwarded: Counter
+        var counted = (commits: 0, failed: 0)
+
+        init(served: Gauge, commits: Counter, failedCommits: Counter, forwarded: Counter) {
+            self.served = served
+            self.commits = commits
+            self.failedCommits = failedCommits
+            self.forwarded = forwarded
+        }
+    }
+
+    private var cells: CellCollectors?
 
     private static func name(_ metric: String, _ unit: String, _ help: String) -> MetricNameDescriptor {
         MetricNameDescriptor(namespace: "taskloop", metricName: metric, unitName: unit, helpText: help)
@@ -301,7 +336,13 @@ final class ServiceMetrics {
     /// The text exposition, with the state gauges brought up to date first. `queues`: those of
     /// the engines here (with cells, of the cells this replica owns).
     func render(queues: [String: TaskQueue], connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
-                webhooks: Webhooks, droppedLogLines dropped: Int, shared: SharedState? = nil) -> [UInt8] {
+                webhooks: Webhooks, droppedLogLines dropped: Int, shared: SharedState? = nil, cellHost: CellHost? = nil) -> [UInt8] {
+        if let cellHost, let cells {
+            cells.served.set(Double(cellHost.openEngines.count))
+            cells.commits.increment(by: Int64(cellHost.commitCount - cells.counted.commits))
+            cells.failedCommits.increment(by: Int64(cellHost.failedCommitCount - cells.counted.failed))
+            cells.counted = (cellHost.commitCount, cellHost.failedCommitCount)
+        }
         if let shared, let replica {
             let counts = shared.counts
             replica.turns.increment(by: Int64(counts.turns - replica.counted.turns))

@@ -40,6 +40,7 @@ extension TaskloopApplication {
         eventWrites = try LoopCheck(loop: loop) { [unowned self] in eventLog.flushPending() }
         let routes = routes()
         metrics = ServiceMetrics(kinds: executors.keys.sorted(), routes: routes)
+        metrics.cellSeries()
         installRoutes(routes)
         let server = makeServer()
         let address: SocketAddress
@@ -71,6 +72,15 @@ extension TaskloopApplication {
             throw error
         }
         cellHost = host
+        var forwarding = ClusterForwarder.Settings()
+        forwarding.maxResponseBytes = configuration.maxResponseBytes * 2
+        do {
+            forwarder = try ClusterForwarder(loop: loop, replica: settings.replica, settings: forwarding)
+        } catch {
+            cellHost = nil
+            closeAfterFailedStart()
+            throw error
+        }
         host.onOpened = { [unowned self, unowned idempotency] engine, keys in
             idempotency.absorb(keys, expired: [])
             engine.addObserver { [unowned self] events in settled(events) }
@@ -81,6 +91,8 @@ extension TaskloopApplication {
         if case .failure(let error) = outcome! {
             cellHost = nil
             host.abandon()
+            forwarder?.close()
+            forwarder = nil
             closeAfterFailedStart()
             throw SharedDatabaseError(reason: "the cluster at \(Self.redacted(settings.url)) cannot be joined: \(error)")
         }
@@ -107,6 +119,8 @@ extension TaskloopApplication {
         guard let host = cellHost else { return }
         host.stop { [unowned self] in
             cellHost = nil
+            forwarder?.close()
+            forwarder = nil
             finishStopping()
         }
     }
@@ -128,7 +142,13 @@ extension TaskloopApplication {
             var reply = reply
             reply.engine = engine
             run(route, request, reply)
+        case .elsewhere(let address) where request.headers[ClusterForwarder.forwardedByField] == nil:
+            guard let forwarder else { return reply.send(Self.cellMoving.response()) }
+            metrics.requestForwarded()
+            forwarder.forward(request, to: address) { response in reply.send(response) }
         case .elsewhere, .moving:
+            // A request forwarded here for a cell this replica no longer serves waits for the
+            // cell to come back here rather than going on: one hop, never a loop.
             guard waitedMilliseconds < Self.movingCellWaitMilliseconds, let scheduler else {
                 return reply.send(Self.cellMoving.response())
             }

@@ -40,6 +40,8 @@ public final class TaskloopApplication {
     private(set) var engine: Engine!
     /// With `--replication cells`: the cells this replica owns, their engines and commits.
     var cellHost: CellHost?
+    /// With cells: sends requests for other replicas' cells to their owners.
+    var forwarder: ClusterForwarder?
     private(set) var scheduler: LoopScheduler?
     private(set) var httpClient: HTTPClient?
     var server: HTTPServer?
@@ -602,7 +604,7 @@ public final class TaskloopApplication {
     func renderMetrics() -> [UInt8] {
         metrics.render(queues: queuesHere, connections: server?.openConnections ?? 0, longPolls: waiters.count,
                        transfers: activeTransfers, eventStreams: eventLog.subscriberCount, webhooks: webhooks,
-                       droppedLogLines: configuration.logSink?.dropped ?? 0, shared: shared)
+                       droppedLogLines: configuration.logSink?.dropped ?? 0, shared: shared, cellHost: cellHost)
     }
 
     /// The queues of the engines here (with cells, of the cells this replica serves).

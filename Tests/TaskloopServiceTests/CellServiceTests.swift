@@ -67,3 +67,87 @@ struct CellServiceTests {
         try service.stop()
     }
 }
+
+extension CellServiceTests {
+    /// Two queues of different cells.
+    static func queuesOfTwoCells(_ service: ServiceHarness) -> (String, String) {
+        service.onLoop { application in
+            let host = application.cellHost!
+            let first = "a0"
+            let second = (1...).lazy.map { "b\($0)" }.first { host.cell(ofQueue: $0) != host.cell(ofQueue: first) }!
+            return (first, second)
+        }
+    }
+
+    @Test func dependenciesAcrossCellsReleaseAndCancelTheirDependents() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let service = try Self.cellReplica(url, name: "c0")
+        try Self.waitForEveryCell(service)
+        let client = try service.client()
+        let (upstream, downstream) = Self.queuesOfTwoCells(service)
+        let first = try client.submit(#"{"kind":"sleep","params":{"duration_ms":300},"queue":"\#(upstream)"}"#)
+        let firstID = try #require(first["id"] as? String)
+        let released = try client.submit(#"{"kind":"noop","queue":"\#(downstream)","dependencies":["\#(firstID)"]}"#)
+        let releasedID = try #require(released["id"] as? String)
+        #expect(released["state"] as? String == "pending")
+        _ = try client.waitForState(firstID, "succeeded")
+        _ = try client.waitForState(releasedID, "succeeded")
+
+        let doomed = try client.submit(#"{"kind":"sleep","params":{"duration_ms":600000},"queue":"\#(upstream)"}"#)
+        let doomedID = try #require(doomed["id"] as? String)
+        let cascaded = try client.submit(#"{"kind":"noop","queue":"\#(downstream)","dependencies":["\#(doomedID)"]}"#)
+        let cascadedID = try #require(cascaded["id"] as? String)
+        _ = try client.call("DELETE", "/tasks/\(doomedID)")
+        let cancelled = try client.waitForState(cascadedID, "cancelled")
+        #expect((cancelled["error"] as? [String: Any])?["code"] as? String == "dependency_failed")
+        // A retry of the dependency brings its dependent back, across the cells again.
+        #expect(try client.call("POST", "/tasks/\(doomedID)/retry").status == 200)
+        _ = try client.waitForState(cascadedID, "pending")
+        try service.stop()
+    }
+}
+
+extension CellServiceTests {
+    static func waitForEveryCell(_ services: [ServiceHarness], timeout: Double = 20) throws {
+        try pollUntil("the cells to spread over \(services.count) replicas", timeout: timeout) {
+            let counts = services.map { service in service.onLoop { $0.cellHost?.openEngines.count ?? 0 } }
+            return counts.reduce(0, +) == cellCount && counts.allSatisfy { $0 > 0 }
+        }
+    }
+
+    /// Each replica serves its own cells and forwards the rest: a client may send anything to
+    /// either, and a task's calls work through the replica that does not own it.
+    @Test func anyReplicaAnswersForEveryCell() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.cellReplica(url, name: "c0")
+        let second = try Self.cellReplica(url, name: "c1")
+        try Self.waitForEveryCell([first, second])
+        let client = try APIClient(ports: [first.port, second.port])
+        var ids: [String] = []
+        for index in 0..<16 {
+            ids.append(try #require(try client.submit(#"{"kind":"noop","queue":"q\#(index)"}"#)["id"] as? String))
+        }
+        for id in ids {
+            for _ in 0..<2 { _ = try client.waitForState(id, "succeeded") }
+        }
+        let forwarded = try #require(try first.metric("taskloop_requests_forwarded_total"))
+        #expect(forwarded > 0)
+        // A worker leases, heartbeats and completes through the replica that does not own it.
+        let (queue, _) = Self.queuesOfTwoCells(first)
+        let owner = first.onLoop { application in
+            if case .here = application.cellHost!.placement(of: application.cellHost!.cell(ofQueue: queue)) { return 0 }
+            return 1
+        }
+        let other = try APIClient(port: [first, second][1 - owner].port)
+        #expect(try other.call("PATCH", "/queues/\(queue)", json: #"{"dispatch":"workers"}"#).status == 200)
+        let external = try #require(try other.submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String)
+        let leased = try other.call("POST", "/queues/\(queue)/lease", json: #"{"worker":"w","wait_s":5}"#, timeout: 10)
+        let tasks = try #require(leased.json["tasks"] as? [[String: Any]])
+        #expect(tasks.first?["id"] as? String == external)
+        let token = try #require((tasks.first?["lease"] as? [String: Any])?["token"] as? String)
+        #expect(try other.call("POST", "/tasks/\(external)/complete", json: #"{"lease_token":"\#(token)","result":{"ok":1}}"#).status == 200)
+        #expect(try client.task(external)["state"] as? String == "succeeded")
+        try second.stop()
+        try first.stop()
+    }
+}
