@@ -1,0 +1,138 @@
+import Foundation
+import Testing
+import TaskloopTestSupport
+
+/// Replicas on cells as users run them: the built binary, several processes on one
+/// PostgreSQL, an owner killed with SIGKILL or frozen with SIGSTOP under a stream of work.
+@Suite(.serialized) struct CellProcessTests {
+    typealias RunningBinary = BinaryTests.RunningBinary
+    static let cells = 16
+    static let leaseSeconds = 2
+
+    /// A replica of the binary on cells; its client and port.
+    static func replica(_ name: String, _ url: String, extra: [String] = []) throws -> (RunningBinary, APIClient, Int) {
+        let binary = try RunningBinary(arguments: ["--port", "0", "--database-url", url, "--replica-name", name, "--replication", "cells",
+                                                   "--cells", "\(cells)", "--replica-lease-seconds", "\(leaseSeconds)",
+                                                   "--allow-exec", "--log-level", "warning"] + extra,
+                                       environment: ["PGAPPNAME": name])
+        let line = try binary.waitForLine(containing: "listening on", timeout: 30)
+        let port = try #require(BinaryTests.port(from: line))
+        return (binary, try APIClient(port: port), port)
+    }
+
+    /// The cells each replica serves, by its metrics.
+    static func cellsServed(_ port: Int) -> Int {
+        guard let text = try? APIClient(port: port).call("GET", "/metrics").text else { return 0 }
+        for line in text.split(separator: "\n") where line.hasPrefix("taskloop_cells_served ") {
+            return Int(Double(line.dropFirst("taskloop_cells_served ".count)) ?? 0)
+        }
+        return 0
+    }
+
+    static func waitForSpread(_ ports: [Int], timeout: Double = 30) throws {
+        try pollUntil("the cells to spread over \(ports.count) replicas", timeout: timeout) {
+            let counts = ports.map(cellsServed)
+            return counts.reduce(0, +) == cells && counts.allSatisfy { $0 > 0 }
+        }
+    }
+
+    /// An `exec` task that appends its attempt's start and end to a file of its own: two
+    /// copies of one task running at once would interleave there.
+    static func markedTask(queue: String, in directory: String, seconds: Double = 0.3) -> String {
+        let script = #"f=\#(directory)/$TASKLOOP_TASK_ID; echo start $TASKLOOP_TASK_ATTEMPT >> $f; sleep \#(seconds); echo end $TASKLOOP_TASK_ATTEMPT >> $f"#
+        return #"{"kind":"exec","queue":"\#(queue)","params":{"argv":["sh","-c","\#(script)"]},"retry":{"max_attempts":5,"backoff_ms":0}}"#
+    }
+
+    /// The attempts a marker file shows never overlap: each start is followed by its own end
+    /// or by nothing (the attempt was killed with its replica), never by another's lines.
+    static func attemptsNeverOverlapped(_ path: String) -> Bool {
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return true }
+        var running: String?
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: " ")
+            guard parts.count == 2 else { return false }
+            if parts[0] == "start" {
+                running = String(parts[1])
+            } else if parts[0] == "end" {
+                guard running == String(parts[1]) else { return false }
+                running = nil
+            }
+        }
+        return true
+    }
+
+    @Test func anOwnerKilledUnderSubmissionsLosesNothingAndNoAttemptRunsTwiceAtOnce() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let markers = FileManager.default.temporaryDirectory.appendingPathComponent("taskloop-markers-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: markers, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: markers) }
+        let victim = try Self.replica("k0", url)
+        let survivor = try Self.replica("k1", url)
+        try Self.waitForSpread([victim.2, survivor.2])
+        // Tasks that outlast the takeover, running on the victim when it dies: their next
+        // attempts must not start beside the first, whose programs outlive the victim.
+        var long: [String] = []
+        for index in 0..<8 {
+            let answer = try victim.1.call("POST", "/tasks", json: Self.markedTask(queue: "long\(index)", in: markers, seconds: 8))
+            long.append(try #require(answer.json["id"] as? String))
+        }
+        for id in long { _ = try victim.1.waitForState(id, "running") }
+
+        // Submissions stream to both replicas; each goes to a queue of any cell, and is
+        // acknowledged only by a 201.
+        let acknowledged = Locked<[String]>([])
+        let stop = Locked(false)
+        let killedAt = Locked<Date?>(nil)
+        let servedAgainAfter = Locked<Double?>(nil)
+        let threads = [victim.2, survivor.2, survivor.2].enumerated().map { index, port in
+            let thread = Thread {
+                guard let client = try? APIClient(port: port) else { return }
+                var sequence = index
+                while !stop.value {
+                    sequence += 3
+                    let body = Self.markedTask(queue: "q\(sequence % 32)", in: markers)
+                    guard let answer = try? client.call("POST", "/tasks", json: body, timeout: 10) else { return }
+                    if answer.status == 201, let id = answer.json["id"] as? String {
+                        acknowledged.withLock { $0.append(id) }
+                        if let killed = killedAt.value, servedAgainAfter.value == nil {
+                            servedAgainAfter.withLock { $0 = $0 ?? Date().timeIntervalSince(killed) }
+                        }
+                    }
+                }
+            }
+            thread.start()
+            return thread
+        }
+        try pollUntil("a hundred acknowledged submissions", timeout: 60) { acknowledged.value.count >= 100 }
+        kill(victim.0.process.processIdentifier, SIGKILL)
+        killedAt.withLock { $0 = Date() }
+        _ = try victim.0.waitForExit()
+        // Once the victim's cells are taken over, submissions to every queue succeed again.
+        try pollUntil("the survivor to serve every cell", timeout: Double(Self.leaseSeconds) + 10) {
+            Self.cellsServed(survivor.2) == Self.cells
+        }
+        let tookOver = try #require(killedAt.value).distance(to: Date())
+        #expect(tookOver <= Double(Self.leaseSeconds) + 3, "cells served again after \(tookOver) s")
+        let atTakeover = acknowledged.value.count
+        try pollUntil("more acknowledged after the takeover", timeout: 60) { acknowledged.value.count >= atTakeover + 100 }
+        stop.withLock { $0 = true }
+        _ = threads
+
+        // Every acknowledged task is there and ran; no attempt ran beside another of its task.
+        for id in acknowledged.value {
+            let task = try survivor.1.call("GET", "/tasks/\(id)?wait=20", timeout: 30)
+            #expect(task.status == 200 && task.json["state"] as? String == "succeeded", "task \(id): \(task.status) \(task.text)")
+            #expect(Self.attemptsNeverOverlapped(markers + "/" + id), "task \(id) ran two attempts at once")
+        }
+        // The victim's long tasks ran again, once its programs were stopped; the others once.
+        var interrupted = 0
+        for id in long {
+            let task = try survivor.1.call("GET", "/tasks/\(id)?wait=30", timeout: 40)
+            #expect(task.json["state"] as? String == "succeeded", "task \(id): \(task.text)")
+            #expect(Self.attemptsNeverOverlapped(markers + "/" + id), "task \(id) ran two attempts at once")
+            if task.json["attempt"] as? Int == 2 { interrupted += 1 }
+        }
+        #expect(interrupted > 0, "none of the long tasks ran on the victim")
+        #expect(try survivor.0.stop() == 0)
+    }
+}
