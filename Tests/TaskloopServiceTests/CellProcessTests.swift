@@ -136,3 +136,52 @@ import TaskloopTestSupport
         #expect(try survivor.0.stop() == 0)
     }
 }
+
+extension CellProcessTests {
+    /// An owner frozen for longer than its lease: the other replica takes its cells over and
+    /// runs its work again (stopping what the frozen one had started on this machine); when
+    /// the frozen one wakes, it fences itself at once, and nothing it commits late changes a
+    /// thing.
+    @Test func anOwnerFrozenPastItsLeaseFencesItselfAndItsLateCommitsChangeNothing() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let markers = FileManager.default.temporaryDirectory.appendingPathComponent("taskloop-markers-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: markers, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: markers) }
+        let frozen = try Self.replica("s0", url)
+        let other = try Self.replica("s1", url)
+        try Self.waitForSpread([frozen.2, other.2])
+        var ids: [String] = []
+        for index in 0..<8 {
+            let answer = try frozen.1.call("POST", "/tasks", json: Self.markedTask(queue: "frozen\(index)", in: markers, seconds: 4))
+            ids.append(try #require(answer.json["id"] as? String))
+        }
+        for id in ids { _ = try frozen.1.waitForState(id, "running") }
+        let served = Self.cellsServed(frozen.2)
+        kill(frozen.0.process.processIdentifier, SIGSTOP)
+        try pollUntil("the other replica to take every cell", timeout: Double(Self.leaseSeconds) + 10) {
+            Self.cellsServed(other.2) == Self.cells
+        }
+        // While it is frozen its tasks run again elsewhere and finish there.
+        var states: [String: String] = [:]
+        for id in ids {
+            let task = try other.1.call("GET", "/tasks/\(id)?wait=20", timeout: 30).json
+            states[id] = "\(task["state"] ?? "") \(task["attempt"] ?? "")"
+            #expect(task["state"] as? String == "succeeded")
+        }
+        #expect(states.values.contains { $0.hasSuffix(" 2") }, "none of the tasks ran on the frozen replica: \(states)")
+        kill(frozen.0.process.processIdentifier, SIGCONT)
+        // Awake, it serves nothing until its cells come back to it by the usual hand-over.
+        try pollUntil("the woken replica to answer", timeout: 10) { (try? frozen.1.call("GET", "/healthz", timeout: 2)) != nil }
+        try pollUntil("the cells to spread again", timeout: 30) {
+            Self.cellsServed(frozen.2) > 0 && Self.cellsServed(frozen.2) + Self.cellsServed(other.2) == Self.cells
+        }
+        #expect(served > 0)
+        for id in ids {
+            let task = try frozen.1.task(id)
+            #expect("\(task["state"] ?? "") \(task["attempt"] ?? "")" == states[id], "task \(id) changed after the wake-up: \(task)")
+            #expect(Self.attemptsNeverOverlapped(markers + "/" + id), "task \(id) ran two attempts at once")
+        }
+        #expect(try frozen.0.stop() == 0)
+        #expect(try other.0.stop() == 0)
+    }
+}
