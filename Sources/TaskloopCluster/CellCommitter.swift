@@ -31,6 +31,8 @@ public final class CellCommitter {
     private let identity: ReplicaIdentity
     private var connection: PGConnection
     private var connected = false
+    /// A connection is being made (or waited for after a failure): commits wait for it.
+    private var connecting = false
     /// Commits sent and not yet answered, per cell, in the order sent.
     private var inFlight: [Cell: [(token: String, completion: (Outcome) -> Void)]] = [:]
     /// Commits waiting for the connection (while it is made, or a loss is resolved).
@@ -54,7 +56,7 @@ public final class CellCommitter {
         guard !isClosed else { return completion(.failed("the committer is closed")) }
         guard connected, !resolving else {
             waiting.append((cell, epoch, writes, completion))
-            if !connected && !resolving { connect() }
+            if !connected && !connecting { connect() }
             return
         }
         send(cell, epoch: max(epoch, epochs[cell] ?? 0), writes: writes, completion)
@@ -88,6 +90,7 @@ public final class CellCommitter {
     }
 
     private func connect() {
+        connecting = true
         connection.onClosed = { [weak self] _ in self?.connectionLost() }
         connection.connect(url) { [weak self] result in
             guard let self, !isClosed else { return }
@@ -96,6 +99,7 @@ public final class CellCommitter {
                 connection.close()
                 return retryLater()
             }
+            connecting = false
             connected = true
             if inFlight.isEmpty { flushWaiting() } else { resolve() }
         }

@@ -86,7 +86,12 @@ public final class ClusterForwarder {
     /// or a problem, never from inside curl. When nothing can be sent (the forwarder is closed,
     /// `address` is malformed, the request's target cannot be written as a URL) `completion`
     /// is called before this returns.
-    public func forward(_ request: HTTPRequest, to address: String, completion: @escaping (HTTPResponse) -> Void) {
+    ///
+    /// With `whenUnreachable`, an owner that cannot be reached (nothing was sent: a refused or
+    /// timed-out connect) calls it instead of answering 503: the caller may look for the cell's
+    /// owner again, as it does while a cell moves.
+    public func forward(_ request: HTTPRequest, to address: String, whenUnreachable: (() -> Void)? = nil,
+                        completion: @escaping (HTTPResponse) -> Void) {
         guard !isClosed else { return completion(Self.closedProblem) }
         var base = address.contains("://") ? address : "http://" + address
         if base.hasSuffix("/") { base.removeLast() }
@@ -105,6 +110,7 @@ public final class ClusterForwarder {
         outbound.connectTimeoutMilliseconds = settings.connectTimeoutMilliseconds
         outbound.timeoutMilliseconds = settings.requestTimeoutMilliseconds
         let exchange = Exchange(loop: client.loop, limit: settings.maxResponseBytes, completion: completion)
+        exchange.unreachable = whenUnreachable
         do {
             exchange.transfer = try client.start(outbound, streamingTo: exchange.stream) { [unowned self] result in
                 exchange.finish(result, closed: isClosed, timeout: settings.requestTimeoutMilliseconds)
@@ -170,6 +176,7 @@ public final class ClusterForwarder {
         private let loop: EventLoop
         private let limit: Int
         private var completion: ((HTTPResponse) -> Void)?
+        var unreachable: (() -> Void)?
         var transfer: HTTPTransfer?
         private var body: [UInt8] = []
 
@@ -224,7 +231,14 @@ public final class ClusterForwarder {
                     answer(HTTPProblem(HTTPStatus(code: 502), detail: "The connection to the replica that serves this request broke "
                         + "before its answer was complete; the request may have taken effect.", code: "owner_failed").response())
                 default:
-                    answer(ClusterForwarder.unreachable("The replica that serves this request cannot be reached; try again."))
+                    if let unreachable {
+                        self.unreachable = nil
+                        completion = nil
+                        transfer = nil
+                        unreachable()
+                    } else {
+                        answer(ClusterForwarder.unreachable("The replica that serves this request cannot be reached; try again."))
+                    }
                 }
             }
         }

@@ -145,7 +145,15 @@ extension TaskloopApplication {
         case .elsewhere(let address) where request.headers[ClusterForwarder.forwardedByField] == nil:
             guard let forwarder else { return reply.send(Self.cellMoving.response()) }
             metrics.requestForwarded()
-            forwarder.forward(request, to: address) { response in reply.send(response) }
+            // An owner that cannot be reached is often one that is leaving: the request waits
+            // for the cell's next owner, within the same budget as a moving cell.
+            let waitsAgain: (() -> Void)? = waitedMilliseconds < Self.movingCellWaitMilliseconds ? { [weak self] in
+                guard let self, let scheduler else { return reply.send(Self.cellMoving.response()) }
+                _ = scheduler.schedule(after: Self.movingCellPollMilliseconds) { [weak self] in
+                    self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds)
+                }
+            } : nil
+            forwarder.forward(request, to: address, whenUnreachable: waitsAgain) { response in reply.send(response) }
         case .elsewhere, .moving:
             // A request forwarded here for a cell this replica no longer serves waits for the
             // cell to come back here rather than going on: one hop, never a loop.

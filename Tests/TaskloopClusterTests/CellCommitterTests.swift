@@ -71,4 +71,27 @@ import TaskloopTestSupport
         cluster.thread.run { committer.value.close() }
         try cluster.finish()
     }
+
+    /// Commits made while the first connection is still being made wait for it, together.
+    @Test func commitsWhileConnectingWaitForTheOneConnection() throws {
+        let cluster = try CellKeeperTests.Cluster()
+        let epoch = try cluster.startOwningEverything()[Cell(2)]!
+        try PostgresCluster.shared().sql("CREATE TABLE waited (x int)", database: cluster.url)
+        let outcomes = Locked<[CellCommitter.Outcome]>([])
+        let committer = cluster.thread.run {
+            let committer = CellCommitter(loop: cluster.thread.loop, url: cluster.url, identity: ReplicaIdentity(name: "a", incarnation: "a"))
+            for x in 1...3 {
+                committer.commit(Cell(2), epoch: epoch, writes: [PGQuery("INSERT INTO waited VALUES ($1)", [.int(x)])]) { outcome in
+                    outcomes.withLock { $0.append(outcome) }
+                }
+            }
+            return LoopBound(committer, loop: cluster.thread.loop)
+        }
+        try pollUntil("three commits") { outcomes.value.count == 3 }
+        #expect(outcomes.value == [.committed, .committed, .committed])
+        #expect(try PostgresCluster.shared().sql("SELECT count(*) FROM waited", database: cluster.url)
+            .trimmingCharacters(in: .whitespacesAndNewlines) == "3")
+        cluster.thread.run { committer.value.close() }
+        try cluster.finish()
+    }
 }

@@ -185,3 +185,55 @@ extension CellProcessTests {
         #expect(try other.0.stop() == 0)
     }
 }
+
+extension CellProcessTests {
+    /// Cells move when a replica joins and when it leaves, while requests stream to the
+    /// replica that stays: requests for a moving cell wait for it, and none is refused.
+    @Test func aReplicaJoiningAndLeavingUnderLoadRefusesNoRequest() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let stays = try Self.replica("j0", url)
+        try Self.waitForSpread([stays.2])
+        let answered = Locked(0)
+        let refusals = Locked<[String]>([])
+        let stop = Locked(false)
+        let port = stays.2
+        let threads = (0..<2).map { index in
+            let thread = Thread {
+                guard let client = try? APIClient(port: port) else { return }
+                var sequence = index
+                while !stop.value {
+                    sequence += 2
+                    let queue = "q\(sequence % 40)"
+                    do {
+                        let answer = try client.call("POST", "/tasks", json: #"{"kind":"noop","queue":"\#(queue)"}"#, timeout: 10)
+                        guard answer.status == 201, let id = answer.json["id"] as? String else {
+                            refusals.withLock { $0.append("POST \(answer.status) \(answer.text)") }
+                            continue
+                        }
+                        let read = try client.call("GET", "/tasks/\(id)", timeout: 10)
+                        if read.status != 200 { refusals.withLock { $0.append("GET \(read.status) \(read.text)") } }
+                        answered.withLock { $0 += 1 }
+                    } catch {
+                        refusals.withLock { $0.append("\(error)") }
+                        return
+                    }
+                }
+            }
+            thread.start()
+            return thread
+        }
+        try pollUntil("requests under way", timeout: 30) { answered.value >= 200 }
+        let joins = try Self.replica("j1", url)
+        try Self.waitForSpread([stays.2, joins.2])
+        let atJoin = answered.value
+        try pollUntil("requests after the join", timeout: 30) { answered.value >= atJoin + 200 }
+        #expect(try joins.0.stop() == 0)
+        try pollUntil("every cell back on the replica that stays", timeout: 30) { Self.cellsServed(stays.2) == Self.cells }
+        let atLeave = answered.value
+        try pollUntil("requests after the leave", timeout: 30) { answered.value >= atLeave + 200 }
+        stop.withLock { $0 = true }
+        _ = threads
+        #expect(refusals.value.isEmpty, "\(refusals.value.count) refused: \(refusals.value.prefix(5))")
+        #expect(try stays.0.stop() == 0)
+    }
+}
