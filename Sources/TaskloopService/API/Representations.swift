@@ -23,14 +23,20 @@ enum Representation {
         write(task, TaskMoment(task), into: &json, forLessee: forLessee, resultLimit: resultLimit)
     }
 
+    /// A task as a cell's record keeps it (a list read from the database), shown as the live
+    /// record it was made from.
+    static func write(_ task: TaskSnapshot, into json: inout JSONWriter) {
+        write(task, TaskMoment(task), into: &json)
+    }
+
     /// The most of a task's `result` an event or a webhook carries; `GET /tasks/{id}` has it all.
     static let eventResultBytes = 64 * 1024
 
     /// The task with what changes over its life as `moment` holds it. `resultLimit`: the most
     /// bytes of `result` to show (events, webhooks), with `result_truncated` saying whether it
     /// was cut.
-    static func write(_ task: TaskRecord, _ moment: TaskMoment, into json: inout JSONWriter, forLessee: Bool = false,
-                      resultLimit: Int? = nil) {
+    static func write<Task: RepresentedTask>(_ task: Task, _ moment: TaskMoment, into json: inout JSONWriter,
+                                             forLessee: Bool = false, resultLimit: Int? = nil) {
         json.beginObject()
         json.key(static: "id")
         write(task.id, into: &json)
@@ -42,7 +48,7 @@ enum Representation {
         } else {
             json.value(task.params)
         }
-        json.field("queue", task.queue.name)
+        json.field("queue", task.queueName)
         json.field("priority", task.priority)
         json.key(static: "state")
         json.string(static: name(of: moment.state))
@@ -79,10 +85,10 @@ enum Representation {
         json.key(static: "error")
         if let error = moment.error { write(error, into: &json) } else { json.null() }
         json.field("metadata", task.metadata ?? .null)
-        json.field("workflow", task.workflow?.id.description)
+        json.field("workflow", task.workflowID?.description)
         json.key(static: "lease")
         if let lease = moment.lease {
-            write(lease, expiresAt: moment.leaseExpiresAt, into: &json, showingToken: forLessee)
+            write(lease, into: &json, showingToken: forLessee)
         } else {
             json.null()
         }
@@ -156,12 +162,11 @@ enum Representation {
         json.endObject()
     }
 
-    /// `expiresAt`: the expiry to show, when not the lease's current one.
-    static func write(_ lease: Lease, expiresAt: Int64? = nil, into json: inout JSONWriter, showingToken: Bool) {
+    static func write<Held: RepresentedLease>(_ lease: Held, into json: inout JSONWriter, showingToken: Bool) {
         json.beginObject()
         if showingToken { json.field("token", lease.token) }
         json.field("worker", lease.worker)
-        timestamp("expires_at", expiresAt ?? lease.expiresAt, into: &json)
+        timestamp("expires_at", lease.expiresAt, into: &json)
         json.endObject()
     }
 
@@ -240,17 +245,26 @@ enum Representation {
 
     /// `at`: the wall-clock time the queue's finish history is read at.
     static func write(_ queue: TaskQueue, at wallClock: Int64, into json: inout JSONWriter) {
+        writeQueue(queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch,
+                   waitingWorkers: queue.waitingLessees, count: { queue.counts[$0] },
+                   finished: queue.finishHistory.counts(at: wallClock), into: &json)
+    }
+
+    /// A queue from its parts: a live one's, or what the cells' records say of one.
+    /// `finished`: tasks finished per interval of `FinishHistory`, oldest first.
+    static func writeQueue(_ name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch, waitingWorkers: Int,
+                           count: (TaskState) -> Int, finished: [Int], into json: inout JSONWriter) {
         json.beginObject()
-        json.field("name", queue.name)
-        json.field("max_concurrency", queue.maxConcurrency)
-        json.field("paused", queue.paused)
-        json.field("dispatch", queue.dispatch.rawValue)
-        json.field("waiting_workers", queue.waitingLessees)
+        json.field("name", name)
+        json.field("max_concurrency", maxConcurrency)
+        json.field("paused", paused)
+        json.field("dispatch", dispatch.rawValue)
+        json.field("waiting_workers", waitingWorkers)
         json.key(static: "counts")
         json.beginObject()
         for state in TaskState.allCases {
             json.key(state.rawValue)
-            json.int(queue.counts[state])
+            json.int(count(state))
         }
         json.endObject()
         json.key(static: "throughput")
@@ -258,7 +272,7 @@ enum Representation {
         json.field("interval_seconds", Int(FinishHistory.intervalMilliseconds / 1_000))
         json.key(static: "finished")
         json.beginArray()
-        for count in queue.finishHistory.counts(at: wallClock) { json.int(count) }
+        for count in finished { json.int(count) }
         json.endArray()
         json.endObject()
         json.endObject()
@@ -417,8 +431,8 @@ struct TaskMoment {
     let result: JSONValue?
     let error: TaskError?
     let progress: TaskProgress
-    let lease: Lease?
-    let leaseExpiresAt: Int64?
+    /// As it was: a live lease's expiry moves on with each heartbeat.
+    let lease: LeaseSnapshot?
 
     /// `state`: the state to show instead of the task's own (an event announcing a state the
     /// task has already left within the same engine call).
@@ -432,7 +446,58 @@ struct TaskMoment {
         result = task.result
         error = task.error
         progress = task.progress
+        lease = task.lease.map {
+            LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds, expiresAt: $0.expiresAt)
+        }
+    }
+
+    init(_ task: TaskSnapshot) {
+        state = task.state
+        cancelRequested = task.cancelRequested
+        attempt = task.attempt
+        retry = task.retry
+        startedAt = task.startedAt
+        finishedAt = task.finishedAt
+        result = task.result
+        error = task.error
+        progress = task.progress
         lease = task.lease
-        leaseExpiresAt = task.lease?.expiresAt
     }
 }
+
+/// What of a task stays as it was submitted: a live record and a cell's record of it (a
+/// snapshot) are shown alike.
+protocol RepresentedTask {
+    var id: TaskID { get }
+    var name: String? { get }
+    var kind: String { get }
+    var params: JSONValue { get }
+    var queueName: String { get }
+    var priority: Int { get }
+    var dependencies: [TaskID] { get }
+    var onDependencyFailure: DependencyFailurePolicy { get }
+    var timeoutMilliseconds: UInt64? { get }
+    var createdAt: Int64 { get }
+    var metadata: JSONValue? { get }
+    var workflowID: TaskID? { get }
+}
+
+extension TaskRecord: RepresentedTask {
+    var queueName: String { queue.name }
+    var workflowID: TaskID? { workflow?.id }
+}
+
+extension TaskSnapshot: RepresentedTask {
+    var queueName: String { queue }
+    var workflowID: TaskID? { workflow }
+}
+
+/// A worker's lease as shown: a live one, or as a moment or a cell's record kept it.
+protocol RepresentedLease {
+    var token: String { get }
+    var worker: String { get }
+    var expiresAt: Int64 { get }
+}
+
+extension Lease: RepresentedLease {}
+extension LeaseSnapshot: RepresentedLease {}
