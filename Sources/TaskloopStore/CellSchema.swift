@@ -9,13 +9,19 @@ import TaskloopPostgres
 /// absorbs another cell's writes.
 public enum CellSchema {
     public static let setUp = [
+        // Ids in the "C" collation: they sort as bytes, so as their creation times (a locale's
+        // collation need not). The columns after `state` are what `GET /tasks` filters on
+        // (`CellReads`): the name in `String.lowercased()`'s folding, as the engine compares it.
         PGQuery("""
-            CREATE TABLE IF NOT EXISTS taskloop.cell_tasks (id text PRIMARY KEY, cell int NOT NULL, sequence bigint NOT NULL,
-                queue text NOT NULL, state text NOT NULL, workflow text, record bytea NOT NULL)
+            CREATE TABLE IF NOT EXISTS taskloop.cell_tasks (id text COLLATE "C" PRIMARY KEY, cell int NOT NULL,
+                sequence bigint NOT NULL, queue text NOT NULL, state text NOT NULL, kind text NOT NULL, name_folded text,
+                dependencies text[], workflow text, finished_at bigint, record bytea NOT NULL)
             """),
         PGQuery("CREATE INDEX IF NOT EXISTS cell_tasks_cell ON taskloop.cell_tasks (cell, sequence)"),
         // Lists by state, newest first or after a cursor: ids sort by creation time.
         PGQuery("CREATE INDEX IF NOT EXISTS cell_tasks_state ON taskloop.cell_tasks (state, id)"),
+        // A workflow's tasks, in order; only workflows' tasks pay for it.
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_tasks_workflow ON taskloop.cell_tasks (workflow, id) WHERE workflow IS NOT NULL"),
         PGQuery("CREATE TABLE IF NOT EXISTS taskloop.cell_workflows (id text PRIMARY KEY, cell int NOT NULL, record bytea NOT NULL)"),
         PGQuery("CREATE INDEX IF NOT EXISTS cell_workflows_cell ON taskloop.cell_workflows (cell)"),
         PGQuery("""
@@ -63,15 +69,19 @@ public enum CellSchema {
         for chunk in stride(from: 0, to: batch.tasks.count, by: 1_000) {
             let rows = batch.tasks[chunk..<min(chunk + 1_000, batch.tasks.count)]
             var values: [PGValue] = []
-            values.reserveCapacity(rows.count * 7)
+            values.reserveCapacity(rows.count * 11)
             for task in rows {
                 values += [.text(task.id.description), cellValue, .int(Int64(task.sequence)), .text(task.queue),
-                           .text(task.state.rawValue), .optional(task.workflow?.description), .bytes(writer.record(of: task))]
+                           .text(task.state.rawValue), .text(task.kind), .optional(task.name?.lowercased()),
+                           task.dependencies.isEmpty ? .null : .text("{" + task.dependencies.map(\.description).joined(separator: ",") + "}"),
+                           .optional(task.workflow?.description), task.finishedAt.map { .int($0) } ?? .null,
+                           .bytes(writer.record(of: task))]
             }
             queries.append(PGQuery(
-                "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, workflow, record) VALUES "
-                    + PGQuery.placeholders(rows: rows.count, columns: 7)
-                    + " ON CONFLICT (id) DO UPDATE SET state = excluded.state, record = excluded.record", values))
+                "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, kind, name_folded, dependencies, workflow, "
+                    + "finished_at, record) VALUES " + PGQuery.placeholders(rows: rows.count, columns: 11)
+                    + " ON CONFLICT (id) DO UPDATE SET state = excluded.state, finished_at = excluded.finished_at, "
+                    + "record = excluded.record", values))
         }
         for key in batch.evictedTasks { queries.append(PGQuery(deleteTask, [.text(key.id.description)])) }
         for workflow in batch.workflows {

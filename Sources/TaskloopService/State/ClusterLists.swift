@@ -1,0 +1,160 @@
+import TaskloopEngine
+import TaskloopHTTP
+import TaskloopJSON
+import TaskloopPostgres
+import TaskloopStore
+
+/// What any replica of a cluster answers from the cells' records in the database instead of
+/// from an engine (contract v3, "Replicas that add capacity"): `GET /tasks` across every cell,
+/// `GET /queues` and `GET /queues/{name}`. The JSON is the single server's, byte for byte:
+/// `Representation` writes it from the records the cells' owners committed, and a page is cut
+/// as `Engine.listTasks` and `TaskloopAPI.listTasks` cut theirs.
+///
+/// What the records do not hold: how many workers wait on a queue's lease calls (0 here, unless
+/// `live` gives the queue), and finishes of tasks retried or evicted since (the throughput is
+/// counted from the kept tasks' `finished_at`; an engine counts every finish it saw since it
+/// started).
+///
+/// Threading: the loop thread of the connection `execute` sends on.
+enum ClusterLists {
+    /// Sends a batch and answers with its results, as `PGConnection.execute` does.
+    typealias Execute = (_ queries: [PGQuery], _ completion: @escaping (Result<[PGResult], PGError>) -> Void) -> Void
+
+    /// A `GET /tasks` request as read.
+    struct TaskListing: Equatable {
+        /// Nil when the request names what no task can match (a malformed workflow or
+        /// dependency id): the page is empty.
+        var filter: CellReads.TaskFilter?
+        /// The cursor: tasks older than it.
+        var after: TaskID?
+        var limit: Int
+    }
+
+    /// Reads `GET /tasks`'s query as `TaskloopAPI.listTasks` does, with its 400s.
+    static func taskListing(_ request: HTTPRequest) throws(APIProblem) -> TaskListing {
+        var errors: [APIProblem.FieldError] = []
+        var filter = CellReads.TaskFilter()
+        var matchesNothing = false
+        if let text = request.query("state") {
+            filter.state = TaskState(rawValue: text)
+            if filter.state == nil {
+                errors.append(.init(field: "state", message: "must be one of \(TaskState.allCases.map(\.rawValue).joined(separator: ", ")).")) }
+        }
+        filter.queue = request.query("queue")
+        if let text = request.query("workflow") {
+            filter.workflow = TaskID(text)
+            if filter.workflow == nil { matchesNothing = true }
+        }
+        filter.kind = request.query("kind")
+        filter.nameContains = request.query("name").flatMap { $0.isEmpty ? nil : $0.lowercased() }
+        if let text = request.query("depends_on") {
+            filter.dependsOn = TaskID(text)
+            if filter.dependsOn == nil { matchesNothing = true }
+        }
+        let limit = TaskloopApplication.pageLimit(request, errors: &errors)
+        var after: TaskID?
+        if let text = request.query("after"), !text.isEmpty {
+            after = TaskID(text)
+            if after == nil { errors.append(.init(field: "after", message: "is not a cursor this server gave out.")) }
+        }
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
+        return TaskListing(filter: matchesNothing ? nil : filter, after: after, limit: limit)
+    }
+
+    /// `GET /tasks`'s answer: `{tasks, next}`, newest first across every cell.
+    static func tasks(_ listing: TaskListing, maxResponseBytes: Int, execute: Execute,
+                      _ completion: @escaping (Result<[UInt8], PGError>) -> Void) {
+        guard let filter = listing.filter else { return completion(.success(render([], next: nil, maxResponseBytes: maxResponseBytes))) }
+        execute([CellReads.tasks(filter, before: listing.after, limit: listing.limit)]) { result in
+            completion(result.flatMap { results in
+                do {
+                    let page = try CellReads.page(results[0], limit: listing.limit)
+                    return .success(render(page.tasks, next: page.next, maxResponseBytes: maxResponseBytes))
+                } catch {
+                    return .failure(PGError(message: "\(error)"))
+                }
+            })
+        }
+    }
+
+    private static func render(_ tasks: [TaskSnapshot], next: TaskID?, maxResponseBytes: Int) -> [UInt8] {
+        var json = JSONWriter(capacity: 512 * (tasks.count + 1))
+        json.beginObject()
+        json.key(static: "tasks")
+        json.beginArray()
+        var next = next
+        for (index, task) in tasks.enumerated() {
+            Representation.write(task, into: &json)
+            // As the engine's pages: a page of large tasks stops early, and `next` goes on from
+            // the last one written.
+            if json.byteCount > maxResponseBytes && index + 1 < tasks.count {
+                next = task.id
+                break
+            }
+        }
+        json.endArray()
+        json.field("next", next?.description)
+        json.endObject()
+        return json.bytes
+    }
+
+    /// `GET /queues`'s answer: every cell's queues by name, "default" always among them.
+    /// `live`: the queue as this replica's engine has it, for the cells it owns (shown whole,
+    /// its waiting workers included); `wallClock`: the time the throughput is read at.
+    static func queues(defaultConcurrency: Int, at wallClock: Int64, live: @escaping (String) -> TaskQueue? = { _ in nil },
+                       execute: Execute, _ completion: @escaping (Result<[UInt8], PGError>) -> Void) {
+        readQueues(named: nil, at: wallClock, execute: execute) { result in
+            completion(result.map { rows in
+                var json = JSONWriter(capacity: 1_024)
+                json.beginObject()
+                json.key(static: "queues")
+                json.beginArray()
+                for name in Set(rows.keys).union(["default"]).sorted() {
+                    write(name, rows[name] ?? CellReads.QueueRow(), defaultConcurrency: defaultConcurrency, at: wallClock, live: live,
+                          into: &json)
+                }
+                json.endArray()
+                json.endObject()
+                return json.bytes
+            })
+        }
+    }
+
+    /// `GET /queues/{name}`'s answer, nil where no cell has the queue (a 404).
+    static func queue(named name: String, defaultConcurrency: Int, at wallClock: Int64,
+                      live: @escaping (String) -> TaskQueue? = { _ in nil }, execute: Execute,
+                      _ completion: @escaping (Result<[UInt8]?, PGError>) -> Void) {
+        readQueues(named: name, at: wallClock, execute: execute) { result in
+            completion(result.map { rows in
+                guard rows[name] != nil || name == "default" else { return nil }
+                var json = JSONWriter()
+                write(name, rows[name] ?? CellReads.QueueRow(), defaultConcurrency: defaultConcurrency, at: wallClock, live: live,
+                      into: &json)
+                return json.bytes
+            })
+        }
+    }
+
+    private static func readQueues(named name: String?, at wallClock: Int64, execute: Execute,
+                                   _ completion: @escaping (Result<[String: CellReads.QueueRow], PGError>) -> Void) {
+        let interval = Int64(FinishHistory.intervalMilliseconds)
+        let oldest = (wallClock / interval - Int64(FinishHistory.intervalCount - 1)) * interval
+        execute(CellReads.queues(named: name, finishedSince: oldest, interval: interval)) { result in
+            completion(result.map { CellReads.queueRows($0) })
+        }
+    }
+
+    private static func write(_ name: String, _ row: CellReads.QueueRow, defaultConcurrency: Int, at wallClock: Int64,
+                              live: (String) -> TaskQueue?, into json: inout JSONWriter) {
+        if let queue = live(name) { return Representation.write(queue, at: wallClock, into: &json) }
+        let settings = row.settings ?? QueueSnapshot(name: name, maxConcurrency: defaultConcurrency, paused: false)
+        // The intervals `FinishHistory.counts(at:)` shows, oldest first; later finishes (a
+        // clock ahead of this one) are not shown yet.
+        let current = wallClock / Int64(FinishHistory.intervalMilliseconds)
+        let finished = (0..<Int64(FinishHistory.intervalCount)).map { index in
+            row.finished[current - Int64(FinishHistory.intervalCount - 1) + index] ?? 0
+        }
+        Representation.writeQueue(name, maxConcurrency: settings.maxConcurrency, paused: settings.paused, dispatch: settings.dispatch,
+                                  waitingWorkers: 0, count: { row.counts[$0] ?? 0 }, finished: finished, into: &json)
+    }
+}

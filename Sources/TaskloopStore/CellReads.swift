@@ -1,0 +1,120 @@
+import TaskloopEngine
+import TaskloopPostgres
+
+/// Reading every cell's records at once, for what any replica answers from the database rather
+/// than from an engine: pages of `GET /tasks`, the queues, a workflow. Each read is one batch;
+/// a read of several statements is one snapshot, so its parts agree.
+public enum CellReads {
+    /// What a page of tasks must match, as `GET /tasks` takes it (each filter given must match).
+    public struct TaskFilter: Sendable, Equatable {
+        public var state: TaskState?
+        public var queue: String?
+        public var workflow: TaskID?
+        public var kind: String?
+        /// Matches a name containing it, ignoring case (folded as the engine folds it).
+        public var nameContains: String?
+        public var dependsOn: TaskID?
+
+        public init(state: TaskState? = nil, queue: String? = nil, workflow: TaskID? = nil, kind: String? = nil,
+                    nameContains: String? = nil, dependsOn: TaskID? = nil) {
+            self.state = state
+            self.queue = queue
+            self.workflow = workflow
+            self.kind = kind
+            self.nameContains = nameContains
+            self.dependsOn = dependsOn
+        }
+    }
+
+    /// The conditions a filter may set, in the order of their parameters.
+    private static let conditions: [@Sendable (Int) -> String] = [
+        { "state = $\($0)" }, { "queue = $\($0)" }, { "workflow = $\($0)" }, { "kind = $\($0)" },
+        { "strpos(name_folded, $\($0)) > 0" }, { "dependencies @> ARRAY[$\($0)]::text[]" }, { "id < $\($0)" },
+    ]
+
+    /// One statement for each combination of conditions, prepared on first use.
+    private static let pageStatements: [PGStatement] = (0..<(1 << conditions.count)).map { mask in
+        var clauses: [String] = []
+        for (bit, condition) in conditions.enumerated() where mask & (1 << bit) != 0 {
+            clauses.append(condition(clauses.count + 1))
+        }
+        let filter = clauses.isEmpty ? "" : " WHERE " + clauses.joined(separator: " AND ")
+        return PGStatement("cell_tasks_page_\(mask)", """
+            SELECT sequence, record FROM taskloop.cell_tasks\(filter) ORDER BY id DESC LIMIT $\(clauses.count + 1)
+            """)
+    }
+
+    /// The tasks matching `filter`, newest first, below the cursor `before` (exclusive): one
+    /// more than `limit`, which tells `page` whether another page follows.
+    public static func tasks(_ filter: TaskFilter, before: TaskID?, limit: Int) -> PGQuery {
+        let given: [PGValue?] = [
+            filter.state.map { .text($0.rawValue) }, filter.queue.map { .text($0) }, filter.workflow.map { .text($0.description) },
+            filter.kind.map { .text($0) }, filter.nameContains.map { .text($0.lowercased()) },
+            filter.dependsOn.map { .text($0.description) }, before.map { .text($0.description) },
+        ]
+        var mask = 0
+        var parameters: [PGValue] = []
+        for (bit, value) in given.enumerated() {
+            guard let value else { continue }
+            mask |= 1 << bit
+            parameters.append(value)
+        }
+        return PGQuery(pageStatements[mask], parameters + [.int(limit + 1)], binaryResults: true)
+    }
+
+    /// The page `tasks` read: at most `limit` tasks, and the cursor of the next page, nil on the
+    /// last, as `Engine.listTasks` gives them.
+    public static func page(_ result: PGResult, limit: Int) throws -> (tasks: [TaskSnapshot], next: TaskID?) {
+        var tasks = try PostgresJournal.tasks(result)
+        guard tasks.count > limit else { return (tasks, nil) }
+        tasks.removeLast(tasks.count - limit)
+        return (tasks, tasks.last?.id)
+    }
+
+    /// The queues every cell keeps: the settings of those that differ from a new queue's, the
+    /// count of tasks per queue and state, and the tasks finished since `finishedSince` (wall
+    /// ms) per queue and interval of `interval` ms. With `name`, that queue's alone.
+    public static func queues(named name: String? = nil, finishedSince: Int64, interval: Int64) -> [PGQuery] {
+        let named = name.map { [PGValue.text($0)] } ?? []
+        let since: [PGValue] = [.int(finishedSince), .int(interval)]
+        return [
+            PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+            PGQuery("SELECT name, max_concurrency, paused, dispatch FROM taskloop.cell_queues"
+                    + (name == nil ? "" : " WHERE name = $1"), named, binaryResults: true),
+            PGQuery("SELECT queue, state, count(*) FROM taskloop.cell_tasks" + (name == nil ? "" : " WHERE queue = $1")
+                    + " GROUP BY queue, state", named, binaryResults: true),
+            PGQuery("SELECT queue, finished_at / $2, count(*) FROM taskloop.cell_tasks WHERE finished_at >= $1"
+                    + (name == nil ? "" : " AND queue = $3") + " GROUP BY 1, 2", since + named, binaryResults: true),
+            PGQuery("COMMIT"),
+        ]
+    }
+
+    /// A queue as `queues` read it.
+    public struct QueueRow: Sendable, Equatable {
+        /// Nil where the queue has a new queue's settings.
+        public var settings: QueueSnapshot?
+        public var counts: [TaskState: Int] = [:]
+        /// Tasks finished per interval (wall ms / interval).
+        public var finished: [Int64: Int] = [:]
+
+        public init() {}
+    }
+
+    /// The queues `queues` read, by name: each with settings or a task.
+    public static func queueRows(_ results: [PGResult]) -> [String: QueueRow] {
+        var rows: [String: QueueRow] = [:]
+        for settings in PostgresJournal.queues(results[1]) { rows[settings.name, default: QueueRow()].settings = settings }
+        let counts = results[2]
+        for row in 0..<counts.rowCount {
+            guard let queue = counts.text(row, 0), let state = counts.text(row, 1).flatMap(TaskState.init(rawValue:)),
+                  let count = counts.int(row, 2) else { continue }
+            rows[queue, default: QueueRow()].counts[state] = Int(count)
+        }
+        let finished = results[3]
+        for row in 0..<finished.rowCount {
+            guard let queue = finished.text(row, 0), let interval = finished.int(row, 1), let count = finished.int(row, 2) else { continue }
+            rows[queue, default: QueueRow()].finished[interval] = Int(count)
+        }
+        return rows
+    }
+}

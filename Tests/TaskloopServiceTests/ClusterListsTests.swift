@@ -1,0 +1,223 @@
+import Foundation
+import Testing
+import TaskloopEngine
+import TaskloopHTTP
+import TaskloopLoop
+import TaskloopPostgres
+import TaskloopStore
+@testable import TaskloopService
+import TaskloopLoopTestSupport
+import TaskloopTestSupport
+
+/// Lists read from the cells' records in the database answer exactly what the single server
+/// answers from its engine: the same tasks in the same order, the same cursors, the same bytes.
+@Suite struct ClusterListsTests {
+    /// A database with the cells' tables and a connection to it on a loop of its own.
+    final class Cells: @unchecked Sendable {
+        let thread = LoopThread(try! EventLoop(), name: "cluster-lists")
+        let url: String
+        private var connection: PGConnection!
+
+        init() throws {
+            url = try PostgresCluster.shared().makeDatabase()
+            try PostgresCluster.shared().sql("CREATE SCHEMA taskloop", database: url)
+            let connected = Locked<Result<Void, PGError>?>(nil)
+            thread.run { [self] in
+                connection = PGConnection(loop: thread.loop)
+                connection.connect(url) { result in connected.withLock { $0 = result } }
+            }
+            try pollUntil("a connection") { connected.value != nil }
+            try connected.value!.get()
+            _ = try execute(CellSchema.setUp)
+        }
+
+        /// Runs `queries` as one batch; the row count of each result.
+        @discardableResult
+        func execute(_ queries: [PGQuery]) throws -> [Int] {
+            let outcome = Locked<Result<[Int], PGError>?>(nil)
+            thread.run { [self] in
+                connection.execute(queries) { result in outcome.withLock { $0 = result.map { $0.map(\.rowCount) } } }
+            }
+            try pollUntil("the batch") { outcome.value != nil }
+            return try outcome.value!.get()
+        }
+
+        /// Runs `read` on the loop with this connection's `execute`; its answer.
+        func answer<Answer: Sendable>(_ read: @escaping @Sendable (@escaping ClusterLists.Execute,
+                                                                   @escaping (Result<Answer, PGError>) -> Void) -> Void) throws -> Answer {
+            let outcome = Locked<Result<Answer, PGError>?>(nil)
+            thread.run { [self] in
+                let connection = connection!
+                read({ connection.execute($0, $1) }) { result in outcome.withLock { $0 = result } }
+            }
+            try pollUntil("the read") { outcome.value != nil }
+            return try outcome.value!.get()
+        }
+
+        func finish() throws {
+            thread.run { [self] in
+                connection.close()
+                thread.loop.finish()
+            }
+            try thread.waitForExit(timeout: 10)
+        }
+    }
+
+    static let maxResponseBytes = 6_000
+
+    /// A server with tasks in every state, of several kinds, queues, names, dependencies and a
+    /// workflow; its tasks and queue settings written to the cells' tables, each queue's in a
+    /// cell of its own choosing, in several commits as cells commit.
+    static func serverAndCells() throws -> (ServiceHarness, Cells) {
+        let service = try ServiceHarness(replicas: 1) { configuration in
+            configuration.durability = .memory
+            configuration.maxResponseBytes = maxResponseBytes
+        }
+        let client = try service.client()
+        func post(_ path: String, _ json: String) throws -> [String: Any] {
+            let response = try client.call("POST", path, json: json)
+            #expect((200..<300).contains(response.status), "\(path) \(json): \(response.text)")
+            return response.json
+        }
+        _ = try client.call("PATCH", "/queues/mail", json: #"{"paused":true}"#)
+        _ = try client.call("PATCH", "/queues/video", json: #"{"dispatch":"workers","max_concurrency":3}"#)
+        _ = try client.call("PATCH", "/queues/spare", json: #"{"max_concurrency":7}"#)
+        var mailIDs: [String] = []
+        for number in 0..<12 {
+            let name = ["Send Mail \(number)", "résumé Ünïcode \(number)", "report-\(number)"][number % 3]
+            mailIDs.append(try post("/tasks", #"{"kind":"noop","queue":"mail","name":"\#(name)","priority":\#(number % 4),"metadata":{"n":\#(number)}}"#)["id"] as! String)
+        }
+        _ = try post("/tasks", #"{"kind":"http","queue":"mail","name":"hook","params":{"url":"https://example.com/hook","secret_headers":{"Authorization":"Bearer x"}}}"#)
+        for number in 0..<6 {
+            _ = try post("/tasks", #"{"kind":"noop","name":"after mail \#(number)","dependencies":["\#(mailIDs[number])"],"timeout_ms":5000}"#)
+        }
+        for number in 0..<8 { _ = try post("/tasks", #"{"kind":"noop","name":"done \#(number)"}"#) }
+        var externals: [String] = []
+        for number in 0..<6 {
+            externals.append(try post("/tasks", #"{"kind":"external","queue":"batch","name":"External \#(number)","retry":{"max_attempts":1}}"#)["id"] as! String)
+        }
+        _ = try post("/tasks/\(externals[0])/complete", #"{"result":{"rows":42,"note":"ok"}}"#)
+        _ = try post("/tasks/\(externals[1])/fail", #"{"error":{"code":"boom","message":"it broke","line":7}}"#)
+        _ = try post("/tasks/\(externals[2])/progress", #"{"fraction":0.5,"message":"half"}"#)
+        _ = try client.call("DELETE", "/tasks/\(mailIDs[11])")
+        for number in 0..<5 { _ = try post("/tasks", #"{"kind":"noop","queue":"video","name":"clip \#(number)"}"#) }
+        _ = try post("/queues/video/lease", #"{"worker":"w1","max_tasks":2}"#)
+        _ = try post("/workflows", """
+            {"name":"flow","tasks":[{"key":"a","kind":"noop","queue":"mail","name":"flow a"},
+             {"key":"b","kind":"noop","queue":"mail","name":"flow b","dependencies":["a"]},
+             {"key":"c","kind":"external","queue":"batch","name":"flow c"}]}
+            """)
+
+        let state = service.onLoop { application in
+            let engine = application.engine!
+            let tasks = engine.listTasks(before: nil, limit: .max) { _ in true }.tasks.map { engine.snapshot(of: $0) }
+            let queues = engine.queues.values.filter { $0.paused || $0.maxConcurrency != engine.configuration.defaultConcurrency
+                || $0.dispatch != .server }.map { engine.snapshot(of: $0) }
+            return (tasks, queues)
+        }
+        #expect(Set(state.0.map(\.state)).count == TaskState.allCases.count, "every state: \(Set(state.0.map(\.state)))")
+        let cells = try Cells()
+        // Each queue in a cell of its own, committed in a few batches each, oldest last.
+        let byQueue = Dictionary(grouping: state.0, by: \.queue)
+        for (cell, queue) in byQueue.keys.sorted().enumerated() {
+            let tasks = byQueue[queue]!
+            for chunk in stride(from: tasks.count, to: 0, by: -4) {
+                var batch = StoreBatch()
+                batch.tasks = Array(tasks[max(0, chunk - 4)..<chunk])
+                batch.queues = state.1.filter { $0.name == queue }
+                try cells.execute(CellSchema.writes(of: batch, cell: UInt16(cell + 1)))
+            }
+        }
+        var settings = StoreBatch()
+        settings.queues = state.1.filter { byQueue[$0.name] == nil }
+        try cells.execute(CellSchema.writes(of: settings, cell: 40))
+        return (service, cells)
+    }
+
+    /// The key property: every filter, every page size, every page followed by its cursor.
+    @Test func pagesOfTasksFromTheCellsAreTheServersByteForByte() throws {
+        let (service, cells) = try Self.serverAndCells()
+        let client = try service.client()
+        let some = try client.call("GET", "/tasks?queue=mail&limit=3").json["tasks"] as! [[String: Any]]
+        let dependency = some.last!["id"] as! String
+        let flow = (try client.call("GET", "/tasks?name=flow+b").json["tasks"] as! [[String: Any]])[0]["workflow"] as! String
+        let filters = [
+            "", "state=succeeded", "state=queued", "state=running", "state=pending", "state=failed", "state=cancelled",
+            "queue=mail", "queue=video&state=running", "queue=none", "workflow=\(flow)", "workflow=\(flow.lowercased())",
+            "workflow=nonsense", "kind=external", "kind=noop&queue=default", "name=MAIL", "name=r%C3%A9sum%C3%A9+%C3%BC",
+            "name=", "name=zzz", "depends_on=\(dependency)", "depends_on=bad", "state=succeeded&name=done&kind=noop",
+        ]
+        var pages = 0
+        for filter in filters {
+            for limit in [1, 3, 7, 1_000] {
+                var after: String?
+                repeat {
+                    let target = "/tasks?\(filter)&limit=\(limit)" + (after.map { "&after=\($0)" } ?? "")
+                    let expected = try client.call("GET", target)
+                    #expect(expected.status == 200, "\(target)")
+                    let listing = try ClusterLists.taskListing(HTTPRequest(method: .GET, target: target))
+                    let answer = try cells.answer { execute, done in
+                        ClusterLists.tasks(listing, maxResponseBytes: Self.maxResponseBytes, execute: execute, done)
+                    }
+                    #expect(String(decoding: answer, as: UTF8.self) == expected.text, "\(target)")
+                    after = expected.json["next"] as? String
+                    pages += 1
+                } while after != nil && pages < 2_000
+            }
+        }
+        // The pages cut by size (limit 7 and 1000) and by count were both compared.
+        let all = try client.call("GET", "/tasks?limit=1000")
+        #expect(all.json["next"] is String, "the byte limit cut the page")
+        #expect(pages > filters.count * 4)
+        try cells.finish()
+        try service.stop()
+    }
+
+    /// A request the server refuses is refused alike, and one naming what cannot exist lists nothing.
+    @Test func badQueriesAreRefusedAsTheServerRefusesThem() throws {
+        for target in ["/tasks?state=done", "/tasks?limit=0", "/tasks?limit=1001", "/tasks?after=nope", "/tasks?state=x&limit=x&after=x"] {
+            do {
+                _ = try ClusterLists.taskListing(HTTPRequest(method: .GET, target: target))
+                Issue.record("\(target) was taken")
+            } catch let problem as APIProblem {
+                #expect(problem.status == .badRequest && problem.code == "invalid_query", "\(target)")
+            }
+        }
+        #expect(try ClusterLists.taskListing(HTTPRequest(method: .GET, target: "/tasks?workflow=x")).filter == nil)
+        #expect(try ClusterLists.taskListing(HTTPRequest(method: .GET, target: "/tasks?depends_on=x")).filter == nil)
+    }
+
+    /// The queues across cells: settings from the cells that changed them, counts and
+    /// throughput from their tasks, "default" always; as the server shows them.
+    @Test func queuesFromTheCellsAreTheServersByteForByte() throws {
+        let (service, cells) = try Self.serverAndCells()
+        let client = try service.client()
+        let defaultConcurrency = service.onLoop { $0.engine.configuration.defaultConcurrency }
+        // The throughput is read at a moment: compared when both answers fell in one interval.
+        func interval() -> Int64 { Int64(Date().timeIntervalSince1970 * 1_000) / Int64(FinishHistory.intervalMilliseconds) }
+        func compare(_ path: String, _ read: @escaping @Sendable (Int64, @escaping ClusterLists.Execute,
+                                                                  @escaping (Result<[UInt8]?, PGError>) -> Void) -> Void) throws {
+            var compared = false
+            while !compared {
+                let before = interval()
+                let expected = try client.call("GET", path)
+                let now = Int64(Date().timeIntervalSince1970 * 1_000)
+                let answer = try cells.answer { execute, done in read(now, execute, done) }
+                guard interval() == before else { continue }
+                compared = true
+                #expect(answer.map { String(decoding: $0, as: UTF8.self) } == (expected.status == 200 ? expected.text : nil), "\(path)")
+            }
+        }
+        // Idle "spare" is kept by its settings alone, "default" by nothing.
+        try compare("/queues") { now, execute, done in
+            ClusterLists.queues(defaultConcurrency: defaultConcurrency, at: now, execute: execute) { done($0.map { $0 }) }
+        }
+        for name in ["mail", "video", "batch", "default", "spare", "none"] {
+            try compare("/queues/\(name)") { now, execute, done in
+                ClusterLists.queue(named: name, defaultConcurrency: defaultConcurrency, at: now, execute: execute, done)
+            }
+        }
+        try cells.finish()
+        try service.stop()
+    }
+}
