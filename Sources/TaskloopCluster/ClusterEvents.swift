@@ -37,9 +37,12 @@ public struct EventPosition: Comparable, Hashable, Sendable, CustomStringConvert
     }
 }
 
-/// The cluster's events table and its two statements: written in each cell's commit, read in
-/// order by any replica.
+/// The cluster's events table and its statements: written in each cell's commit, read in
+/// order by any replica (`ClusterEventFeed`).
 public enum ClusterEvents {
+    /// The channel that wakes readers once a commit wrote events (`notify`).
+    public static let channel = "taskloop_events"
+
     static let setUp = [
         PGQuery("""
             CREATE TABLE IF NOT EXISTS taskloop.cell_events (transaction xid8 NOT NULL DEFAULT pg_current_xact_id(),
@@ -92,6 +95,18 @@ public enum ClusterEvents {
         }
     }
 
+    /// Wakes the readers (`ClusterEventFeed`): sent by a committer in a batch of its own after a
+    /// commit that wrote events, not inside the commit. PostgreSQL serialises the commits of
+    /// every transaction that notifies, under one lock for the whole cluster held through the
+    /// commit's flush, so a notification in each cell's commit would put every cell's commits
+    /// in one line again. One in flight per committer is enough (the readers read every event
+    /// committed before it, and poll besides).
+    public static func notify(cell: Cell) -> PGQuery {
+        PGQuery(notifyStatement, [.text(String(cell.index))])
+    }
+
+    static let notifyStatement = PGStatement("cell_events_notify", "SELECT pg_notify('\(channel)', $1)")
+
     static let readAfter = PGStatement("cell_events_after", """
         SELECT transaction::text, index, cell, time, type, task, workflow, queue, data FROM taskloop.cell_events
         WHERE (transaction, index) > ($1::text::xid8, $2) AND transaction < pg_snapshot_xmin(pg_current_snapshot())
@@ -102,6 +117,28 @@ public enum ClusterEvents {
     /// transaction can come before.
     public static func read(after position: EventPosition, limit: Int) -> PGQuery {
         PGQuery(readAfter, [.text(String(position.transaction)), .int(Int(position.index)), .int(limit)], binaryResults: true)
+    }
+
+    static let newest = PGStatement("cell_events_newest", """
+        SELECT transaction::text, index FROM taskloop.cell_events WHERE transaction < pg_snapshot_xmin(pg_current_snapshot())
+        ORDER BY transaction DESC, index DESC LIMIT 1
+        """)
+
+    /// Where a reader that starts now starts: the last event of the transactions older than the
+    /// oldest one still running (`position(of:)` reads it). Every event committed later comes
+    /// after it, and so may a few committed just before, by a transaction younger than one
+    /// still running: a start after those could skip the older transaction's events, which
+    /// commit later but come before them.
+    public static func now() -> PGQuery {
+        PGQuery(newest)
+    }
+
+    /// The position `now` read; the start when no event is older than every running transaction.
+    public static func position(of result: PGResult) -> EventPosition {
+        guard result.rowCount == 1, let transaction = result.text(0, 0).flatMap({ UInt64($0) }), let index = result.int(0, 1) else {
+            return .start
+        }
+        return EventPosition(transaction: transaction, index: UInt32(index))
     }
 
     public static func events(of result: PGResult) -> [Read] {
