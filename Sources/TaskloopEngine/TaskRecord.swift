@@ -145,6 +145,8 @@ public final class TaskQueue {
 public struct StateCounts: Sendable, Equatable {
     public private(set) var pending = 0, queued = 0, running = 0, succeeded = 0, failed = 0, cancelled = 0
 
+    public init() {}
+
     public subscript(state: TaskState) -> Int {
         get {
             switch state {

@@ -30,17 +30,23 @@ public final class WorkflowRecord {
         counts[record.state] -= 1
     }
 
-    /// `succeeded` when all succeeded; `failed` when all are terminal and one failed;
-    /// `cancelled` when all are terminal, none failed and one was cancelled; else `running`.
-    public var state: TaskState {
+    public var state: TaskState { Self.state(of: counts) }
+
+    public var fraction: Double { Self.fraction(of: tasks.lazy.map { ($0.state, $0.progress.fraction) }) }
+
+    /// A workflow's state from its tasks' counts by state (a live workflow's, or one read from
+    /// the records a store keeps): `succeeded` when all succeeded; `failed` when all are
+    /// terminal and one failed; `cancelled` when all are terminal, none failed and one was
+    /// cancelled; else `running`.
+    public static func state(of counts: StateCounts) -> TaskState {
         if counts.pending + counts.queued + counts.running > 0 { return .running }
         return counts.failed > 0 ? .failed : counts.cancelled > 0 ? .cancelled : .succeeded
     }
 
-    /// The mean over its tasks; terminal tasks count 1.
-    public var fraction: Double {
+    /// A workflow's progress from its tasks', in order: the mean, terminal tasks counting 1.
+    public static func fraction(of tasks: some Collection<(state: TaskState, progress: Double?)>) -> Double {
         guard !tasks.isEmpty else { return 1 }
-        let sum = tasks.reduce(0.0) { $0 + ($1.state.isTerminal ? 1 : ($1.progress.fraction ?? 0)) }
+        let sum = tasks.reduce(0.0) { $0 + ($1.state.isTerminal ? 1 : ($1.progress ?? 0)) }
         return sum / Double(tasks.count)
     }
 }
