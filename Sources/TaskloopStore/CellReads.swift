@@ -71,6 +71,23 @@ public enum CellReads {
         return (tasks, tasks.last?.id)
     }
 
+    /// A workflow and its tasks still kept, in order, in one snapshot; `workflow` reads them.
+    public static func workflow(_ id: TaskID) -> [PGQuery] {
+        let idValue = [PGValue.text(id.description)]
+        return [
+            PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+            PGQuery("SELECT id, record FROM taskloop.cell_workflows WHERE id = $1", idValue, binaryResults: true),
+            PGQuery("SELECT sequence, record FROM taskloop.cell_tasks WHERE workflow = $1 ORDER BY id", idValue, binaryResults: true),
+            PGQuery("COMMIT"),
+        ]
+    }
+
+    /// The workflow `workflow(_:)` read, nil where no cell has it.
+    public static func workflow(_ results: [PGResult]) throws -> (workflow: WorkflowSnapshot, tasks: [TaskSnapshot])? {
+        guard let workflow = try PostgresJournal.workflows(results[1]).first else { return nil }
+        return (workflow, try PostgresJournal.tasks(results[2]))
+    }
+
     /// The queues every cell keeps: the settings of those that differ from a new queue's, the
     /// count of tasks per queue and state, and the tasks finished since `finishedSince` (wall
     /// ms) per queue and interval of `interval` ms. With `name`, that queue's alone.

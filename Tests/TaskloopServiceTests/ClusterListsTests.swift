@@ -68,7 +68,7 @@ import TaskloopTestSupport
     /// A server with tasks in every state, of several kinds, queues, names, dependencies and a
     /// workflow; its tasks and queue settings written to the cells' tables, each queue's in a
     /// cell of its own choosing, in several commits as cells commit.
-    static func serverAndCells() throws -> (ServiceHarness, Cells) {
+    static func serverAndCells() throws -> (ServiceHarness, Cells, workflows: [String]) {
         let service = try ServiceHarness(replicas: 1) { configuration in
             configuration.durability = .memory
             configuration.maxResponseBytes = maxResponseBytes
@@ -102,18 +102,22 @@ import TaskloopTestSupport
         _ = try client.call("DELETE", "/tasks/\(mailIDs[11])")
         for number in 0..<5 { _ = try post("/tasks", #"{"kind":"noop","queue":"video","name":"clip \#(number)"}"#) }
         _ = try post("/queues/video/lease", #"{"worker":"w1","max_tasks":2}"#)
-        _ = try post("/workflows", """
-            {"name":"flow","tasks":[{"key":"a","kind":"noop","queue":"mail","name":"flow a"},
-             {"key":"b","kind":"noop","queue":"mail","name":"flow b","dependencies":["a"]},
-             {"key":"c","kind":"external","queue":"batch","name":"flow c"}]}
-            """)
+        let workflows = [
+            try post("/workflows", """
+                {"name":"flow","tasks":[{"key":"a","kind":"noop","queue":"mail","name":"flow a"},
+                 {"key":"b","kind":"noop","queue":"mail","name":"flow b","dependencies":["a"]},
+                 {"key":"c","kind":"external","queue":"batch","name":"flow c"}]}
+                """)["id"] as! String,
+            try post("/workflows", #"{"tasks":[{"key":"x","kind":"noop"},{"key":"y","kind":"noop","dependencies":["x"]}]}"#)["id"] as! String,
+        ]
 
         let state = service.onLoop { application in
             let engine = application.engine!
             let tasks = engine.listTasks(before: nil, limit: .max) { _ in true }.tasks.map { engine.snapshot(of: $0) }
             let queues = engine.queues.values.filter { $0.paused || $0.maxConcurrency != engine.configuration.defaultConcurrency
                 || $0.dispatch != .server }.map { engine.snapshot(of: $0) }
-            return (tasks, queues)
+            let kept = workflows.map { engine.snapshot(of: engine.workflow(TaskID($0)!)!) }
+            return (tasks, queues, kept)
         }
         #expect(Set(state.0.map(\.state)).count == TaskState.allCases.count, "every state: \(Set(state.0.map(\.state)))")
         let cells = try Cells()
@@ -125,18 +129,20 @@ import TaskloopTestSupport
                 var batch = StoreBatch()
                 batch.tasks = Array(tasks[max(0, chunk - 4)..<chunk])
                 batch.queues = state.1.filter { $0.name == queue }
+                // A workflow in the cell of its first task's queue.
+                batch.workflows = state.2.filter { workflow in tasks.contains { $0.id == workflow.keys[0].id } }
                 try cells.execute(CellSchema.writes(of: batch, cell: UInt16(cell + 1)))
             }
         }
         var settings = StoreBatch()
         settings.queues = state.1.filter { byQueue[$0.name] == nil }
         try cells.execute(CellSchema.writes(of: settings, cell: 40))
-        return (service, cells)
+        return (service, cells, workflows)
     }
 
     /// The key property: every filter, every page size, every page followed by its cursor.
     @Test func pagesOfTasksFromTheCellsAreTheServersByteForByte() throws {
-        let (service, cells) = try Self.serverAndCells()
+        let (service, cells, _) = try Self.serverAndCells()
         let client = try service.client()
         let some = try client.call("GET", "/tasks?queue=mail&limit=3").json["tasks"] as! [[String: Any]]
         let dependency = some.last!["id"] as! String
@@ -187,10 +193,25 @@ import TaskloopTestSupport
         #expect(try ClusterLists.taskListing(HTTPRequest(method: .GET, target: "/tasks?depends_on=x")).filter == nil)
     }
 
+    /// A workflow from its cell's record and its tasks' (in their cells), as the server shows it.
+    @Test func aWorkflowFromTheCellsIsTheServersByteForByte() throws {
+        let (service, cells, workflows) = try Self.serverAndCells()
+        let client = try service.client()
+        for id in workflows + ["01M8DE0YGGP0VKG6TPFE8V4Q90"] {
+            let expected = try client.call("GET", "/workflows/\(id)")
+            let answer = try cells.answer { execute, done in ClusterLists.workflow(TaskID(id)!, execute: execute, done) }
+            #expect(answer.map { String(decoding: $0, as: UTF8.self) } == (expected.status == 200 ? expected.text : nil), "\(id)")
+        }
+        let states = try workflows.map { try client.call("GET", "/workflows/\($0)").json["state"] as? String }
+        #expect(states == ["running", "succeeded"])
+        try cells.finish()
+        try service.stop()
+    }
+
     /// The queues across cells: settings from the cells that changed them, counts and
     /// throughput from their tasks, "default" always; as the server shows them.
     @Test func queuesFromTheCellsAreTheServersByteForByte() throws {
-        let (service, cells) = try Self.serverAndCells()
+        let (service, cells, _) = try Self.serverAndCells()
         let client = try service.client()
         let defaultConcurrency = service.onLoop { $0.engine.configuration.defaultConcurrency }
         // The throughput is read at a moment: compared when both answers fell in one interval.

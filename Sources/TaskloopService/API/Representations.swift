@@ -19,14 +19,9 @@ enum Representation {
     /// else a secret's value is `"***"`.
     /// Taking the moment costs nothing measurable here: 18 instructions of GET /tasks/{id}'s
     /// 24.2k (callgrind) against reading the record's fields directly.
-    static func write(_ task: TaskRecord, into json: inout JSONWriter, forLessee: Bool = false, resultLimit: Int? = nil) {
-        write(task, TaskMoment(task), into: &json, forLessee: forLessee, resultLimit: resultLimit)
-    }
-
-    /// A task as a cell's record keeps it (a list read from the database), shown as the live
-    /// record it was made from.
-    static func write(_ task: TaskSnapshot, into json: inout JSONWriter) {
-        write(task, TaskMoment(task), into: &json)
+    static func write<Task: RepresentedTask>(_ task: Task, into json: inout JSONWriter, forLessee: Bool = false,
+                                             resultLimit: Int? = nil) {
+        write(task, task.moment, into: &json, forLessee: forLessee, resultLimit: resultLimit)
     }
 
     /// The most of a task's `result` an event or a webhook carries; `GET /tasks/{id}` has it all.
@@ -217,24 +212,42 @@ enum Representation {
     }
 
     static func workflow(_ workflow: WorkflowRecord) -> [UInt8] {
-        var json = JSONWriter(capacity: 512 * (workflow.tasks.count + 1))
+        write(workflow: workflow.id, name: workflow.name, state: workflow.state, fraction: workflow.fraction,
+              createdAt: workflow.createdAt, tasks: workflow.tasks, keys: workflow.keys)
+    }
+
+    /// A workflow as the cells' records keep it, with `tasks`, those of its tasks still kept, in
+    /// order; its state and progress worked out from them as a live workflow's are.
+    static func workflow(_ workflow: WorkflowSnapshot, tasks: [TaskSnapshot]) -> [UInt8] {
+        var counts = StateCounts()
+        for task in tasks { counts[task.state] += 1 }
+        return write(workflow: workflow.id, name: workflow.name, state: WorkflowRecord.state(of: counts),
+                     fraction: WorkflowRecord.fraction(of: tasks.lazy.map { ($0.state, $0.progress.fraction) }),
+                     createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys.lazy.map { (key: $0.key, id: $0.id) })
+    }
+
+    private static func write<Task: RepresentedTask>(
+        workflow id: TaskID, name: String?, state: TaskState, fraction: Double, createdAt: Int64, tasks: [Task],
+        keys: some Sequence<(key: String, id: TaskID)>
+    ) -> [UInt8] {
+        var json = JSONWriter(capacity: 512 * (tasks.count + 1))
         json.beginObject()
-        json.field("id", workflow.id.description)
-        json.field("name", workflow.name)
-        json.field("state", workflow.state.rawValue)
+        json.field("id", id.description)
+        json.field("name", name)
+        json.field("state", state.rawValue)
         json.key(static: "progress")
         json.beginObject()
         json.key(static: "fraction")
-        json.double(workflow.fraction)
+        json.double(fraction)
         json.endObject()
-        timestamp("created_at", workflow.createdAt, into: &json)
+        timestamp("created_at", createdAt, into: &json)
         json.key(static: "tasks")
         json.beginArray()
-        for task in workflow.tasks { write(task, into: &json) }
+        for task in tasks { write(task, task.moment, into: &json) }
         json.endArray()
         json.key(static: "keys")
         json.beginObject()
-        for entry in workflow.keys {
+        for entry in keys {
             json.key(entry.key)
             json.string(entry.id.description)
         }
@@ -480,16 +493,20 @@ protocol RepresentedTask {
     var createdAt: Int64 { get }
     var metadata: JSONValue? { get }
     var workflowID: TaskID? { get }
+    /// What changes over its life, as it is now.
+    var moment: TaskMoment { get }
 }
 
 extension TaskRecord: RepresentedTask {
     var queueName: String { queue.name }
     var workflowID: TaskID? { workflow?.id }
+    var moment: TaskMoment { TaskMoment(self) }
 }
 
 extension TaskSnapshot: RepresentedTask {
     var queueName: String { queue }
     var workflowID: TaskID? { workflow }
+    var moment: TaskMoment { TaskMoment(self) }
 }
 
 /// A worker's lease as shown: a live one, or as a moment or a cell's record kept it.

@@ -6,9 +6,9 @@ import TaskloopStore
 
 /// What any replica of a cluster answers from the cells' records in the database instead of
 /// from an engine (contract v3, "Replicas that add capacity"): `GET /tasks` across every cell,
-/// `GET /queues` and `GET /queues/{name}`. The JSON is the single server's, byte for byte:
-/// `Representation` writes it from the records the cells' owners committed, and a page is cut
-/// as `Engine.listTasks` and `TaskloopAPI.listTasks` cut theirs.
+/// `GET /workflows/{id}`, `GET /queues` and `GET /queues/{name}`. The JSON is the single
+/// server's, byte for byte: `Representation` writes it from the records the cells' owners
+/// committed, and a page is cut as `Engine.listTasks` and `TaskloopAPI.listTasks` cut theirs.
 ///
 /// What the records do not hold: how many workers wait on a queue's lease calls (0 here, unless
 /// `live` gives the queue), and finishes of tasks retried or evicted since (the throughput is
@@ -96,6 +96,19 @@ enum ClusterLists {
         json.field("next", next?.description)
         json.endObject()
         return json.bytes
+    }
+
+    /// `GET /workflows/{id}`'s answer, nil where no cell has the workflow (a 404).
+    static func workflow(_ id: TaskID, execute: Execute, _ completion: @escaping (Result<[UInt8]?, PGError>) -> Void) {
+        execute(CellReads.workflow(id)) { result in
+            completion(result.flatMap { results in
+                do {
+                    return .success(try CellReads.workflow(results).map { Representation.workflow($0.workflow, tasks: $0.tasks) })
+                } catch {
+                    return .failure(PGError(message: "\(error)"))
+                }
+            })
+        }
     }
 
     /// `GET /queues`'s answer: every cell's queues by name, "default" always among them.
