@@ -133,13 +133,14 @@ enum ClusterLists {
         }
     }
 
-    /// `GET /queues/{name}`'s answer, nil where no cell has the queue (a 404).
+    /// `GET /queues/{name}`'s answer, nil where neither a cell's records nor `live` have the
+    /// queue (a 404).
     static func queue(named name: String, defaultConcurrency: Int, at wallClock: Int64,
                       live: @escaping (String) -> TaskQueue? = { _ in nil }, execute: Execute,
                       _ completion: @escaping (Result<[UInt8]?, PGError>) -> Void) {
         readQueues(named: name, at: wallClock, execute: execute) { result in
             completion(result.map { rows in
-                guard rows[name] != nil || name == "default" else { return nil }
+                guard rows[name] != nil || name == "default" || live(name) != nil else { return nil }
                 var json = JSONWriter()
                 write(name, rows[name] ?? CellReads.QueueRow(), defaultConcurrency: defaultConcurrency, at: wallClock, live: live,
                       into: &json)
