@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Replicas benchmark: POST /tasks and lease+complete cycles per second with 1, 2 and 3
 # replicas of the release build sharing one PostgreSQL (fsync on, synchronous_commit on),
-# against one server on its embedded SQLite store (--durability full), all measured in one
-# run on this machine. The load is the same in total: 12 connections, split evenly over the
-# replicas (one wrk per replica, their rates summed). Also printed: where the CPU went
-# (replicas, PostgreSQL, everything else: wrk and the rest of the machine).
+# taking turns (`--replication turns`) and on cells (`--replication cells`), against one
+# server on its embedded SQLite store (--durability full), all measured in one run on this
+# machine. The load is the same in total: 12 connections, split evenly over the replicas
+# (one wrk per replica, their rates summed). On cells the work goes to 64 queues in turn, so
+# it spreads over the cells; a replica forwards what another owns. Also printed: where the
+# CPU went (replicas, PostgreSQL, everything else: wrk and the rest of the machine), and the
+# CPU seconds per thousand tasks of the replicas and of PostgreSQL.
 #   BENCH_DURATION  seconds of wrk per measurement (default 5)
 #   BENCH_ROUNDS    rounds (default 3); medians are reported
 set -euo pipefail
@@ -23,7 +26,7 @@ common=(--port 0 --max-unfinished-tasks 10000000 --max-retained-tasks 100000 --l
 
 urls=()
 pids=()
-start() { # sqlite | replicas N, each on a database of its own
+start() { # sqlite | turns N | cells N, each on a database of its own
     urls=()
     pids=()
     if [ "$1" = sqlite ]; then
@@ -34,9 +37,48 @@ start() { # sqlite | replicas N, each on a database of its own
     local name="bench_$RANDOM$RANDOM"
     psql -q "$database" -c "CREATE DATABASE $name"
     for index in $(seq 1 "$2"); do
-        serve_in_background "$binary" "${common[@]}" --database-url "${database%/*}/$name" --replica-name "r$index"
+        serve_in_background "$binary" "${common[@]}" --database-url "${database%/*}/$name" --replica-name "r$index" \
+            --replication "$1"
         urls+=("$url"); pids+=("$server")
     done
+    if [ "$1" = cells ]; then wait_for_cells "$2"; fi
+}
+
+# Until every cell is served (each replica's taskloop_cells_served adds up to the count).
+wait_for_cells() { # replicas
+    for _ in $(seq 1 300); do
+        local total=0 each
+        for target in "${urls[@]}"; do
+            each=$(curl -fsS "$target/metrics" | awk '/^taskloop_cells_served / {print $2}')
+            total=$((total + ${each%.*}))
+        done
+        [ "$total" -eq 256 ] && return
+        sleep 0.1
+    done
+    echo "the cells were not all served" >&2
+    exit 1
+}
+
+# Queues bench0 ... bench63 filled with COUNT noops in all, then opened (cells: a workflow's
+# tasks share a cell, so each queue gets workflows of its own).
+fill_spread() { # url count
+    python3 - "$1" "$2" <<'PY'
+import http.client, json, sys, urllib.parse
+url, count = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2])
+connection = http.client.HTTPConnection(url.hostname, url.port)
+def call(method, path, body):
+    connection.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    answer.read()
+    assert answer.status in (200, 201), (path, answer.status)
+each = max(1, count // 64 // 250)
+for queue in range(64):
+    call("PATCH", f"/queues/bench{queue}", {"dispatch": "workers", "max_concurrency": 64, "paused": True})
+    for _ in range(each):
+        call("POST", "/workflows", {"tasks": [{"key": f"t{i}", "kind": "noop", "queue": f"bench{queue}"} for i in range(250)]})
+for queue in range(64):
+    call("PATCH", f"/queues/bench{queue}", {"paused": False})
+PY
 }
 
 stop_all() { for pid in "${pids[@]}"; do stop "$pid"; done; }
@@ -60,7 +102,7 @@ measure() { # script
     before_replicas=$(cpu_of "${pids[@]}"); before_pg=$(cpu_of $(postgres_pids)); before_all=$(machine_cpu)
     for target in "${urls[@]}"; do
         files+=("$work/wrk-$index")
-        wrk -t1 -c"$each" -d"${duration}s" -s "Benchmarks/leases/$1" "$target" >"$work/wrk-$index" &
+        wrk -t1 -c"$each" -d"${duration}s" -s "$1" "$target" >"$work/wrk-$index" &
         wrks+=($!)
         index=$((index + 1))
     done
@@ -77,17 +119,24 @@ measure() { # script
     echo "$rate $replicas $pg $all"
 }
 
-fill() { fill_workers_queue "${urls[0]}" "$1"; }
-
 echo "replicas on PostgreSQL vs one server on SQLite: $connections connections in all, wrk -d${duration}s, $rounds rounds"
+setups=${BENCH_SETUPS:-"sqlite 1,turns 1,turns 2,turns 3,cells 1,cells 2,cells 3"}
 lines=""
 for round in $(seq 1 "$rounds"); do
-    for setup in "sqlite 1" "replicas 1" "replicas 2" "replicas 3"; do
+    IFS=, read -ra chosen <<<"$setups"
+    for setup in "${chosen[@]}"; do
         set -- $setup
         start "$1" "$2"
-        submits=$(measure submit.lua)
-        fill "$(python3 -c "print(int(min(400_000, max(10_000, float('${submits%% *}') * $duration * 1.5)) // 1000 * 1000))")"
-        cycles=$(measure lease.lua)
+        count() { python3 -c "print(int(min(400_000, max(16_000, float('${1%% *}') * $duration * 1.5)) // 16_000 * 16_000))"; }
+        if [ "$1" = cells ]; then
+            submits=$(measure Benchmarks/replicas/submit-spread.lua)
+            fill_spread "${urls[0]}" "$(count "$submits")"
+            cycles=$(measure Benchmarks/replicas/lease-spread.lua)
+        else
+            submits=$(measure Benchmarks/leases/submit.lua)
+            fill_workers_queue "${urls[0]}" "$(count "$submits")"
+            cycles=$(measure Benchmarks/leases/lease.lua)
+        fi
         stop_all
         lines="$lines$round $1 $2 $submits $cycles"$'\n'
     done
@@ -100,14 +149,24 @@ for line in sys.stdin:
     if f: rows[(f[1], int(f[2]))].append(list(map(float, f[3:])))
 median = statistics.median
 reference = None
-for key in (("sqlite", 1), ("replicas", 1), ("replicas", 2), ("replicas", 3)):
+blank = ""
+singles = {}
+duration = float(sys.argv[1])
+for key in sorted(rows, key=lambda k: (k[0] != "sqlite", k[0] != "turns", k[1])):
     r = rows[key]
     submits, cycles = median(x[0] for x in r), median(x[4] / 2 for x in r)
     def shares(base):
         total = median(x[base + 3] for x in r) or 1
         return f"replicas {median(x[base + 1] for x in r) / total:4.0%}, PostgreSQL {median(x[base + 2] for x in r) / total:4.0%}"
+    def per_thousand(base, rate):
+        tasks = rate * duration / 1000 or 1
+        return f"{median(x[base + 1] for x in r) / tasks:.3f} + {median(x[base + 2] for x in r) / tasks:.3f} s"
     if reference is None: reference = (submits, cycles)
-    name = "SQLite, one server" if key[0] == "sqlite" else f"PostgreSQL, {key[1]} replica" + ("s" if key[1] > 1 else "")
-    print(f"  {name:24} POST /tasks {submits:7.0f}/s ({submits / reference[0]:.2f}x; CPU {shares(0)})   "
-          f"lease+complete {cycles:7.0f}/s ({cycles / reference[1]:.2f}x; CPU {shares(4)})")
-'
+    singles.setdefault(key[0], (submits, cycles))
+    single = singles[key[0]]
+    name = "SQLite, one server" if key[0] == "sqlite" else f"{key[0]}, {key[1]} replica" + ("s" if key[1] > 1 else "")
+    print(f"  {name:20} POST /tasks {submits:7.0f}/s ({submits / reference[0]:.2f}x SQLite, {submits / single[0]:.2f}x one; "
+          f"CPU {shares(0)}; per 1k tasks replicas + PostgreSQL {per_thousand(0, submits)})")
+    print(f"  {blank:20} lease+complete {cycles:7.0f}/s ({cycles / reference[1]:.2f}x SQLite, {cycles / single[1]:.2f}x one; "
+          f"CPU {shares(4)}; per 1k cycles {per_thousand(4, cycles)})")
+' "$duration"

@@ -2,28 +2,54 @@ import TaskloopLoop
 import TaskloopPostgres
 
 /// The commits of the cells this replica owns. A commit is one batch on the connection (one
-/// sync: one implicit transaction): the cell's fence (its epoch checked, the commit's token
-/// left in its row), then the writes. Commits of one cell are sent in order and pipelined.
+/// sync: one implicit transaction) for one cell or several: their fence first (each cell's
+/// epoch checked, the commit's token left in each one's row; a single fsync for all of them),
+/// then the writes. Commits are sent in order and pipelined.
 ///
 /// When the connection is lost with commits on it, their outcome is unknown, and nobody is
-/// answered until it is known: the committer connects again and, in one statement per loss,
-/// moves each such cell to a new epoch and reads the token its row holds. The update waits
+/// answered until it is known: the committer connects again and, in one statement, moves each
+/// cell of those commits to a new epoch and reads the token its row holds. The update waits
 /// for a commit still running on the old session; once it is through, that session's later
-/// commits fail their fence (the old epoch). The row's token is the last commit that went
-/// through, so every commit of the cell up to it committed and the rest did not. A cell that
-/// moved to another owner meanwhile cannot be told: its commits end `.unknown`.
+/// commits fail their fence (the old epoch). A cell's row holds the token of the last commit of
+/// it that went through; commits are in order and all-or-nothing, so a commit went through
+/// exactly when it is at or before that one among the commits in flight that wrote the cell.
+/// A commit none of whose cells this replica still holds cannot be told: it ends `.unknown`.
 ///
 /// Threading: the loop's thread only, callbacks included.
 public final class CellCommitter {
     public enum Outcome: Equatable, Sendable {
         case committed
-        /// The cell's row no longer names this replica at the epoch: nothing was written.
-        case deposed
+        /// These cells' rows no longer name this replica at their epochs: nothing was written.
+        case deposed([Cell])
         /// Not written (the database refused the batch, or a lost connection's commit that the
         /// resolution found had not gone through).
         case failed(String)
-        /// The connection was lost and the cell moved to another owner before it could be told.
+        /// The connection was lost and the cells moved to another owner before it could be told.
         case unknown
+    }
+
+    /// One cell's part of a commit.
+    public struct Part {
+        public var cell: Cell
+        public var epoch: UInt64
+        public var writes: [PGQuery]
+
+        public init(cell: Cell, epoch: UInt64, writes: [PGQuery]) {
+            self.cell = cell
+            self.epoch = epoch
+            self.writes = writes
+        }
+    }
+
+    private final class Commit {
+        let parts: [Part]
+        let completion: (Outcome) -> Void
+        var token = ""
+
+        init(parts: [Part], completion: @escaping (Outcome) -> Void) {
+            self.parts = parts
+            self.completion = completion
+        }
     }
 
     private let loop: EventLoop
@@ -33,10 +59,10 @@ public final class CellCommitter {
     private var connected = false
     /// A connection is being made (or waited for after a failure): commits wait for it.
     private var connecting = false
-    /// Commits sent and not yet answered, per cell, in the order sent.
-    private var inFlight: [Cell: [(token: String, completion: (Outcome) -> Void)]] = [:]
+    /// Commits sent and not yet answered, in the order sent.
+    private var inFlight: [Commit] = []
     /// Commits waiting for the connection (while it is made, or a loss is resolved).
-    private var waiting: [(cell: Cell, epoch: UInt64, writes: [PGQuery], completion: (Outcome) -> Void)] = []
+    private var waiting: [Commit] = []
     private var resolving = false
     private var sequence: UInt64 = 0
     private var isClosed = false
@@ -53,40 +79,48 @@ public final class CellCommitter {
 
     /// Commits `writes` for `cell` under `epoch` (or the newer epoch a resolution moved it to).
     public func commit(_ cell: Cell, epoch: UInt64, writes: [PGQuery], _ completion: @escaping (Outcome) -> Void) {
+        commit([Part(cell: cell, epoch: epoch, writes: writes)], completion)
+    }
+
+    /// Commits the parts of several cells in one transaction: all of them or none.
+    public func commit(_ parts: [Part], _ completion: @escaping (Outcome) -> Void) {
+        precondition(!parts.isEmpty && Set(parts.map(\.cell)).count == parts.count, "one part a cell")
+        let commit = Commit(parts: parts, completion: completion)
         guard !isClosed else { return completion(.failed("the committer is closed")) }
         guard connected, !resolving else {
-            waiting.append((cell, epoch, writes, completion))
+            waiting.append(commit)
             if !connected && !connecting { connect() }
             return
         }
-        send(cell, epoch: max(epoch, epochs[cell] ?? 0), writes: writes, completion)
+        send(commit)
     }
 
-    private func send(_ cell: Cell, epoch: UInt64, writes: [PGQuery], _ completion: @escaping (Outcome) -> Void) {
+    private func send(_ commit: Commit) {
         sequence += 1
-        let token = "\(identity.incarnation):\(sequence)"
-        inFlight[cell, default: []].append((token, completion))
-        connection.execute([ClusterSchema.fenceCommit(cell, epoch: epoch, by: identity, token: token)] + writes) { [weak self] result in
-            guard let self else { return }
+        commit.token = "\(identity.incarnation):\(sequence)"
+        inFlight.append(commit)
+        let fence = ClusterSchema.fenceCommit(commit.parts.map { ($0.cell, max($0.epoch, epochs[$0.cell] ?? 0)) }, by: identity,
+                                              token: commit.token)
+        connection.execute([fence] + commit.parts.flatMap(\.writes)) { [weak self, weak commit] result in
+            guard let self, let commit else { return }
             switch result {
             case .success:
-                finish(cell, token: token, .committed)
+                finish(commit, .committed)
             case .failure(let error) where error.isConnectionLost:
                 // Left in flight: the resolution answers it.
                 break
             case .failure(let error) where error.sqlState == ClusterSchema.deposedState:
-                finish(cell, token: token, .deposed)
+                finish(commit, .deposed(ClusterSchema.deposedCells(in: error.message)))
             case .failure(let error):
-                finish(cell, token: token, .failed("\(error)"))
+                finish(commit, .failed("\(error)"))
             }
         }
     }
 
-    private func finish(_ cell: Cell, token: String, _ outcome: Outcome) {
-        guard let index = inFlight[cell]?.firstIndex(where: { $0.token == token }) else { return }
-        let entry = inFlight[cell]!.remove(at: index)
-        if inFlight[cell]!.isEmpty { inFlight[cell] = nil }
-        entry.completion(outcome)
+    private func finish(_ commit: Commit, _ outcome: Outcome) {
+        guard let index = inFlight.firstIndex(where: { $0 === commit }) else { return }
+        inFlight.remove(at: index)
+        commit.completion(outcome)
     }
 
     private func connect() {
@@ -125,7 +159,7 @@ public final class CellCommitter {
     /// Finds out which commits of the lost connection went through (see the type's comment).
     private func resolve() {
         resolving = true
-        let cells = inFlight.keys.sorted()
+        let cells = Set(inFlight.flatMap { $0.parts.map(\.cell) }).sorted()
         connection.execute([ClusterSchema.refence(cells, by: identity)]) { [weak self] result in
             guard let self else { return }
             guard case .success(let results) = result else { return }  // Lost again: resolved on the next connection.
@@ -135,20 +169,30 @@ public final class CellCommitter {
                 guard let index = answer.int(row, 0), let epoch = answer.int(row, 1) else { continue }
                 rows[Cell(UInt16(truncatingIfNeeded: index))] = (UInt64(epoch), answer.text(row, 2))
             }
-            for cell in cells {
-                let entries = inFlight[cell] ?? []
-                inFlight[cell] = nil
-                guard let row = rows[cell] else {
-                    for entry in entries { entry.completion(.unknown) }
-                    continue
-                }
+            for (cell, row) in rows.sorted(by: { $0.key < $1.key }) {
                 epochs[cell] = row.epoch
                 onEpochAdvanced?(cell, row.epoch)
-                let through = row.token.flatMap { token in entries.firstIndex { $0.token == token } }
-                for (index, entry) in entries.enumerated() {
-                    entry.completion(through.map { index <= $0 } == true
-                                     ? .committed : .failed("not committed: the connection was lost before the commit"))
+            }
+            // For each cell still held: the place, among the commits in flight that wrote it, of
+            // the last one that went through (-1: none did).
+            var through: [Cell: Int] = [:]
+            for (cell, row) in rows {
+                let writers = inFlight.filter { $0.parts.contains { $0.cell == cell } }
+                through[cell] = row.token.flatMap { token in writers.firstIndex { $0.token == token } } ?? -1
+            }
+            var seen: [Cell: Int] = [:]
+            let commits = inFlight
+            inFlight = []
+            for commit in commits {
+                var outcome = Outcome.unknown
+                for part in commit.parts {
+                    let place = seen[part.cell, default: 0]
+                    seen[part.cell] = place + 1
+                    if let last = through[part.cell], outcome == .unknown {
+                        outcome = place <= last ? .committed : .failed("not committed: the connection was lost before the commit")
+                    }
                 }
+                commit.completion(outcome)
             }
             resolving = false
             flushWaiting()
@@ -158,7 +202,7 @@ public final class CellCommitter {
     private func flushWaiting() {
         let queued = waiting
         waiting = []
-        for item in queued { send(item.cell, epoch: max(item.epoch, epochs[item.cell] ?? 0), writes: item.writes, item.completion) }
+        for commit in queued { send(commit) }
     }
 
     /// Closes the connection; what is in flight or waiting fails.
@@ -166,10 +210,11 @@ public final class CellCommitter {
         isClosed = true
         connection.onClosed = nil
         connection.close()
-        let pending = inFlight.values.flatMap { $0 }
-        inFlight = [:]
-        for entry in pending { entry.completion(.unknown) }
-        for item in waiting { item.completion(.failed("the committer is closed")) }
+        let pending = inFlight
+        inFlight = []
+        for commit in pending { commit.completion(.unknown) }
+        let queued = waiting
         waiting = []
+        for commit in queued { commit.completion(.failed("the committer is closed")) }
     }
 }

@@ -87,8 +87,13 @@ public final class CellHost {
     private var sent = 0
     private var answeredThrough = 0
     private var completed: Set<Int> = []
-    private var failedCommits: [Int] = []
-    private var waiting: [(from: Int, target: Int, action: (Bool) -> Void)] = []
+    /// Commits that did not commit, with the cells whose changes they lost.
+    private var failedCommits: [(number: Int, cells: Set<Cell>)] = []
+    private var waiting: [(from: Int, target: Int, cell: Cell?, action: (Bool) -> Void)] = []
+    /// What the next announcement wakes (`announce`), and whether one is under way.
+    private var announcedCells: Set<Cell> = []
+    private var announcesEvents = false
+    private var announcing = false
 
     public init(loop: EventLoop, keeper settings: CellKeeper.Settings, makeEngine: @escaping (Cell) -> Engine,
                 eventsOf: @escaping ([EngineEvent]) -> [ClusterEvents.Written]) throws(UVError) {
@@ -151,11 +156,11 @@ public final class CellHost {
     public var isCaughtUp: Bool { answeredThrough == sent && !cells.values.contains { $0.dirty } }
 
     /// Runs `action(true)` once every change made so far is committed; `action(false)` when a
-    /// commit among them failed.
-    public func whenDurable(_ action: @escaping (Bool) -> Void) {
-        let target = sent + cells.values.count { $0.dirty }
+    /// commit among them lost a change of `cell` (of any cell, without one).
+    public func whenDurable(of cell: Cell?, _ action: @escaping (Bool) -> Void) {
+        let target = sent + (cells.values.contains { $0.dirty } ? 1 : 0)
         guard target > answeredThrough else { return action(true) }
-        waiting.append((answeredThrough + 1, target, action))
+        waiting.append((answeredThrough + 1, target, cell, action))
     }
 
     /// Records what one settled call of `cell`'s engine changed.
@@ -172,15 +177,29 @@ public final class CellHost {
         hosted.dirty = true
     }
 
+    /// One cell's share of a commit, and what to do once it is known.
+    private struct PendingPart {
+        let hosted: HostedCell
+        let generation: Int
+        let held: HeldStartsMark
+        let part: CellCommitter.Part
+        let messagedCells: [Cell]
+        let wroteEvents: Bool
+    }
+
+    /// Every cell the loop turn changed commits in one transaction: one flush for all.
     private func commitDirtyCells() {
+        var parts: [PendingPart] = []
+        var eventsWritten = 0
         for cell in cells.keys.sorted() {
             guard let hosted = cells[cell], hosted.dirty, let engine = hosted.engine else { continue }
             hosted.dirty = false
             let batch = hosted.builder.take(from: engine)
-            let held = engine.markHeldStarts()
             var writes = CellSchema.writes(of: batch, cell: cell.index)
-            if !hosted.events.isEmpty {
-                writes += ClusterEvents.insert(hosted.events, cell: cell)
+            let wroteEvents = !hosted.events.isEmpty
+            if wroteEvents {
+                writes += ClusterEvents.insert(hosted.events, cell: cell, firstIndex: eventsWritten)
+                eventsWritten += hosted.events.count
                 hosted.events = []
             }
             var byCell: [UInt16: [[UInt8]]] = [:]
@@ -192,33 +211,89 @@ public final class CellHost {
                 writes.append(ClusterMessages.acknowledge(hosted.applied, of: cell))
                 hosted.applied = []
             }
-            sent += 1
-            let number = sent, generation = hosted.generation
             hosted.commitsInFlight += 1
-            committer.commit(cell, epoch: hosted.epoch, writes: writes) { [weak self, weak hosted] outcome in
-                guard let self else { return }
-                if let hosted {
-                    hosted.commitsInFlight -= 1
-                    if outcome == .committed, hosted.generation == generation, let engine = hosted.engine {
-                        engine.releaseStarts(through: held)
-                    }
-                    if outcome != .committed && hosted.generation == generation && cells[cell] === hosted {
-                        commitFailed(hosted, outcome)
-                    } else if hosted.commitsInFlight == 0, let drained = hosted.drained, !hosted.dirty {
-                        hosted.drained = nil
-                        drained()
-                    }
+            parts.append(PendingPart(hosted: hosted, generation: hosted.generation, held: engine.markHeldStarts(),
+                                     part: CellCommitter.Part(cell: cell, epoch: hosted.epoch, writes: writes),
+                                     messagedCells: byCell.keys.sorted().map(Cell.init), wroteEvents: wroteEvents))
+        }
+        guard !parts.isEmpty else { return }
+        sent += 1
+        send(parts, number: sent)
+    }
+
+    private func send(_ parts: [PendingPart], number: Int) {
+        committer.commit(parts.map(\.part)) { [weak self] outcome in
+            guard let self else { return }
+            switch outcome {
+            case .committed:
+                for part in parts { settle(part, outcome) }
+                announce(parts)
+                answered(number, failed: [])
+            case .deposed(let lost):
+                // Those cells are another replica's now; the others' writes stand on their own.
+                let lost = Set(lost.isEmpty ? parts.map(\.part.cell) : lost)
+                let gone = parts.filter { lost.contains($0.part.cell) }, kept = parts.filter { !lost.contains($0.part.cell) }
+                for part in gone { settle(part, outcome) }
+                let current = kept.filter { isCurrent($0) }
+                for part in kept where !isCurrent(part) { settle(part, .failed("closed meanwhile")) }
+                if current.isEmpty {
+                    answered(number, failed: Set(parts.map(\.part.cell)))
+                } else {
+                    failedCommits.append((number, Set(gone.map(\.part.cell))))
+                    send(current, number: number)
                 }
-                answered(number, committed: outcome == .committed)
+            case .failed, .unknown:
+                for part in parts { settle(part, outcome) }
+                answered(number, failed: Set(parts.map(\.part.cell)))
             }
         }
     }
 
-    private func answered(_ number: Int, committed: Bool) {
+    private func isCurrent(_ part: PendingPart) -> Bool {
+        part.hosted.generation == part.generation && cells[part.hosted.cell] === part.hosted
+    }
+
+    /// What a commit's outcome means for one cell: its held starts go, or it starts over.
+    private func settle(_ part: PendingPart, _ outcome: CellCommitter.Outcome) {
+        let hosted = part.hosted
+        hosted.commitsInFlight -= 1
+        if outcome == .committed {
+            if isCurrent(part), let engine = hosted.engine { engine.releaseStarts(through: part.held) }
+        } else if isCurrent(part) {
+            return commitFailed(hosted, outcome)
+        }
+        if hosted.commitsInFlight == 0, let drained = hosted.drained, !hosted.dirty {
+            hosted.drained = nil
+            drained()
+        }
+    }
+
+    /// Wakes the readers of what the commit wrote: the owners of the cells it sent messages to,
+    /// and the event feeds. In a batch of its own after the commit (see `ClusterMessages.notify`),
+    /// one at a time; what comes meanwhile goes in the next.
+    private func announce(_ parts: [PendingPart]) {
+        for part in parts {
+            announcedCells.formUnion(part.messagedCells)
+            if part.wroteEvents { announcesEvents = true }
+        }
+        guard !announcing, !announcedCells.isEmpty || announcesEvents, !isClosed else { return }
+        var queries = ClusterMessages.notify(announcedCells.sorted())
+        if announcesEvents { queries.append(ClusterEvents.notify(cell: parts.first?.part.cell ?? Cell(0))) }
+        announcedCells = []
+        announcesEvents = false
+        announcing = true
+        reader.execute(queries) { [weak self] _ in
+            guard let self else { return }
+            announcing = false
+            announce([])
+        }
+    }
+
+    private func answered(_ number: Int, failed: Set<Cell>) {
         commitCount += 1
-        if !committed {
+        if !failed.isEmpty {
             failedCommitCount += 1
-            failedCommits.append(number)
+            failedCommits.append((number, failed))
         }
         completed.insert(number)
         while completed.remove(answeredThrough + 1) != nil { answeredThrough += 1 }
@@ -227,13 +302,15 @@ public final class CellHost {
             let entry = waiting[index]
             if entry.target <= answeredThrough {
                 waiting.remove(at: index)
-                entry.action(!failedCommits.contains { (entry.from...entry.target).contains($0) })
+                entry.action(!failedCommits.contains { failure in
+                    (entry.from...entry.target).contains(failure.number) && entry.cell.map { failure.cells.contains($0) } != false
+                })
             } else {
                 index += 1
             }
         }
         let oldest = waiting.map(\.from).min() ?? answeredThrough + 1
-        failedCommits.removeAll { $0 < oldest }
+        failedCommits.removeAll { $0.number < oldest }
     }
 
     /// The engine's state went beyond what the database holds: drop it, and load the cell

@@ -119,25 +119,35 @@ public final class CellKeeper {
         connection.connect(settings.url) { [weak self] result in
             guard let self else { return }
             if case .failure(let error) = result { return completion(.failure(error)) }
-            let setUp = [PGQuery("LISTEN \(ClusterSchema.membershipChannel)")]
-                + ClusterSchema.setUp(self.settings, takingTheNameOver: takingTheNameOver)
-            connection.execute(setUp) { [weak self] result in
+            connection.execute([PGQuery("LISTEN \(ClusterSchema.membershipChannel)"), ClusterSchema.tablesExist]) { [weak self] result in
                 guard let self else { return }
                 switch result {
-                case .failure(let error):
-                    completion(.failure(error))
+                case .failure(let error): completion(.failure(error))
                 case .success(let results):
-                    let row = ClusterSchema.clusterRow(amongSetUp: results)
-                    let cells = Int(row.int(0, 0) ?? 0), version = Int(row.int(0, 1) ?? 0)
-                    guard version <= settings.protocolVersion else {
-                        return completion(.failure(PGError(message: "the cluster runs protocol \(version), newer than this "
-                            + "replica's \(settings.protocolVersion): upgrade this replica before it joins")))
-                    }
-                    guard (1...CellLayout.maximumCount).contains(cells) else {
-                        return completion(.failure(PGError(message: "the cluster's cell count \(cells) is out of range")))
-                    }
-                    completion(.success(CellLayout(count: cells)))
+                    setUp(takingTheNameOver: takingTheNameOver, creatingTables: results[1].bool(0, 0) != true, completion)
                 }
+            }
+        }
+    }
+
+    private func setUp(takingTheNameOver: Bool, creatingTables: Bool, _ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        let setUp = ClusterSchema.setUp(settings, takingTheNameOver: takingTheNameOver, creatingTables: creatingTables)
+        connection.execute(setUp) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure(let error):
+                completion(.failure(error))
+            case .success(let results):
+                let row = ClusterSchema.clusterRow(amongSetUp: results)
+                let cells = Int(row.int(0, 0) ?? 0), version = Int(row.int(0, 1) ?? 0)
+                guard version <= settings.protocolVersion else {
+                    return completion(.failure(PGError(message: "the cluster runs protocol \(version), newer than this "
+                        + "replica's \(settings.protocolVersion): upgrade this replica before it joins")))
+                }
+                guard (1...CellLayout.maximumCount).contains(cells) else {
+                    return completion(.failure(PGError(message: "the cluster's cell count \(cells) is out of range")))
+                }
+                completion(.success(CellLayout(count: cells)))
             }
         }
     }

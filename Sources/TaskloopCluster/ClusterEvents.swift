@@ -81,13 +81,15 @@ public enum ClusterEvents {
 
     /// The statements that write `events` inside a commit of `cell` (numbered in order; the
     /// transaction's id comes from the database).
-    public static func insert(_ events: [Written], cell: Cell) -> [PGQuery] {
+    /// `firstIndex`: where these events start among the transaction's (a commit of several
+    /// cells numbers them all in one line).
+    public static func insert(_ events: [Written], cell: Cell, firstIndex: Int = 0) -> [PGQuery] {
         stride(from: 0, to: events.count, by: 500).map { chunk in
             let rows = events[chunk..<min(chunk + 500, events.count)]
             var values: [PGValue] = []
             values.reserveCapacity(rows.count * 8)
             for (offset, event) in rows.enumerated() {
-                values += [.int(chunk + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
+                values += [.int(firstIndex + chunk + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
                            .optional(event.workflow), .optional(event.queue), .bytes(event.data)]
             }
             return PGQuery("INSERT INTO taskloop.cell_events (index, cell, time, type, task, workflow, queue, data) VALUES "

@@ -24,7 +24,7 @@ public enum ClusterMessages {
         public var body: [UInt8]
     }
 
-    /// The statements that send `bodies` to `cell`, inside a commit of `sender`.
+    /// The statements that send `bodies` to `cell`, inside a commit of `sender` (then `notify`).
     public static func send(_ bodies: [[UInt8]], to cell: Cell, from sender: Cell) -> [PGQuery] {
         guard !bodies.isEmpty else { return [] }
         var queries: [PGQuery] = stride(from: 0, to: bodies.count, by: 1_000).map { chunk in
@@ -38,9 +38,17 @@ public enum ClusterMessages {
             }
             return PGQuery("INSERT INTO taskloop.cell_messages (cell, sender, body) VALUES " + placeholders, values)
         }
-        queries.append(PGQuery("SELECT pg_notify('\(channel)', $1)", [.text(String(cell.index))]))
         return queries
     }
+
+    /// Wakes the owners of `cells`: sent in a batch of its own after the commit that sent them
+    /// messages, never inside it (PostgreSQL serialises the commits of every transaction that
+    /// notifies, under one lock for the whole cluster held through the commit's flush).
+    public static func notify(_ cells: [Cell]) -> [PGQuery] {
+        cells.map { PGQuery(notifyStatement, [.text(String($0.index))]) }
+    }
+
+    static let notifyStatement = PGStatement("cell_messages_notify", "SELECT pg_notify('\(channel)', $1)")
 
     static let readFor = PGStatement("cell_messages_for", """
         SELECT id, sender, body FROM taskloop.cell_messages WHERE cell = $1 AND id > $2 ORDER BY id LIMIT $3

@@ -29,27 +29,48 @@ public enum ClusterSchema {
     public static let deposedState = "TL001"
 
     /// The first statement of every commit of `cell` (inside its transaction): see
-    /// `fence_commit` in `setUp`. `token` names the commit, unique per cell.
+    /// `fence_commits` in `setUp`. `token` names the commit, unique per cell.
     public static func fenceCommit(_ cell: Cell, epoch: UInt64, by owner: ReplicaIdentity, token: String) -> PGQuery {
-        PGQuery(fenceCommitStatement, [.int(Int(cell.index)), .text(owner.name), .text(owner.incarnation), .int(Int64(epoch)),
-                                       .text(token)])
+        fenceCommit([(cell, epoch)], by: owner, token: token)
     }
 
-    static let fenceCommitStatement = PGStatement("cells_fence_commit", "SELECT taskloop.fence_commit($1, $2, $3, $4, $5)")
+    /// The first statement of a commit of several cells at once, each under its epoch: it
+    /// fails unless every one is still held, and leaves `token` in each one's row.
+    public static func fenceCommit(_ cells: [(cell: Cell, epoch: UInt64)], by owner: ReplicaIdentity, token: String) -> PGQuery {
+        PGQuery(fenceCommitStatement, [.text("{" + cells.map { String($0.cell.index) }.joined(separator: ",") + "}"),
+                                       .text("{" + cells.map { String($0.epoch) }.joined(separator: ",") + "}"),
+                                       .text(owner.name), .text(owner.incarnation), .text(token)])
+    }
+
+    static let fenceCommitStatement = PGStatement("cells_fence_commits",
+                                                  "SELECT taskloop.fence_commits($1::int[], $2::bigint[], $3, $4, $5)")
+
+    /// The cells a deposed commit's error names (`fence_commits` lists them as `{3,5}`).
+    static func deposedCells(in message: String) -> [Cell] {
+        guard let open = message.firstIndex(of: "{"), let close = message[open...].firstIndex(of: "}") else { return [] }
+        return message[message.index(after: open)..<close].split(separator: ",").compactMap { UInt16($0).map(Cell.init) }
+    }
 
     /// Moves each of `cells` still held by `owner` to a new epoch, after any commit still
     /// running on them, and returns (cell, new epoch, token of the last commit that went
     /// through): `CellCommitter` resolves commits whose answer a lost connection took.
     static func refence(_ cells: [Cell], by owner: ReplicaIdentity) -> PGQuery {
         PGQuery("""
-            UPDATE taskloop.cells SET epoch = epoch + 1 WHERE cell = ANY($1::int[]) AND owner = $2 AND incarnation = $3
+            UPDATE taskloop.cells SET epoch = epoch + 1 WHERE cell IN (SELECT cell FROM taskloop.cells
+                WHERE cell = ANY($1::int[]) AND owner = $2 AND incarnation = $3 ORDER BY cell FOR UPDATE)
+                AND owner = $2 AND incarnation = $3
             RETURNING cell, epoch, commit_token
             """, [.text("{" + cells.map { String($0.index) }.joined(separator: ",") + "}"), .text(owner.name), .text(owner.incarnation)])
     }
 
     static func milliseconds(_ value: UInt64) -> PGValue { .int(Int64(value)) }
 
-    static func setUp(_ settings: CellKeeper.Settings, takingTheNameOver: Bool) -> [PGQuery] {
+    /// True when the tables are all there (the last thing `setUp` creates exists): a replica
+    /// joining a running cluster then takes no lock on them. `CREATE INDEX IF NOT EXISTS` takes
+    /// its table's lock before it looks, and under load it would queue every commit behind it.
+    static let tablesExist = PGQuery("SELECT to_regclass('taskloop.cell_idempotency_keys_cell') IS NOT NULL")
+
+    static func setUp(_ settings: CellKeeper.Settings, takingTheNameOver: Bool, creatingTables: Bool = true) -> [PGQuery] {
         let me = settings.identity
         let lease = milliseconds(settings.ownership.leaseMilliseconds)
         // A reconnect refreshes the row only while it is still this process's.
@@ -59,6 +80,20 @@ public enum ClusterSchema {
             // ownership rules then decide, on time.
             PGQuery("SET statement_timeout = \(settings.ownership.renewalInterval)"),
             PGQuery("SET idle_in_transaction_session_timeout = \(settings.ownership.renewalInterval)"),
+        ] + (creatingTables ? tables(settings) : []) + [
+            PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
+            PGQuery("""
+                INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)
+                VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5 * interval '1 millisecond')
+                ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, address = excluded.address,
+                    protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at\(takeOver)
+                """, [.text(me.name), .text(me.incarnation), .text(settings.address), .int(settings.protocolVersion), lease]),
+            announceChange(settings),
+        ]
+    }
+
+    private static func tables(_ settings: CellKeeper.Settings) -> [PGQuery] {
+        [
             // The batch is one transaction (one sync): the lock holds until the tables are committed.
             PGQuery("SELECT pg_advisory_xact_lock(\(setUpLock))"),
             PGQuery("CREATE SCHEMA IF NOT EXISTS taskloop"),
@@ -83,27 +118,23 @@ public enum ClusterSchema {
             // deposed it; the token tells, after a connection lost during a commit, whether it
             // committed (a cell's commits are in order: the row shows the last that did).
             PGQuery("""
-                CREATE OR REPLACE FUNCTION taskloop.fence_commit(p_cell int, p_owner text, p_incarnation text, p_epoch bigint,
-                    p_token text) RETURNS void LANGUAGE plpgsql AS $$
+                CREATE OR REPLACE FUNCTION taskloop.fence_commits(p_cells int[], p_epochs bigint[], p_owner text,
+                    p_incarnation text, p_token text) RETURNS void LANGUAGE plpgsql AS $$
+                DECLARE
+                    lost int[];
                 BEGIN
-                    UPDATE taskloop.cells SET commit_token = p_token
-                    WHERE cell = p_cell AND owner = p_owner AND incarnation = p_incarnation AND epoch = p_epoch;
-                    IF NOT FOUND THEN
-                        RAISE EXCEPTION 'cell % is no longer held by % at epoch %', p_cell, p_owner, p_epoch
-                            USING ERRCODE = '\(ClusterSchema.deposedState)';
+                    -- In the cells' order, as every statement that locks several of them: no deadlock.
+                    PERFORM 1 FROM taskloop.cells WHERE cell = ANY(p_cells) ORDER BY cell FOR UPDATE;
+                    SELECT array_agg(f.cell ORDER BY f.cell) INTO lost FROM unnest(p_cells, p_epochs) AS f(cell, epoch)
+                    WHERE NOT EXISTS (SELECT 1 FROM taskloop.cells c WHERE c.cell = f.cell AND c.owner = p_owner
+                        AND c.incarnation = p_incarnation AND c.epoch = f.epoch);
+                    IF lost IS NOT NULL THEN
+                        RAISE EXCEPTION 'cells % are no longer held by %', lost, p_owner USING ERRCODE = '\(ClusterSchema.deposedState)';
                     END IF;
+                    UPDATE taskloop.cells SET commit_token = p_token WHERE cell = ANY(p_cells);
                 END $$
                 """),
-        ] + ClusterEvents.setUp + ClusterMessages.setUp + CellSchema.setUp + [
-            PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
-            PGQuery("""
-                INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)
-                VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5 * interval '1 millisecond')
-                ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, address = excluded.address,
-                    protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at\(takeOver)
-                """, [.text(me.name), .text(me.incarnation), .text(settings.address), .int(settings.protocolVersion), lease]),
-            announceChange(settings),
-        ]
+        ] + ClusterEvents.setUp + ClusterMessages.setUp + CellSchema.setUp
     }
 
     static let renewMember = PGStatement("cells_renew_member", """
@@ -112,8 +143,8 @@ public enum ClusterSchema {
         """)
     static let renewCells = PGStatement("cells_renew_cells", """
         UPDATE taskloop.cells SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
-        WHERE owner = $1 AND incarnation = $2
-            AND EXISTS (SELECT 1 FROM taskloop.members WHERE name = $1 AND incarnation = $2)
+        WHERE cell IN (SELECT cell FROM taskloop.cells WHERE owner = $1 AND incarnation = $2 ORDER BY cell FOR UPDATE)
+            AND owner = $1 AND incarnation = $2 AND EXISTS (SELECT 1 FROM taskloop.members WHERE name = $1 AND incarnation = $2)
         """)
     static let liveMembers = PGStatement("cells_live_members", """
         SELECT name, address FROM taskloop.members WHERE expires_at > clock_timestamp() AND protocol = $1 ORDER BY name

@@ -660,7 +660,7 @@ struct Reply {
     func send(_ response: HTTPResponse) {
         guard responder.isOpen else { return }
         if let cellHost = application.cellHost, !cellHost.isCaughtUp {
-            return cellHost.whenDurable { committed in
+            return cellHost.whenDurable(of: engine?.cell.map(Cell.init)) { committed in
                 deliver(committed ? response : TaskloopApplication.sharedDatabaseUnavailable.response())
             }
         }

@@ -21,6 +21,7 @@ import TaskloopTestSupport
         for (from, texts) in [(Cell(1), ["1a", "1b"]), (Cell(2), ["2a"]), (Cell(1), ["1c"])] {
             #expect(try cluster.execute(sender, [PGQuery("BEGIN")] + ClusterMessages.send(texts.map(body), to: Cell(5), from: from)
                                         + [PGQuery("COMMIT")]) == nil)
+            #expect(try cluster.execute(sender, ClusterMessages.notify([Cell(5)])) == nil)
         }
         try pollUntil("the receiver to be woken") { woken.value.count == 3 }
         #expect(Set(woken.value) == ["5"])

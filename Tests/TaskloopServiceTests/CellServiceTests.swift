@@ -102,7 +102,7 @@ extension CellServiceTests {
         #expect((cancelled["error"] as? [String: Any])?["code"] as? String == "dependency_failed")
         // A retry of the dependency brings its dependent back, across the cells again.
         #expect(try client.call("POST", "/tasks/\(doomedID)/retry").status == 200)
-        _ = try client.waitForState(cascadedID, "pending")
+        try pollUntil("the dependent to come back", timeout: 10) { try client.task(cascadedID)["state"] as? String == "pending" }
         try service.stop()
     }
 }
