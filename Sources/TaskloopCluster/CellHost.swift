@@ -94,6 +94,8 @@ public final class CellHost {
     private var announcedCells: Set<Cell> = []
     private var announcesEvents = false
     private var announcing = false
+    /// A commit is in flight (`commitDirtyCells`).
+    private var isCommitting = false
 
     public init(loop: EventLoop, keeper settings: CellKeeper.Settings, makeEngine: @escaping (Cell) -> Engine,
                 eventsOf: @escaping ([EngineEvent]) -> [ClusterEvents.Written]) throws(UVError) {
@@ -104,14 +106,20 @@ public final class CellHost {
         reader = PGConnection(loop: loop)
         self.makeEngine = makeEngine
         self.eventsOf = eventsOf
-        endOfTurn = try LoopCheck(loop: loop) { [unowned self] in commitDirtyCells() }
-        committer.onEpochAdvanced = { [unowned self] cell, epoch in
+        // Weak: engines, keeper and committer may call back after the host has gone (an engine
+        // a pending answer still holds, a timer), and then there is nothing to do.
+        endOfTurn = try LoopCheck(loop: loop) { [weak self] in self?.commitDirtyCells() }
+        committer.onEpochAdvanced = { [weak self] cell, epoch in
+            guard let self else { return }
             cells[cell]?.epoch = epoch
             keeper.epochAdvanced(cell, to: epoch)
         }
-        keeper.onOpen = { [unowned self] cell, epoch in open(cell, epoch: epoch) }
-        keeper.onDrain = { [unowned self] cell, done in drain(cell, done) }
-        keeper.onClose = { [unowned self] cell, _ in close(cell) }
+        keeper.onOpen = { [weak self] cell, epoch in self?.open(cell, epoch: epoch) }
+        keeper.onDrain = { [weak self] cell, done in
+            guard let self else { return done() }
+            drain(cell, done)
+        }
+        keeper.onClose = { [weak self] cell, _ in self?.close(cell) }
     }
 
     /// Connects the reader, then joins the cluster; `completion` runs once the keeper has the
@@ -187,8 +195,11 @@ public final class CellHost {
         let wroteEvents: Bool
     }
 
-    /// Every cell the loop turn changed commits in one transaction: one flush for all.
+    /// Every cell changed since the last commit commits in one transaction: one flush for all.
+    /// One commit is in flight at a time; what changes meanwhile goes in the next, so commits
+    /// grow with the load instead of queueing behind each other's flushes (group commit).
     private func commitDirtyCells() {
+        guard !isCommitting else { return }
         var parts: [PendingPart] = []
         var eventsWritten = 0
         for cell in cells.keys.sorted() {
@@ -218,7 +229,14 @@ public final class CellHost {
         }
         guard !parts.isEmpty else { return }
         sent += 1
+        isCommitting = true
         send(parts, number: sent)
+    }
+
+    /// A commit's outcome is known (and its part resent if that was needed): the next may go.
+    private func commitEnded() {
+        isCommitting = false
+        if !isClosed { commitDirtyCells() }
     }
 
     private func send(_ parts: [PendingPart], number: Int) {
@@ -229,6 +247,7 @@ public final class CellHost {
                 for part in parts { settle(part, outcome) }
                 announce(parts)
                 answered(number, failed: [])
+                commitEnded()
             case .deposed(let lost):
                 // Those cells are another replica's now; the others' writes stand on their own.
                 let lost = Set(lost.isEmpty ? parts.map(\.part.cell) : lost)
@@ -238,6 +257,7 @@ public final class CellHost {
                 for part in kept where !isCurrent(part) { settle(part, .failed("closed meanwhile")) }
                 if current.isEmpty {
                     answered(number, failed: Set(parts.map(\.part.cell)))
+                    commitEnded()
                 } else {
                     failedCommits.append((number, Set(gone.map(\.part.cell))))
                     send(current, number: number)
@@ -245,6 +265,7 @@ public final class CellHost {
             case .failed, .unknown:
                 for part in parts { settle(part, outcome) }
                 answered(number, failed: Set(parts.map(\.part.cell)))
+                commitEnded()
             }
         }
     }
@@ -372,7 +393,10 @@ public final class CellHost {
 
     private func serve(_ hosted: HostedCell, _ state: StoredState) throws {
         let engine = makeEngine(hosted.cell)
-        engine.addObserver { [unowned self, unowned hosted] events in record(events, of: hosted) }
+        engine.addObserver { [weak self, weak hosted] events in
+            guard let self, let hosted else { return }
+            record(events, of: hosted)
+        }
         try engine.restore(queues: state.queues, workflows: state.workflows, tasks: state.tasks)
         hosted.engine = engine
         hosted.lastMessage = 0
@@ -380,6 +404,12 @@ public final class CellHost {
         hosted.phase = .open
         onOpened?(engine, state.idempotencyKeys)
         readInbox(of: hosted)
+    }
+
+    /// Reads on the host's reading connection (lists from every cell's records).
+    public func read(_ queries: [PGQuery], _ completion: @escaping (Result<[PGResult], PGError>) -> Void) {
+        guard !isClosed else { return completion(.failure(PGError(message: "the replica is stopping"))) }
+        reader.execute(queries, completion)
     }
 
     // MARK: messages from other cells

@@ -237,6 +237,9 @@ public final class CellKeeper {
         connection.execute([ClusterSchema.claim(cell, from: epoch, settings)]) { [weak self] result in
             guard let self else { return }
             if case .success(let results) = result, results[0].rowCount == 1, let epoch = results[0].int(0, 0) {
+                // The others learn the new owner now, not at their next renewal: requests they
+                // hold for the moving cell go on at once.
+                connection.execute([ClusterSchema.announceChange(settings)]) { _ in }
                 update { $0.claimed(cell, epoch: UInt64(epoch), now: Self.now()) }
             } else {
                 update { ownership in

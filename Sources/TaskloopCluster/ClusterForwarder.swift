@@ -135,8 +135,18 @@ public final class ClusterForwarder {
             for value in values { fields.append(HTTPHeaderField(name, value)) }
             if values.isEmpty && Self.fieldsCurlWrites.contains(name) { fields.append(HTTPHeaderField(name, "")) }
         }
-        fields.append(HTTPHeaderField(Self.forwardedByField, replica))
+        fields.append(HTTPHeaderField(Self.forwardedByField, (Self.forwardedBy(request) + [replica]).joined(separator: ", ")))
         return fields
+    }
+
+    /// The replicas a request came through, in order (`Taskloop-Forwarded-By`). A replica
+    /// forwards only a request that has not come through it: a cell that moves while its
+    /// request is on the way is followed, and no request goes round in a loop. A client may
+    /// name replicas too; the worst it can do is keep its own request from being forwarded.
+    public static func forwardedBy(_ request: HTTPRequest) -> [String] {
+        request.headers.values(for: forwardedByField).flatMap { $0.split(separator: ",") }
+            .map { String($0.filter { $0 != " " && $0 != "\t" }) }
+            .filter { name in !name.isEmpty && name.utf8.allSatisfy { (0x21...0x7E).contains($0) } }
     }
 
     /// The query as `?name=value&...`, each part percent-encoded anew: the request keeps its

@@ -42,6 +42,10 @@ extension TaskloopApplication {
         metrics = ServiceMetrics(kinds: executors.keys.sorted(), routes: routes)
         metrics.cellSeries()
         installRoutes(routes)
+        let reads = cellReadHandlers()
+        for route in routes {
+            if let handler = reads["\(route.method) \(route.pattern)"] { cellReads[route.index] = handler }
+        }
         let server = makeServer()
         let address: SocketAddress
         do {
@@ -83,7 +87,8 @@ extension TaskloopApplication {
         }
         host.onOpened = { [unowned self, unowned idempotency] engine, keys in
             idempotency.absorb(keys, expired: [])
-            engine.addObserver { [unowned self] events in settled(events) }
+            // An engine may outlive the application in an answer still pending: weak.
+            engine.addObserver { [weak self] events in self?.settled(events) }
         }
         var outcome: Result<CellLayout, PGError>?
         host.start { outcome = $0 }
@@ -109,29 +114,106 @@ extension TaskloopApplication {
         return "\(getpid())-" + String(random.next(), radix: 36)
     }
 
-    /// Stopping with cells: nothing new starts; once the server has closed, every cell is
-    /// drained (what runs here stops and is queued again for its next owner) and released.
-    func stopCells(grace: UInt64) {
+    /// Stopping with cells: nothing new starts; every cell is drained (what runs here stops and
+    /// is queued again for its next owner) and released; then `released` (the server closes).
+    func stopCells(_ released: @escaping () -> Void) {
         for engine in cellHost?.openEngines ?? [] { engine.haltDispatch() }
         waiters.answerAll()
         leaseCalls.answerAll()
         eventLog.finishAll()
-        guard let host = cellHost else { return }
+        guard let host = cellHost else { return released() }
         host.stop { [unowned self] in
             cellHost = nil
-            forwarder?.close()
-            forwarder = nil
+            released()
             finishStopping()
         }
     }
 
+    /// The routes any replica answers from the cells' records in the database, by route
+    /// pattern and method, and those not served on cells yet.
+    func cellReadHandlers() -> [String: ServiceHandler] {
+        let notYet: ServiceHandler = { _, _ in
+            throw APIProblem(.notImplemented, detail: "Event streams and webhooks are not served with --replication cells yet "
+                + "(issue 25); use --replication turns for them.", code: "not_implemented")
+        }
+        var handlers: [String: ServiceHandler] = [
+            "GET /tasks": { [unowned self] request, reply in
+                let listing = try ClusterLists.taskListing(request)
+                readFromCells(reply, { [unowned self] execute, done in
+                    // The position first: a stream resumed after it misses nothing the list did not show.
+                    execute([ClusterEvents.now()]) { [unowned self] result in
+                        let results: [PGResult]
+                        switch result {
+                        case .failure(let error): return done(.failure(error))
+                        case .success(let value): results = value
+                        }
+                        let position = ClusterEvents.position(of: results[0])
+                        ClusterLists.tasks(listing, maxResponseBytes: configuration.maxResponseBytes, execute: execute) { page in
+                            done(page.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) })
+                        }
+                    }
+                })
+            },
+            "GET /workflows/{id}": { [unowned self] request, reply in
+                let text = request.parameters["id"] ?? ""
+                guard let id = TaskID(text) else { throw APIProblem(.notFound, detail: "No workflow \(text).") }
+                readFromCells(reply, { execute, done in
+                    ClusterLists.workflow(id, execute: execute) { result in
+                        done(result.map { $0.map { .json(.ok, $0) } ?? APIProblem(.notFound, detail: "No workflow \(text).").response() })
+                    }
+                })
+            },
+            "GET /queues": { [unowned self] _, reply in
+                let wallClock = scheduler?.wallClock ?? 0, queues = queuesHere
+                readFromCells(reply, { [unowned self] execute, done in
+                    ClusterLists.queues(defaultConcurrency: configuration.engine.defaultConcurrency, at: wallClock,
+                                        live: { queues[$0] }, execute: execute) { done($0.map { .json(.ok, $0) }) }
+                })
+            },
+            "GET /queues/{name}": { [unowned self] request, reply in
+                let name = request.parameters["name"] ?? "", wallClock = scheduler?.wallClock ?? 0, queues = queuesHere
+                readFromCells(reply, { [unowned self] execute, done in
+                    ClusterLists.queue(named: name, defaultConcurrency: configuration.engine.defaultConcurrency, at: wallClock,
+                                       live: { queues[$0] }, execute: execute) { result in
+                        done(result.map { $0.map { .json(.ok, $0) } ?? APIProblem(.notFound, detail: "No queue \(name).").response() })
+                    }
+                })
+            },
+        ]
+        for route in ["GET /events", "GET /tasks/{id}/events", "POST /webhooks", "GET /webhooks", "GET /webhooks/{id}",
+                      "DELETE /webhooks/{id}", "GET /webhooks/{id}/deliveries"] {
+            handlers[route] = notYet
+        }
+        return handlers
+    }
+
+    /// Answers from a read of the cells' records; a database that cannot be read is 503.
+    private func readFromCells(_ reply: Reply,
+                               _ read: (@escaping ClusterLists.Execute, @escaping (Result<HTTPResponse, PGError>) -> Void) -> Void) {
+        guard let host = cellHost else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
+        read({ queries, completion in host.read(queries, completion) }) { result in
+            switch result {
+            case .success(let response): reply.send(response)
+            case .failure: reply.send(Self.sharedDatabaseUnavailable.response())
+            }
+        }
+    }
+
     /// Routes a request to the cell its route names: served here, forwarded to the owner, or
-    /// held while the cell moves (up to `movingCellWaitMilliseconds`).
+    /// held while the cell moves (up to `movingCellWaitMilliseconds`). Lists and reads of
+    /// whole workflows and queues are answered here from the database.
     func serveInCell(_ route: Route, _ request: HTTPRequest, _ reply: Reply, waitedMilliseconds: UInt64 = 0) {
         guard let host = cellHost else { return reply.send(Self.cellMoving.response()) }
+        if let handler = cellReads[route.index] {
+            do {
+                try handler(request, reply)
+            } catch {
+                reply.send(errorResponse(for: error))
+            }
+            return
+        }
         guard let cell = cell(of: route, request, host) else {
-            // Lists and streams read every cell; served from what this replica holds until they
-            // read the database.
+            // An id that names no cell: any engine here answers the 404.
             var reply = reply
             reply.engine = host.openEngines.first
             guard reply.engine != nil else { return reply.send(Self.cellMoving.response()) }
@@ -142,7 +224,7 @@ extension TaskloopApplication {
             var reply = reply
             reply.engine = engine
             run(route, request, reply)
-        case .elsewhere(let address) where request.headers[ClusterForwarder.forwardedByField] == nil:
+        case .elsewhere(let address) where !ClusterForwarder.forwardedBy(request).contains(configuration.sharedDatabase?.replica ?? ""):
             guard let forwarder else { return reply.send(Self.cellMoving.response()) }
             metrics.requestForwarded()
             // An owner that cannot be reached is often one that is leaving: the request waits
@@ -153,10 +235,21 @@ extension TaskloopApplication {
                     self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds)
                 }
             } : nil
-            forwarder.forward(request, to: address, whenUnreachable: waitsAgain) { response in reply.send(response) }
+            forwarder.forward(request, to: address, whenUnreachable: waitsAgain) { response in
+                // A read whose exchange broke (the owner closing a kept-alive connection as it
+                // leaves) is asked again: reads change nothing.
+                if response.status.code == 502, request.method == .GET || request.method == .HEAD, let waitsAgain {
+                    return waitsAgain()
+                }
+                // The owner did not take it (its cell moved on, or it is stopping): changed
+                // nothing, so it goes where the cell is now.
+                if response.status.code == 503, let waitsAgain { return waitsAgain() }
+                reply.send(response)
+            }
         case .elsewhere, .moving:
-            // A request forwarded here for a cell this replica no longer serves waits for the
-            // cell to come back here rather than going on: one hop, never a loop.
+            // A request another replica forwarded goes back to it at once: it learns where
+            // the cell went sooner than this one may, and holds the request meanwhile.
+            if !ClusterForwarder.forwardedBy(request).isEmpty { return reply.send(Self.cellMoving.response()) }
             guard waitedMilliseconds < Self.movingCellWaitMilliseconds, let scheduler else {
                 return reply.send(Self.cellMoving.response())
             }

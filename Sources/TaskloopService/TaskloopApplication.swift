@@ -42,6 +42,8 @@ public final class TaskloopApplication {
     var cellHost: CellHost?
     /// With cells: sends requests for other replicas' cells to their owners.
     var forwarder: ClusterForwarder?
+    /// With cells: the routes answered from the cells' records instead of an engine, by index.
+    var cellReads: [Int: ServiceHandler] = [:]
     private(set) var scheduler: LoopScheduler?
     private(set) var httpClient: HTTPClient?
     var server: HTTPServer?
@@ -274,6 +276,8 @@ public final class TaskloopApplication {
         orphanReaper?.close()
         orphanReaper = nil
         webhooks?.close()
+        forwarder?.close()
+        forwarder = nil
         httpClient?.close()
         httpClient = nil
         // The store's threads end before anything they point at goes away (a port in use
@@ -297,17 +301,14 @@ public final class TaskloopApplication {
         let grace = configuration.shutdownGraceMilliseconds
         execExecutor?.stopBy(loop.now + grace)
         execExecutor?.onIdle = { [unowned self] in finishStopping() }
-        if let server {
-            server.shutdown(gracePeriodMilliseconds: grace) { [unowned self] in
-                serverClosed = true
-                finishStopping()
-            }
-        } else {
-            serverClosed = true
-        }
         if cellHost != nil {
-            stopCells(grace: grace)
-        } else if let engine, let scheduler {
+            // The server answers on until the cells have moved: requests other replicas send
+            // for them meanwhile are held, then go to the cells' next owners.
+            stopCells { [unowned self] in closeServer(grace: grace) }
+        } else {
+            closeServer(grace: grace)
+        }
+        if cellHost == nil, let engine, let scheduler {
             if durable != nil {
                 // The state is kept: nothing new starts, running work has the grace to finish,
                 // and what still runs then is stopped and runs again after the restart.
@@ -329,6 +330,17 @@ public final class TaskloopApplication {
             }
         }
         finishStopping()
+    }
+
+    private func closeServer(grace: UInt64) {
+        guard let server else {
+            serverClosed = true
+            return
+        }
+        server.shutdown(gracePeriodMilliseconds: grace) { [unowned self] in
+            serverClosed = true
+            finishStopping()
+        }
     }
 
     static let sharedDatabaseUnavailable = APIProblem(
@@ -476,6 +488,9 @@ public final class TaskloopApplication {
         // Webhook attempts end unrecorded (they are made again after a restart), then cancelling
         // has removed every transfer; this frees curl's connection cache and handles.
         webhooks?.close()
+        // With cells, forwards still in flight are answered 503 (the server has closed).
+        forwarder?.close()
+        forwarder = nil
         httpClient?.close()
         httpClient = nil
         // What the last turns changed is written before the process may end.

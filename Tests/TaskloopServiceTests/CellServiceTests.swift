@@ -151,3 +151,43 @@ extension CellServiceTests {
         try first.stop()
     }
 }
+
+extension CellServiceTests {
+    /// Lists read every cell's records, on any replica, as a single server lists its tasks.
+    @Test func listsOnAnyReplicaShowEveryCell() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.cellReplica(url, name: "l0")
+        let second = try Self.cellReplica(url, name: "l1")
+        try Self.waitForEveryCell([first, second])
+        let client = try APIClient(ports: [first.port, second.port])
+        var ids: [String] = []
+        for index in 0..<12 {
+            ids.append(try #require(try client.submit(#"{"kind":"noop","queue":"list\#(index)","name":"n\#(index)"}"#)["id"] as? String))
+        }
+        for id in ids { _ = try client.waitForState(id, "succeeded") }
+        let workflow = try client.call("POST", "/workflows", json: #"{"name":"w","tasks":[{"key":"a","kind":"noop","queue":"list0"},{"key":"b","kind":"noop","queue":"list0","dependencies":["a"]}]}"#)
+        #expect(workflow.status == 201)
+        let workflowID = try #require(workflow.json["id"] as? String)
+        _ = try client.waitForWorkflowToEnd(workflowID, timeout: 10)
+        for port in [first.port, second.port] {
+            let each = try APIClient(port: port)
+            let page = try each.call("GET", "/tasks?limit=1000")
+            #expect(page.status == 200 && page.header("Event-Seq")?.count == 24)
+            let listed = (page.json["tasks"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
+            #expect(Set(ids).isSubset(of: Set(listed)) && listed.count == ids.count + 2)
+            #expect(listed == listed.sorted(by: >), "newest first")
+            let named = try each.call("GET", "/tasks?name=n3").json["tasks"] as? [[String: Any]]
+            #expect(named?.compactMap { $0["id"] as? String } == [ids[3]])
+            let queues = (try each.call("GET", "/queues").json["queues"] as? [[String: Any]] ?? []).compactMap { $0["name"] as? String }
+            #expect(Set((0..<12).map { "list\($0)" }).isSubset(of: Set(queues)))
+            let queue = try each.call("GET", "/queues/list3")
+            #expect(queue.status == 200 && (queue.json["counts"] as? [String: Any])?["succeeded"] as? Int == 1)
+            #expect(try each.call("GET", "/queues/none-such").status == 404)
+            let read = try each.call("GET", "/workflows/\(workflowID)")
+            #expect(read.status == 200 && read.json["state"] as? String == "succeeded" && (read.json["tasks"] as? [Any])?.count == 2)
+            #expect(try each.call("GET", "/events").status == 501)
+        }
+        try second.stop()
+        try first.stop()
+    }
+}
