@@ -154,7 +154,8 @@ import TaskloopTestSupport
             }
         }
         #expect(cuts == 8, "the feed's session was ended \(cuts) times")
-        try pollUntil("the feed to see the last cut", timeout: 20) { feed.troubles.value == cuts }
+        // A cut may also fail a read under way: at least one trouble each.
+        try pollUntil("the feed to see the last cut", timeout: 20) { feed.troubles.value >= cuts }
         #expect(try cluster.execute(writer, ClusterEvents.insert([Self.event("last")], cell: Cell(0))) == nil)
         written.append("last")
         try pollUntil("every event", timeout: 20) { feed.delivered.value.count >= written.count }
