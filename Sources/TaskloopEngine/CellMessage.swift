@@ -1,3 +1,5 @@
+import TaskloopJSON
+
 /// What one cell's engine tells another about a dependency across cells (docs/SCALING.md,
 /// "Under way: cells"). A message leaves its engine as an `EngineEvent.messageSent` in the
 /// settled batch of the change that made it, so a store commits it with that change; the
@@ -15,12 +17,47 @@
 ///
 /// `epoch` is how many times D had been brought back when the message was sent: W ignores an
 /// end or a reopening older than what it already applied for D.
-public struct CellMessage: Sendable, Hashable, CustomStringConvertible {
+///
+/// Workflows across cells (Engine+Workflows), per workflow F, its home cell H (the cell F's
+/// id carries) and each other cell M holding members of it:
+/// - `members` (H to M): create these members of `workflow` (`members`, specs in full,
+///   dependencies resolved to ids). Checked in H already: M refuses nothing.
+/// - `memberChanged` (M to H): member `dependency` of `workflow` ended, was brought back, or
+///   progressed: its `state` (pending for brought back) and progress `fraction` now.
+/// - `cancelMembers`, `retryMembers` (H to M): cancel, or retry, M's members of `workflow`, as
+///   `cancelWorkflow` and `retryWorkflow` do with H's own.
+///
+/// A cell must apply a workflow message from H before any message sent to it after that one
+/// (whoever sent it): a member cell's watch of a sibling must not reach the sibling's cell
+/// before the sibling does. The cluster's inbox does so: it is one sequence, read in order,
+/// and a message is sent only in the commit of what caused it.
+public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
     public enum Kind: UInt8, Sendable {
         case watch = 1
         case ended = 2
         case reopened = 3
         case missing = 4
+        case members = 5
+        case memberChanged = 6
+        case cancelMembers = 7
+        case retryMembers = 8
+
+        /// Workflow kinds (5 and up) name a workflow and take the longer encoding.
+        var isAboutWorkflow: Bool { rawValue >= Kind.members.rawValue }
+    }
+
+    /// A workflow member a home cell tells another cell to create.
+    public struct Member: Sendable, Equatable {
+        public var id: TaskID
+        /// Dependencies are `.task` ids, siblings' resolved.
+        public var spec: TaskSpec
+        public var createdAt: Int64
+
+        public init(id: TaskID, spec: TaskSpec, createdAt: Int64) {
+            self.id = id
+            self.spec = spec
+            self.createdAt = createdAt
+        }
     }
 
     public var kind: Kind
@@ -28,8 +65,14 @@ public struct CellMessage: Sendable, Hashable, CustomStringConvertible {
     public var to: UInt16
     public var dependency: TaskID
     public var epoch: UInt32
-    /// The terminal state `ended` reports; nil for the other kinds.
+    /// The terminal state `ended` reports, the member's state `memberChanged` reports; nil for the other kinds.
     public var state: TaskState?
+    /// The workflow of the workflow kinds; nil for the others.
+    public var workflow: TaskID?
+    /// `members`' tasks to create.
+    public var members: [Member]
+    /// The member's progress `memberChanged` reports.
+    public var fraction: Double?
 
     public init(_ kind: Kind, from: UInt16, to: UInt16, dependency: TaskID, epoch: UInt32 = 0, state: TaskState? = nil) {
         self.kind = kind
@@ -38,53 +81,199 @@ public struct CellMessage: Sendable, Hashable, CustomStringConvertible {
         self.dependency = dependency
         self.epoch = epoch
         self.state = state
+        workflow = nil
+        members = []
+        fraction = nil
+    }
+
+    /// A workflow kind's message; `dependency` is the member `memberChanged` reports on (else the workflow).
+    public init(_ kind: Kind, from: UInt16, to: UInt16, workflow: TaskID, member: TaskID? = nil, epoch: UInt32 = 0,
+                state: TaskState? = nil, fraction: Double? = nil, members: [Member] = []) {
+        self.init(kind, from: from, to: to, dependency: member ?? workflow, epoch: epoch, state: state)
+        self.workflow = workflow
+        self.fraction = fraction
+        self.members = members
     }
 
     public var description: String {
-        "\(kind)(\(dependency)@\(epoch)\(state.map { " \($0.rawValue)" } ?? "")) \(from)->\(to)"
+        let about = workflow.map { workflow in
+            "\(workflow)\(dependency == workflow ? "" : " \(dependency)")\(members.isEmpty ? "" : " \(members.count) members")"
+        } ?? "\(dependency)"
+        return "\(kind)(\(about)@\(epoch)\(state.map { " \($0.rawValue)" } ?? "")) \(from)->\(to)"
     }
 
     // MARK: bytes
 
-    /// The encoding's version, its first byte.
+    /// The encoding's version, its first byte: 1 for the dependency kinds, 2 for the workflow kinds.
     static let version: UInt8 = 1
-    /// Version, kind, from, to, dependency (16), epoch, state: big-endian.
+    static let workflowVersion: UInt8 = 2
+    /// Version 1's size: version, kind, from, to, dependency (16), epoch, state; big-endian.
     public static let encodedSize = 27
 
-    /// The stable binary form a store keeps.
+    /// The stable binary form a store keeps. Version 2 is version 1's fields (its state byte
+    /// codes every state), then the workflow (16), the fraction (a presence byte, then its 8
+    /// bytes), and the members (a count, then each: id, created at, the spec's fields in a
+    /// fixed order, strings and JSON as a 4-byte length and UTF-8).
     public var encoded: [UInt8] {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(Self.encodedSize)
-        bytes.append(Self.version)
+        bytes.append(kind.isAboutWorkflow ? Self.workflowVersion : Self.version)
         bytes.append(kind.rawValue)
         Self.append(UInt64(from), bytes: 2, to: &bytes)
         Self.append(UInt64(to), bytes: 2, to: &bytes)
-        Self.append(dependency.high, bytes: 8, to: &bytes)
-        Self.append(dependency.low, bytes: 8, to: &bytes)
+        Self.append(dependency, to: &bytes)
         Self.append(UInt64(epoch), bytes: 4, to: &bytes)
-        // 0 for none, else 1 + its place among the terminal states.
-        bytes.append(state.flatMap { Self.terminalStates.firstIndex(of: $0) }.map { UInt8($0 + 1) } ?? 0)
+        // 0 for none, else 1 + its place among the states (terminal ones first, as version 1 has them).
+        bytes.append(state.flatMap { Self.states.firstIndex(of: $0) }.map { UInt8($0 + 1) } ?? 0)
+        guard kind.isAboutWorkflow else { return bytes }
+        Self.append(workflow ?? dependency, to: &bytes)
+        bytes.append(fraction == nil ? 0 : 1)
+        if let fraction { Self.append(fraction.bitPattern, bytes: 8, to: &bytes) }
+        Self.append(UInt64(members.count), bytes: 4, to: &bytes)
+        for member in members { Self.append(member, to: &bytes) }
         return bytes
     }
 
     /// Reads `encoded`'s form; nil for anything else (another length, version, kind or state).
     public init?(encoded bytes: some Collection<UInt8>) {
-        let bytes = Array(bytes)
-        guard bytes.count == Self.encodedSize, bytes[0] == Self.version, let kind = Kind(rawValue: bytes[1]) else { return nil }
-        func read(_ start: Int, _ count: Int) -> UInt64 {
-            bytes[start..<start + count].reduce(0) { $0 << 8 | UInt64($1) }
+        var reader = Reader(bytes: Array(bytes))
+        guard let version = reader.byte(), let kind = reader.byte().flatMap(Kind.init(rawValue:)),
+              version == (kind.isAboutWorkflow ? Self.workflowVersion : Self.version),
+              let from = reader.integer(2), let to = reader.integer(2), let dependency = reader.id(),
+              let epoch = reader.integer(4), let stateCode = reader.byte().map(Int.init),
+              stateCode <= (version == Self.version ? Self.terminalStateCount : Self.states.count) else { return nil }
+        let state = stateCode == 0 ? nil : Self.states[stateCode - 1]
+        guard (kind == .ended || kind == .memberChanged) == (state != nil) else { return nil }
+        self.init(kind, from: UInt16(from), to: UInt16(to), dependency: dependency, epoch: UInt32(epoch), state: state)
+        if kind.isAboutWorkflow {
+            guard let workflow = reader.id(), let hasFraction = reader.byte(), hasFraction <= 1 else { return nil }
+            self.workflow = workflow
+            if hasFraction == 1 {
+                guard let bits = reader.integer(8) else { return nil }
+                fraction = Double(bitPattern: bits)
+            }
+            guard let count = reader.integer(4), count <= reader.remaining else { return nil }
+            for _ in 0..<count {
+                guard let member = reader.member() else { return nil }
+                members.append(member)
+            }
         }
-        let stateCode = Int(bytes[26])
-        guard stateCode <= Self.terminalStates.count else { return nil }
-        let state = stateCode == 0 ? nil : Self.terminalStates[stateCode - 1]
-        guard (kind == .ended) == (state != nil) else { return nil }
-        self.init(kind, from: UInt16(read(2, 2)), to: UInt16(read(4, 2)),
-                  dependency: TaskID(high: read(6, 8), low: read(14, 8)), epoch: UInt32(read(22, 4)), state: state)
+        guard reader.remaining == 0 else { return nil }
     }
 
-    private static let terminalStates: [TaskState] = [.succeeded, .failed, .cancelled]
+    private static let states: [TaskState] = [.succeeded, .failed, .cancelled, .pending, .queued, .running]
+    private static let terminalStateCount = 3
 
     private static func append(_ value: UInt64, bytes count: Int, to bytes: inout [UInt8]) {
         for shift in stride(from: (count - 1) * 8, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+    }
+
+    private static func append(_ id: TaskID, to bytes: inout [UInt8]) {
+        append(id.high, bytes: 8, to: &bytes)
+        append(id.low, bytes: 8, to: &bytes)
+    }
+
+    private static func append(_ text: [UInt8]?, to bytes: inout [UInt8]) {
+        guard let text else { return append(UInt64(UInt32.max), bytes: 4, to: &bytes) }
+        append(UInt64(text.count), bytes: 4, to: &bytes)
+        bytes += text
+    }
+
+    private static func append(_ member: Member, to bytes: inout [UInt8]) {
+        let spec = member.spec
+        append(member.id, to: &bytes)
+        append(UInt64(bitPattern: member.createdAt), bytes: 8, to: &bytes)
+        append(Array(spec.kind.utf8), to: &bytes)
+        append(spec.params.encoded, to: &bytes)
+        append(spec.name.map { Array($0.utf8) }, to: &bytes)
+        append(Array(spec.queue.utf8), to: &bytes)
+        append(UInt64(bitPattern: Int64(spec.priority)), bytes: 8, to: &bytes)
+        append(UInt64(spec.dependencies.count), bytes: 4, to: &bytes)
+        for case .task(let id) in spec.dependencies { append(id, to: &bytes) }
+        bytes.append(spec.onDependencyFailure == .cancel ? 0 : 1)
+        bytes.append(spec.timeoutMilliseconds == nil ? 0 : 1)
+        if let timeout = spec.timeoutMilliseconds { append(timeout, bytes: 8, to: &bytes) }
+        append(UInt64(bitPattern: Int64(spec.retry.maxAttempts)), bytes: 8, to: &bytes)
+        append(spec.retry.backoffMilliseconds, bytes: 8, to: &bytes)
+        append(spec.retry.backoffFactor.bitPattern, bytes: 8, to: &bytes)
+        append(spec.metadata?.encoded, to: &bytes)
+    }
+
+    private struct Reader {
+        let bytes: [UInt8]
+        var position = 0
+
+        var remaining: Int { bytes.count - position }
+
+        mutating func byte() -> UInt8? {
+            guard position < bytes.count else { return nil }
+            position += 1
+            return bytes[position - 1]
+        }
+
+        mutating func integer(_ count: Int) -> UInt64? {
+            guard remaining >= count else { return nil }
+            defer { position += count }
+            return bytes[position..<position + count].reduce(0) { $0 << 8 | UInt64($1) }
+        }
+
+        mutating func id() -> TaskID? {
+            guard let high = integer(8), let low = integer(8) else { return nil }
+            return TaskID(high: high, low: low)
+        }
+
+        /// A length-prefixed byte string; `.some(nil)` for the absent one.
+        mutating func text() -> [UInt8]?? {
+            guard let count = integer(4) else { return nil }
+            if count == UInt64(UInt32.max) { return .some(nil) }
+            guard count <= remaining else { return nil }
+            defer { position += Int(count) }
+            return .some(Array(bytes[position..<position + Int(count)]))
+        }
+
+        mutating func string() -> String? {
+            guard case .some(.some(let text)) = text() else { return nil }
+            return String(validating: text, as: UTF8.self)
+        }
+
+        mutating func json() -> JSONValue?? {
+            guard case .some(let text) = text() else { return nil }
+            guard let text else { return .some(nil) }
+            guard let value = try? JSONParser.parse(text) else { return nil }
+            return .some(value)
+        }
+
+        mutating func member() -> Member? {
+            guard let id = id(), let createdAt = integer(8), let kind = string(), case .some(.some(let params)) = json(),
+                  case .some(let name) = text(), let queue = string(), let priority = integer(8),
+                  let count = integer(4), count <= remaining else { return nil }
+            var dependencies: [DependencyReference] = []
+            for _ in 0..<count {
+                guard let dependency = self.id() else { return nil }
+                dependencies.append(.task(dependency))
+            }
+            guard let policy = byte(), policy <= 1, let hasTimeout = byte(), hasTimeout <= 1 else { return nil }
+            var timeout: UInt64?
+            if hasTimeout == 1 {
+                guard let value = integer(8) else { return nil }
+                timeout = value
+            }
+            guard let maxAttempts = integer(8), let backoff = integer(8), let factor = integer(8),
+                  case .some(let metadata) = json() else { return nil }
+            let nameText: String?
+            if let name {
+                guard let decoded = String(validating: name, as: UTF8.self) else { return nil }
+                nameText = decoded
+            } else {
+                nameText = nil
+            }
+            let spec = TaskSpec(
+                kind: kind, params: params, name: nameText, queue: queue, priority: Int(Int64(bitPattern: priority)),
+                dependencies: dependencies, onDependencyFailure: policy == 0 ? .cancel : .run, timeoutMilliseconds: timeout,
+                retry: RetryPolicy(maxAttempts: Int(Int64(bitPattern: maxAttempts)), backoffMilliseconds: backoff,
+                                   backoffFactor: Double(bitPattern: factor)),
+                metadata: metadata)
+            return Member(id: id, spec: spec, createdAt: Int64(bitPattern: createdAt))
+        }
     }
 }

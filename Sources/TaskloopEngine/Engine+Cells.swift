@@ -64,6 +64,7 @@ extension Engine {
             case .watch: watch(message)
             case .ended, .missing: dependencyEnded(message)
             case .reopened: dependencyReopened(message)
+            case .members, .memberChanged, .cancelMembers, .retryMembers: applyWorkflowMessage(message)
             }
             dispatching = wasDispatching
             dispatch()

@@ -32,6 +32,7 @@ extension Engine {
             if let workflow = record.workflow, checkedWorkflows.insert(ObjectIdentifier(workflow)).inserted {
                 var counted = StateCounts()
                 for task in workflow.tasks { counted[task.state] += 1 }
+                for member in workflow.remoteMembers { counted[member.state] += 1 }
                 if counted != workflow.counts { violations.append("workflow \(workflow.id) counts \(workflow.counts), holds \(counted)") }
             }
             if !record.state.isTerminal {

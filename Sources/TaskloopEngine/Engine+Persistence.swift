@@ -6,7 +6,8 @@ extension Engine {
             id: record.id, sequence: record.sequence, kind: record.kind, params: record.params, name: record.name,
             queue: record.queue.name, priority: record.priority, dependencies: record.dependencies,
             onDependencyFailure: record.onDependencyFailure, timeoutMilliseconds: record.timeoutMilliseconds,
-            retry: record.retry, metadata: record.metadata, workflow: record.workflow?.id, createdAt: record.createdAt,
+            retry: record.retry, metadata: record.metadata,
+            workflow: record.workflow?.id ?? (cell == nil ? nil : workflowOfMember[record.id]), createdAt: record.createdAt,
             state: record.state, cancelRequested: record.cancelRequested, attempt: record.attempt,
             startedAt: record.startedAt, finishedAt: record.finishedAt, result: record.result, error: record.error,
             progress: record.progress, notBefore: record.notBefore,
@@ -20,7 +21,8 @@ extension Engine {
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
         WorkflowSnapshot(id: workflow.id, name: workflow.name, createdAt: workflow.createdAt,
-                         keys: workflow.keys.map { WorkflowSnapshot.WorkflowKey(key: $0.key, id: $0.id) })
+                         keys: workflow.keys.map { WorkflowSnapshot.WorkflowKey(key: $0.key, id: $0.id) },
+                         remoteMembers: workflow.remoteMembers)
     }
 
     public func snapshot(of queue: TaskQueue) -> QueueSnapshot {
@@ -59,10 +61,12 @@ extension Engine {
             }
             let wallClock = scheduler.wallClock
             var retainedByFinish: [TaskRecord] = []
+            var restored: [TaskRecord] = []
+            restored.reserveCapacity(ordered.count)
             for (saved, executor) in zip(ordered, executorsByTask) {
                 let record = makeRecord(from: saved, executor: executor)
                 record.queue.count(saved.state, 1)
-                tasks.append(record)
+                restored.append(record)
                 ids.continueAfter(saved.id)
                 sequence = max(sequence, saved.sequence)
                 if saved.state.isTerminal {
@@ -72,7 +76,11 @@ extension Engine {
                     unfinishedCount += 1
                 }
             }
+            // With cells, members other cells made sort by id among this cell's own.
+            if cell != nil { restored.sort { $0.id < $1.id } }
+            for record in restored { tasks.append(record) }
             for saved in savedWorkflows { makeWorkflow(from: saved) }
+            if cell != nil { restoreHostedMembers(ordered) }
             let unfinished = ordered.compactMap { saved in saved.state.isTerminal ? nil : tasks[saved.id] }
             // Dependencies first, so that what happens next (interruptions, cascades) reaches
             // every dependent; a dependency no longer kept had finished and been released.
@@ -131,13 +139,13 @@ extension Engine {
         return record
     }
 
-    /// A workflow as kept, over the tasks of it the table holds (none left: nil, not made).
+    /// A workflow as kept, over the tasks of it the table holds (nothing left to keep: nil, not made).
     @discardableResult
     func makeWorkflow(from saved: WorkflowSnapshot) -> WorkflowRecord? {
         let members = saved.keys.compactMap { key in tasks[key.id].map { (key.key, $0) } }
-        guard !members.isEmpty else { return nil }
         let workflow = WorkflowRecord(id: saved.id, name: saved.name, createdAt: saved.createdAt)
-        workflow.attach(members)
+        workflow.attach(members, keys: saved.keys.map { ($0.key, $0.id) }, remoteMembers: saved.remoteMembers)
+        guard !workflow.isSpent else { return nil }
         for (_, record) in members { record.workflow = workflow }
         workflows[workflow.id] = workflow
         ids.continueAfter(saved.id)

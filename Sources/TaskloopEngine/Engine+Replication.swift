@@ -114,6 +114,12 @@ public struct ChangeCollector {
         for record in tasks where seen.insert(ObjectIdentifier(record)).inserted {
             changes.tasks.append(engine.snapshot(of: record))
         }
+        let reported = engine.takeReportedWorkflows()
+        for workflow in reported.changed where !workflows.contains(where: { $0 === workflow }) { workflows.append(workflow) }
+        if !reported.spent.isEmpty {
+            workflows.removeAll { reported.spent.contains($0.id) }
+            evictedWorkflows += reported.spent
+        }
         changes.workflows = workflows.map { engine.snapshot(of: $0) }
         changes.queues = queues.values.map { engine.snapshot(of: $0) }
         changes.evictedTasks = evictedTasks

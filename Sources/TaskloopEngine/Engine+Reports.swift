@@ -12,7 +12,9 @@ extension Engine {
         guard run.isCurrent, record.state == .running else { return false }
         if let fraction, fraction.isFinite {
             let clamped = min(1, max(0, fraction))
-            record.progress.fraction = max(record.progress.fraction ?? 0, clamped)
+            let before = record.progress.fraction
+            record.progress.fraction = max(before ?? 0, clamped)
+            if cell != nil && record.progress.fraction != before { reportToHome(record) }
         }
         if let message { record.progress.message = message }
         if let details { record.progress.details = details }

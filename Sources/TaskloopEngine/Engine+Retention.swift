@@ -66,13 +66,16 @@ extension Engine {
 
     func evict(_ record: TaskRecord) {
         tasks.remove(record.id)
-        if cell != nil { dropRemoteReferences(of: record) }
+        if cell != nil {
+            dropRemoteReferences(of: record)
+            forgetHostedMember(record)
+        }
         record.queue.count(record.state, -1)
         if isIdle(record.queue) { forget(record.queue) }
         var workflowEmptied = false
         if let workflow = record.workflow {
             workflow.evicted(record)
-            if workflow.tasks.isEmpty {
+            if workflow.isSpent {
                 workflows.removeValue(forKey: workflow.id)
                 workflowEmptied = true
             }

@@ -16,10 +16,24 @@ extension Engine {
     }
 
     /// Retries every failed or cancelled task of a workflow, as `retryTask` does; returns how
-    /// many tasks left a terminal state (dependents brought back included).
+    /// many tasks left a terminal state (dependents brought back included). With cells, the
+    /// member cells are told to retry theirs, and the count can only be what this cell knows:
+    /// its own tasks brought back, plus the remote members last reported failed or cancelled
+    /// (not their dependents there). Those remote members count as reported until their cells
+    /// report them brought back.
     public func retryWorkflow(_ id: TaskID) throws(EngineError) -> Int {
         guard let workflow = workflows[id] else { throw EngineError(.notFound, "No workflow \(id).") }
-        return try reopen(workflow.tasks.filter { $0.state == .failed || $0.state == .cancelled })
+        let retried = workflow.tasks.filter { $0.state == .failed || $0.state == .cancelled }
+        guard !workflow.remoteMembers.isEmpty else { return try reopen(retried) }
+        let dependents = cancelledDependents(of: retried.map(\.id))
+        try admit(retried.count + dependents.count)
+        return settling {
+            // First: a member there cancelled by one of these is retried as a member, as on one engine.
+            tellMemberCells(of: workflow, .retryMembers)
+            if !retried.isEmpty { bringBack(retried, dependents: dependents) }
+            return retried.count + dependents.count
+                + workflow.remoteMembers.count { $0.state == .failed || $0.state == .cancelled }
+        }
     }
 
     /// Brings `retried` back with new attempts, and their `dependency_failed` dependents with
@@ -80,7 +94,10 @@ extension Engine {
         record.blockingDependencies = 0
         record.releasedBy = []
         record.reopenings &+= 1
-        if cell != nil { tellWatchers(of: record, .reopened) }
+        if cell != nil {
+            tellWatchers(of: record, .reopened)
+            reportToHome(record)
+        }
     }
 
     /// Unfinished tasks that `reopened` released when they ended go on without waiting for

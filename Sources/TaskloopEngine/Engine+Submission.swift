@@ -72,16 +72,18 @@ extension Engine {
                           createdAt: createdAt)
     }
 
-    func register(_ record: TaskRecord) {
-        tasks.append(record)
+    /// `outOfOrder`: a workflow member another cell made, whose id may sort below others here.
+    func register(_ record: TaskRecord, outOfOrder: Bool = false) {
+        if outOfOrder { tasks.insert(record) } else { tasks.append(record) }
         emit(.submitted(record))
         unfinishedCount += 1
         record.queue.count(.pending, 1)
     }
 
     /// Checks a spec's own fields (not its dependencies) and finds its executor. `at` prefixes
-    /// field paths (`tasks[3].`).
-    func check(_ spec: TaskSpec, at: @autoclosure () -> String) throws(EngineError) -> TaskExecutor {
+    /// field paths (`tasks[3].`). A workflow's member of another cell (not `inThisCell`) makes
+    /// no queue here: its queue's limit and cell are its cell's.
+    func check(_ spec: TaskSpec, at: @autoclosure () -> String, inThisCell: Bool = true) throws(EngineError) -> TaskExecutor {
         guard let executor = executor(of: spec.kind) else {
             throw EngineError(.unknownKind, "Unknown kind \(spec.kind); known kinds: \(kinds.joined(separator: ", ")).",
                               field: "\(at())kind")
@@ -96,7 +98,7 @@ extension Engine {
         guard lastQueue?.name == spec.queue || queues[spec.queue] != nil || SubmissionValidator.isValidQueueName(spec.queue) else {
             throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "\(at())queue")
         }
-        if lastQueue?.name != spec.queue && queues[spec.queue] == nil {
+        if inThisCell && lastQueue?.name != spec.queue && queues[spec.queue] == nil {
             try makeRoomForQueues(1, field: "\(at())queue")
             if configuration.cells != nil { try checkCell(ofQueue: spec.queue, field: "\(at())queue") }
         }

@@ -7,14 +7,28 @@ extension Engine {
 
     func submitWorkflowSettling(name: String?, tasks batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> WorkflowRecord {
         guard !batch.isEmpty else { throw EngineError(.invalid, "A workflow needs at least one task.", field: "tasks") }
-        let checked = try check(batch)
+        // With cells, each member's (nil: this one's).
+        let memberCells = configuration.cells.map { cells in
+            batch.map { member -> UInt16? in
+                let owner = cells.cellOfQueue(member.spec.queue)
+                return owner == cells.cell ? nil : owner
+            }
+        }
+        if let memberCells, !memberCells.contains(nil) {
+            throw EngineError(.invalid, "No task of the workflow is in this engine's cell \(cell!): send it to the cell of its first task's queue.",
+                              field: "tasks")
+        }
+        let checked = try check(batch, memberCells: memberCells)
         try admit(batch.count)
         let now = scheduler.wallClock
         let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: now), name: name, createdAt: now)
         // Every member's id first: a task may depend on a sibling listed after it.
-        let memberIDs = batch.map { _ in ids.next(wallClockMilliseconds: now) }
-        var records: [TaskRecord] = []
+        let memberIDs = batch.indices.map { position in
+            memberCells?[position].map { ids.next(wallClockMilliseconds: now, carrying: $0) } ?? ids.next(wallClockMilliseconds: now)
+        }
+        var records: [TaskRecord?] = []
         records.reserveCapacity(batch.count)
+        var remote: [UInt16: [CellMessage.Member]] = [:]
         for (position, (member, checked)) in zip(batch, checked).enumerated() {
             let dependencyIDs = checked.dependencies.map { reference -> TaskID in
                 switch reference {
@@ -23,28 +37,47 @@ extension Engine {
                 case .sibling(let sibling): memberIDs[sibling]
                 }
             }
+            if let memberCell = memberCells?[position] {
+                var spec = member.spec
+                spec.dependencies = dependencyIDs.map { .task($0) }
+                remote[memberCell, default: []].append(CellMessage.Member(id: memberIDs[position], spec: spec, createdAt: now))
+                records.append(nil)
+                continue
+            }
             let record = makeRecord(member.spec, executor: checked.executor, dependencies: dependencyIDs, createdAt: now,
                                     id: memberIDs[position])
             record.workflow = workflow
             records.append(record)
         }
-        workflow.attach(zip(batch.map(\.key), records).map { ($0, $1) })
+        workflow.attach(zip(batch, records).compactMap { member, record in record.map { (member.key, $0) } },
+                        keys: zip(batch, memberIDs).map { ($0.key, $1) },
+                        remoteMembers: zip(records, memberIDs).compactMap { $0 == nil ? WorkflowRecord.RemoteMember(id: $1) : nil })
         workflows[workflow.id] = workflow
         emit(.workflowSubmitted(workflow))
+        // Before any watch of a member there: a cell creates its members first.
+        for (memberCell, members) in remote.sorted(by: { $0.key < $1.key }) {
+            emit(.messageSent(CellMessage(.members, from: cell!, to: memberCell, workflow: workflow.id, members: members)))
+        }
         // Nothing may start until the whole batch is linked.
         let wasDispatching = dispatching
         dispatching = true
         for (record, checked) in zip(records, checked) {
+            guard let record else { continue }
             register(record)
             for reference in checked.dependencies {
                 switch reference {
                 case .existing(let dependency): link(record, to: dependency)
                 case .remote(let id): link(record, toRemote: referenceRemote(id))
-                case .sibling(let position): link(record, to: records[position])
+                case .sibling(let position):
+                    if let sibling = records[position] {
+                        link(record, to: sibling)
+                    } else {
+                        link(record, toRemote: referenceRemote(memberIDs[position]))
+                    }
                 }
             }
         }
-        for record in records where record.state == .pending && record.blockingDependencies == 0 {
+        for case let record? in records where record.state == .pending && record.blockingDependencies == 0 {
             makeReady(record)
         }
         dispatching = wasDispatching
@@ -52,11 +85,18 @@ extension Engine {
         return workflow
     }
 
-    /// Cancels every unfinished task of a workflow; returns how many.
+    /// Cancels every unfinished task of a workflow; returns how many: with cells, its own
+    /// members cancelled here plus the remote members not known to have ended, which their
+    /// cells are told to cancel (before this cell's members end, so that each is cancelled as
+    /// a member rather than as a dependent, as on one engine).
     @discardableResult
     public func cancelWorkflow(_ id: TaskID) throws(EngineError) -> Int {
         guard let workflow = workflows[id] else { throw EngineError(.notFound, "No workflow \(id).") }
-        return cancelAll(workflow.tasks)
+        guard !workflow.remoteMembers.isEmpty else { return cancelAll(workflow.tasks) }
+        return settling {
+            tellMemberCells(of: workflow, .cancelMembers)
+            return cancelAll(workflow.tasks) + workflow.remoteMembers.count { !$0.state.isTerminal }
+        }
     }
 
     enum ResolvedDependency {
@@ -73,7 +113,9 @@ extension Engine {
     }
 
     /// Validates a workflow's tasks (keys, fields, dependencies, cycles) without changing anything.
-    func check(_ batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> [CheckedMember] {
+    /// `memberCells` (with cells) names each member's cell, nil for this one: a member of
+    /// another cell is checked as fully, but its queue is that cell's to make.
+    func check(_ batch: [(key: String, spec: TaskSpec)], memberCells: [UInt16?]? = nil) throws(EngineError) -> [CheckedMember] {
         var positions: [String: Int] = [:]
         for (index, member) in batch.enumerated() {
             guard !member.key.isEmpty else { throw EngineError(.invalid, "key must not be empty.", field: "tasks[\(index)].key") }
@@ -84,7 +126,7 @@ extension Engine {
         var checked: [CheckedMember] = []
         checked.reserveCapacity(batch.count)
         for (index, member) in batch.enumerated() {
-            let executor = try check(member.spec, at: "tasks[\(index)].")
+            let executor = try check(member.spec, at: "tasks[\(index)].", inThisCell: memberCells?[index] == nil)
             var dependencies: [ResolvedDependency] = []
             dependencies.reserveCapacity(member.spec.dependencies.count)
             duplicateStamp += 1
@@ -109,7 +151,8 @@ extension Engine {
             }
             checked.append(CheckedMember(executor: executor, dependencies: dependencies))
         }
-        let newQueues = Set(batch.lazy.map(\.spec.queue).filter { self.queues[$0] == nil })
+        let newQueues = Set(batch.indices.lazy.filter { memberCells?[$0] == nil }.map { batch[$0].spec.queue }
+            .filter { self.queues[$0] == nil })
         if newQueues.count > 1 { try makeRoomForQueues(newQueues.count, field: "tasks") }
         if let cycle = Self.findCycle(checked.map(\.dependencies)) {
             let keys = cycle.map { batch[$0].key }

@@ -155,6 +155,14 @@ public final class Engine {
     /// The cells whose tasks depend on each task that has any (Engine+Cells). Beside the records,
     /// not in them: a server on its own pays nothing for it.
     var watchersByTask: [TaskID: [UInt16]] = [:]
+    /// Members of workflows whose home is another cell, by workflow, in creation order
+    /// (Engine+CellWorkflows); and the workflow of each, by member.
+    var hostedMembers: [TaskID: [TaskRecord]] = [:]
+    var workflowOfMember: [TaskID: TaskID] = [:]
+    /// Workflows that members' reports changed, and those they left with nothing to keep,
+    /// since a store last took them (`takeReportedWorkflows`).
+    var reportedWorkflows: [WorkflowRecord] = []
+    var spentWorkflows: [TaskID] = []
     /// The remote dependencies of the list being checked, for its duplicate check.
     var claimedRemote: (stamp: UInt64, ids: [TaskID]) = (0, [])
 
@@ -267,7 +275,10 @@ public final class Engine {
     func start(_ record: TaskRecord) {
         transition(record, to: .running)
         if record.startedAt == nil { record.startedAt = scheduler.wallClock }
+        let hadFraction = record.progress.fraction != nil
         record.progress = TaskProgress()
+        // A new attempt starts from nothing: the workflow's home must not count the old fraction.
+        if hadFraction && cell != nil { reportToHome(record) }
         let run = TaskRun(link: link, record: record)
         record.run = run
         record.runner = nil
@@ -357,7 +368,10 @@ public final class Engine {
         let dependents = record.dependents
         record.dependents = []
         release(dependents, endOf: record.id, as: state, cascade: &cascade)
-        if cell != nil { tellWatchers(of: record, .ended) }
+        if cell != nil {
+            tellWatchers(of: record, .ended)
+            reportToHome(record)
+        }
         retain(record)
     }
 

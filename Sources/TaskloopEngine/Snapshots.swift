@@ -99,6 +99,8 @@ public struct WorkflowSnapshot: Sendable, Equatable {
     public var name: String?
     public var createdAt: Int64
     public var keys: [WorkflowKey]
+    /// With cells: what the members in other cells last reported (`WorkflowRecord.remoteMembers`).
+    public var remoteMembers: [WorkflowRecord.RemoteMember]
 
     public struct WorkflowKey: Sendable, Equatable {
         public var key: String
@@ -109,11 +111,13 @@ public struct WorkflowSnapshot: Sendable, Equatable {
         }
     }
 
-    public init(id: TaskID, name: String?, createdAt: Int64, keys: [WorkflowKey]) {
+    public init(id: TaskID, name: String?, createdAt: Int64, keys: [WorkflowKey],
+                remoteMembers: [WorkflowRecord.RemoteMember] = []) {
         self.id = id
         self.name = name
         self.createdAt = createdAt
         self.keys = keys
+        self.remoteMembers = remoteMembers
     }
 }
 

@@ -120,6 +120,15 @@ public struct TaskIDGenerator {
         return next
     }
 
+    /// An id for a task of another cell made here (a member of a workflow across cells, made
+    /// by the workflow's home cell, Engine+Workflows): this generator's next id carrying
+    /// `cell`. Unique: the ids this generator makes differ in their time or low word, which
+    /// the swap keeps, and `cell`'s own ids have a low word of their own, random per millisecond.
+    public mutating func next(wallClockMilliseconds: Int64, carrying cell: UInt16) -> TaskID {
+        let id = next(wallClockMilliseconds: wallClockMilliseconds)
+        return TaskID(high: id.high & ~0xFFFF | UInt64(cell), low: id.low)
+    }
+
     private mutating func lowBitsOfHigh() -> UInt64 {
         cell.map(UInt64.init) ?? random.next() >> 48
     }

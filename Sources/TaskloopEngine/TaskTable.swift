@@ -53,6 +53,16 @@ struct TaskTable {
         count += 1
     }
 
+    /// Adds a record whose id may be below others in the table: a workflow member another
+    /// cell made (Engine+Workflows). In its place by id, the slots rebuilt: O(n), for the rare
+    /// case only.
+    mutating func insert(_ record: TaskRecord) {
+        guard let last = entries.last(where: { $0 != nil }) ?? nil, record.id < last.id else { return append(record) }
+        entries.insert(record, at: endIndex(below: record.id))
+        count += 1
+        rebuild()
+    }
+
     /// Removes a record; returns false if it was not there.
     @discardableResult
     mutating func remove(_ id: TaskID) -> Bool {

@@ -100,7 +100,7 @@ public enum DependencyReference: Sendable, Equatable {
 }
 
 /// Everything a client says about a task; validated by the engine on submission.
-public struct TaskSpec: Sendable {
+public struct TaskSpec: Sendable, Equatable {
     public var kind: String
     public var params: JSONValue
     public var name: String?

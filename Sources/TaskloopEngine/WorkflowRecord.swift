@@ -5,12 +5,31 @@ public final class WorkflowRecord {
     public let id: TaskID
     public let name: String?
     public let createdAt: Int64
-    /// Its tasks in submission (= creation) order, evicted ones removed.
+    /// Its tasks in submission (= creation) order, evicted ones removed. With cells, only those
+    /// of its home cell (the cell its id carries): the rest are `remoteMembers`.
     public private(set) var tasks: [TaskRecord] = []
-    /// Each task's key, in submission order.
+    /// Each task's key, in submission order: every member, in whichever cell.
     public private(set) var keys: [(key: String, id: TaskID)] = []
-    /// Its tasks by state, kept by the engine's transitions: the state is O(1).
+    /// Its members in other cells, in submission order, as their cells last reported them
+    /// (Engine+Workflows): the home holds no record of them.
+    public internal(set) var remoteMembers: [RemoteMember] = []
+    /// Its tasks by state (remote members by their last report), kept by the engine's
+    /// transitions: the state is O(1).
     var counts = StateCounts()
+
+    /// What a member's cell last reported of it.
+    public struct RemoteMember: Sendable, Equatable {
+        public let id: TaskID
+        /// `pending` until it ends, and again once brought back.
+        public internal(set) var state: TaskState
+        public internal(set) var fraction: Double?
+
+        public init(id: TaskID, state: TaskState = .pending, fraction: Double? = nil) {
+            self.id = id
+            self.state = state
+            self.fraction = fraction
+        }
+    }
 
     init(id: TaskID, name: String?, createdAt: Int64) {
         self.id = id
@@ -19,10 +38,16 @@ public final class WorkflowRecord {
     }
 
     func attach(_ members: [(String, TaskRecord)]) {
+        attach(members, keys: members.map { ($0.0, $0.1.id) }, remoteMembers: [])
+    }
+
+    func attach(_ members: [(String, TaskRecord)], keys: [(key: String, id: TaskID)], remoteMembers: [RemoteMember]) {
         tasks = members.map(\.1)
-        keys = members.map { ($0.0, $0.1.id) }
+        self.keys = keys
+        self.remoteMembers = remoteMembers
         counts = StateCounts()
         for task in tasks { counts[task.state] += 1 }
+        for member in remoteMembers { counts[member.state] += 1 }
     }
 
     func evicted(_ record: TaskRecord) {
@@ -30,9 +55,29 @@ public final class WorkflowRecord {
         counts[record.state] -= 1
     }
 
+    /// Applies a member cell's report; false when it changes nothing.
+    func update(remote id: TaskID, state: TaskState, fraction: Double?) -> Bool {
+        guard let index = remoteMembers.firstIndex(where: { $0.id == id }) else { return false }
+        let old = remoteMembers[index]
+        guard old.state != state || old.fraction != fraction else { return false }
+        counts[old.state] -= 1
+        counts[state] += 1
+        remoteMembers[index].state = state
+        remoteMembers[index].fraction = fraction
+        return true
+    }
+
+    /// Nothing left to keep: its own members are evicted, and every remote member reported its end.
+    var isSpent: Bool {
+        tasks.isEmpty && remoteMembers.allSatisfy(\.state.isTerminal)
+    }
+
+    /// Its own members' and the remote members' states (their counts hold both).
     public var state: TaskState { Self.state(of: counts) }
 
-    public var fraction: Double { Self.fraction(of: tasks.lazy.map { ($0.state, $0.progress.fraction) }) }
+    public var fraction: Double {
+        Self.fraction(of: tasks.map { ($0.state, $0.progress.fraction) } + remoteMembers.map { ($0.state, $0.fraction) })
+    }
 
     /// A workflow's state from its tasks' counts by state (a live workflow's, or one read from
     /// the records a store keeps): `succeeded` when all succeeded; `failed` when all are

@@ -203,12 +203,20 @@ enum RecordCodec {
     private struct WorkflowFields: OptionSet {
         let rawValue: UInt64
         static let name = WorkflowFields(rawValue: 1 << 0)
-        static let known = WorkflowFields(rawValue: (1 << 1) - 1)
+        /// What members in other cells last reported (a cluster's workflows across cells).
+        static let remoteMembers = WorkflowFields(rawValue: 1 << 1)
+        static let known = WorkflowFields(rawValue: (1 << 2) - 1)
     }
 
+    /// A remote member's fraction, when it has one, follows its state code with this bit set.
+    private static let fractionFollows: UInt8 = 0x80
+
     static func encode(_ workflow: WorkflowSnapshot, into output: inout RecordWriter) {
+        var fields: WorkflowFields = []
+        if workflow.name != nil { fields.insert(.name) }
+        if !workflow.remoteMembers.isEmpty { fields.insert(.remoteMembers) }
         output.byte(workflowFormat)
-        output.unsigned(workflow.name == nil ? 0 : WorkflowFields.name.rawValue)
+        output.unsigned(fields.rawValue)
         output.signed(workflow.createdAt)
         output.unsigned(UInt64(workflow.keys.count))
         for key in workflow.keys {
@@ -216,6 +224,14 @@ enum RecordCodec {
             output.id(key.id)
         }
         if let name = workflow.name { output.string(name) }
+        if !workflow.remoteMembers.isEmpty {
+            output.unsigned(UInt64(workflow.remoteMembers.count))
+            for member in workflow.remoteMembers {
+                output.id(member.id)
+                output.byte(code(of: member.state) | (member.fraction == nil ? 0 : fractionFollows))
+                if let fraction = member.fraction { output.double(fraction) }
+            }
+        }
     }
 
     static func decodeWorkflow(_ bytes: UnsafeRawBufferPointer, id: TaskID) throws(RecordDecodingError) -> WorkflowSnapshot {
@@ -232,8 +248,20 @@ enum RecordCodec {
             keys.append(WorkflowSnapshot.WorkflowKey(key: key, id: try input.id()))
         }
         let name = fields.contains(.name) ? try input.string() : nil
+        var remoteMembers: [WorkflowRecord.RemoteMember] = []
+        if fields.contains(.remoteMembers) {
+            let count = try input.count(ofAtLeast: 17)
+            remoteMembers.reserveCapacity(count)
+            for _ in 0..<count {
+                let member = try input.id()
+                let code = try input.byte()
+                guard let state = RecordCodec.state(code: code & ~fractionFollows) else { throw input.failure("an unknown state") }
+                let fraction = code & fractionFollows != 0 ? try input.double() : nil
+                remoteMembers.append(WorkflowRecord.RemoteMember(id: member, state: state, fraction: fraction))
+            }
+        }
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
-        return WorkflowSnapshot(id: id, name: name, createdAt: createdAt, keys: keys)
+        return WorkflowSnapshot(id: id, name: name, createdAt: createdAt, keys: keys, remoteMembers: remoteMembers)
     }
 
     // Stable codes: a record written today must read the same after the enums gain cases.

@@ -81,6 +81,32 @@ import TaskloopJSON
         #expect(decoded == workflow)
     }
 
+    /// A workflow across cells keeps what its members in other cells last reported.
+    @Test func aWorkflowsRemoteMembersRoundTrip() throws {
+        let workflow = WorkflowSnapshot(
+            id: TaskID(high: 5, low: 6), name: nil, createdAt: 1_795_000_000_000,
+            keys: [.init(key: "a", id: TaskID(high: 1, low: 2)), .init(key: "b", id: TaskID(high: 3, low: 4))],
+            remoteMembers: [.init(id: TaskID(high: 3, low: 4), state: .failed),
+                            .init(id: TaskID(high: 7, low: 8), state: .running, fraction: 0.25),
+                            .init(id: TaskID(high: 9, low: 10), state: .pending, fraction: 0)])
+        var output = RecordWriter()
+        let bytes = output.record(of: workflow)
+        let decoded = try bytes.withUnsafeBytes { try RecordCodec.decodeWorkflow($0, id: workflow.id) }
+        #expect(decoded == workflow)
+        // An unknown state code is an error, not a crash: the first member's, before two members
+        // of an id, a state and a fraction each.
+        var damaged = bytes
+        let failedCode = bytes.count - 2 * (16 + 1 + 8) - 1
+        #expect(damaged[failedCode] == RecordCodec.code(of: .failed))
+        damaged[failedCode] = 0x7F
+        #expect(throws: RecordDecodingError.self) { try damaged.withUnsafeBytes { try RecordCodec.decodeWorkflow($0, id: workflow.id) } }
+        for length in 0..<bytes.count {
+            #expect(throws: RecordDecodingError.self) {
+                try Array(bytes[..<length]).withUnsafeBytes { try RecordCodec.decodeWorkflow($0, id: workflow.id) }
+            }
+        }
+    }
+
     /// A version 1 file (JSON records keyed by id) opens as version 2 with every field kept.
     @Test func aVersionOneFileIsMigratedKeepingItsTasksAndWorkflows() throws {
         let path = DataDirectoryTests.temporaryPath()
