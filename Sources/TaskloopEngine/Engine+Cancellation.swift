@@ -57,11 +57,16 @@ extension Engine {
         guard counts[.pending] + counts[.queued] + counts[.running] > 0 else { return 0 }
         return settling {
             var count = 0
+            // Nothing starts meanwhile: a running task that confirms its cancellation at once
+            // would otherwise make room for one of those still to be cancelled.
+            let wasDispatching = dispatching
+            dispatching = true
             // Newest first: a dependent is cancelled as such, not as a cascade of its dependency.
             for case let record? in tasks.entries.reversed() where record.queue === queue && !record.state.isTerminal {
                 _ = requestCancel(record)
                 count += 1
             }
+            dispatching = wasDispatching
             dispatch()
             return count
         }
@@ -71,10 +76,13 @@ extension Engine {
     func cancelAll(_ records: [TaskRecord]) -> Int {
         settling {
             var count = 0
+            let wasDispatching = dispatching
+            dispatching = true
             for record in records.reversed() where !record.state.isTerminal {
                 _ = requestCancel(record)
                 count += 1
             }
+            dispatching = wasDispatching
             dispatch()
             return count
         }

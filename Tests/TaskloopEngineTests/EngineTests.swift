@@ -228,6 +228,30 @@ import TaskloopJSON
         #expect(failing.state == .failed)
         #expect(cancelled.state == .cancelled)
     }
+
+    /// A running task that confirms its cancellation at once frees its queue's slot in the
+    /// middle of the cancellation: nothing of the workflow (or queue) starts in it.
+    @Test func cancellingAWorkflowStartsNoneOfItsQueuedTasks() throws {
+        let manual = ManualExecutor()
+        manual.confirmsCancel = true
+        let h = EngineHarness(extra: ["manual": manual])
+        try h.engine.updateQueue("q", maxConcurrency: 1)
+        // The newer task runs first (cancellations go newest first), the older waits.
+        let workflow = try h.engine.submitWorkflow(name: nil, tasks: [
+            (key: "a", spec: TaskSpec(kind: "noop", queue: "q")),
+            (key: "b", spec: TaskSpec(kind: "manual", queue: "q", priority: 5)),
+        ])
+        #expect(workflow.tasks.map(\.state) == [.queued, .running])
+        #expect(try h.engine.cancelWorkflow(workflow.id) == 2)
+        #expect(workflow.tasks.map(\.state) == [.cancelled, .cancelled])
+        try h.engine.updateQueue("q", paused: true)
+        let waiting = try h.submit("c", "noop", queue: "q")
+        let running = try h.submit("d", "manual", queue: "q", priority: 5)
+        try h.engine.updateQueue("q", paused: false)
+        #expect(waiting.state == .queued && running.state == .running)
+        #expect(h.engine.cancelAll(inQueue: "q") == 2)
+        #expect(waiting.state == .cancelled && running.state == .cancelled)
+    }
 }
 
 @Suite struct QueueTests {
