@@ -90,6 +90,8 @@ extension Engine {
             let record = makeRecord(member.spec, executor: executor ?? NoopExecutor(), dependencies: dependencies,
                                     createdAt: member.createdAt, id: member.id)
             register(record, outOfOrder: true)
+            // This cell's next ids sort after it (the table appends those).
+            ids.continueAfterMillisecond(of: record.id)
             workflowOfMember[record.id] = workflow
             records.append(record)
             if executor == nil {

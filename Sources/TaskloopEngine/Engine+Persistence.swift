@@ -67,7 +67,8 @@ extension Engine {
                 let record = makeRecord(from: saved, executor: executor)
                 record.queue.count(saved.state, 1)
                 restored.append(record)
-                ids.continueAfter(saved.id)
+                // With cells, the id may be a member another cell made (Engine+CellWorkflows).
+                if cell == nil { ids.continueAfter(saved.id) } else { ids.continueAfterMillisecond(of: saved.id) }
                 sequence = max(sequence, saved.sequence)
                 if saved.state.isTerminal {
                     record.finishedAtMonotonic = Int64(scheduler.now) - max(0, wallClock - (saved.finishedAt ?? wallClock))

@@ -120,6 +120,13 @@ public struct TaskIDGenerator {
         return next
     }
 
+    /// Makes every later id fall in a later millisecond than `id`: one another cell's generator
+    /// made for this cell (`next(wallClockMilliseconds:carrying:)`), whose low word that
+    /// generator goes on counting from, so counting on from it here could meet its next ones.
+    public mutating func continueAfterMillisecond(of id: TaskID) {
+        continueAfter(TaskID(high: id.high, low: .max))
+    }
+
     /// An id for a task of another cell made here (a member of a workflow across cells, made
     /// by the workflow's home cell, Engine+Workflows): this generator's next id carrying
     /// `cell`. Unique: the ids this generator makes differ in their time or low word, which

@@ -273,6 +273,22 @@ import TaskloopJSON
         #expect(cells.engines[1]!.takeReportedWorkflows().spent == [workflow.id])
     }
 
+    /// The home counts its ids on from the members it made for a cell; that cell's own ids,
+    /// made after it received them, must not count on from the same place.
+    @Test func idsMadeForACellNeverMeetItsOwn() throws {
+        let cells = try Cells()
+        var ids: [TaskID] = []
+        for _ in 0..<3 {
+            let workflow = try cells.submitWorkflow([("here", "a", [], .cancel), ("there", "b", ["here"], .cancel)])
+            cells.deliverAll()
+            for _ in 0..<2 { ids.append(try cells.engines[2]!.submit(TaskSpec(kind: "noop", queue: "b")).id) }
+            ids += workflow.keys.map(\.id) + [workflow.id]
+        }
+        #expect(Set(ids).count == ids.count)
+        #expect(cells.clock.now == 0, "all in one millisecond")
+        #expect(cells.engines[2]!.listTasks(before: nil, limit: 100) { _ in true }.tasks.count == 9)
+    }
+
     @Test func aWorkflowIsCheckedWholeAtItsHomeAndRefusedThere() throws {
         let cells = try Cells()
         // Every member elsewhere: it has no home here.
