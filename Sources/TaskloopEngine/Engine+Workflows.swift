@@ -88,7 +88,9 @@ extension Engine {
     /// Cancels every unfinished task of a workflow; returns how many: with cells, its own
     /// members cancelled here plus the remote members not known to have ended, which their
     /// cells are told to cancel (before this cell's members end, so that each is cancelled as
-    /// a member rather than as a dependent, as on one engine).
+    /// a member rather than as a dependent, as on one engine). One engine cancels newest first;
+    /// each cell does so with its own members only, so a member depending on a sibling listed
+    /// after it in another cell may end with `cancelled` where one engine says `dependency_failed`.
     @discardableResult
     public func cancelWorkflow(_ id: TaskID) throws(EngineError) -> Int {
         guard let workflow = workflows[id] else { throw EngineError(.notFound, "No workflow \(id).") }

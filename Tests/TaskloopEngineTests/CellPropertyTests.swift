@@ -5,18 +5,21 @@ import TaskloopTestSupport
 @testable import TaskloopEngine
 
 /// Cells reach the same ends as one engine: the same random operations (submissions with
-/// dependencies across queues, outcomes, cancellations, explicit retries) run on one engine
-/// holding every queue and on one engine per cell (queues spread over 2-5 cells at random),
-/// joined by a bus that delivers each sender's messages in order but late, interleaved at
-/// random with other senders'. After quiescence every task ends in the same state with the
-/// same error code. `TASKLOOP_ENGINE_SEED=<n>` runs one seed.
+/// dependencies across queues, workflows whose members span queues, outcomes, cancellations,
+/// explicit retries, of tasks and of workflows) run on one engine holding every queue and on
+/// one engine per cell (queues spread over 2-5 cells at random), joined by a bus that delivers
+/// each sender's messages in order but late, interleaved at random with other senders' (only
+/// a home's workflow messages are not overtaken at their cell by what was sent after them, as
+/// `CellMessage` requires). After quiescence every task ends in the same state with the same
+/// error code, and every workflow in the same state, which its home knows of every member.
+/// `TASKLOOP_ENGINE_SEED=<n>` runs one seed.
 @Suite struct CellPropertyTests {
     @Test func cellsEndLikeOneEngine() {
         if let failure = firstPropertyFailure(base: 0xCE11_0000, count: 150, Self.run) { Issue.record(Comment(rawValue: failure)) }
     }
 
     /// The comparison is not blind: lose the messages of one rule and some seed ends differently.
-    @Test(arguments: [CellMessage.Kind.reopened, .ended, .watch])
+    @Test(arguments: [CellMessage.Kind.reopened, .ended, .watch, .members, .memberChanged, .cancelMembers, .retryMembers])
     func losingMessagesIsNoticed(kind: CellMessage.Kind) {
         let failures = (1...150).lazy.compactMap { seed in
             Self.run(seed: 0xCE11_0000 + UInt64(seed), dropping: { $0.kind == kind })
@@ -74,12 +77,15 @@ import TaskloopTestSupport
         let executor: ScriptedExecutor
         var engines: [UInt16: Engine] = [:]
         let cellOfQueue: [String: UInt16]?
-        /// Sent and not yet applied, by sender and receiver: each in the order sent.
-        var inFlight: [Pair: Deque<CellMessage>] = [:]
+        /// Sent and not yet applied, by sender and receiver: each in the order sent, numbered.
+        var inFlight: [Pair: Deque<(number: Int, message: CellMessage)>] = [:]
+        var sent = 0
         /// Messages lost instead of applied (none, but for the test of the test).
         var dropping: (CellMessage) -> Bool = { _ in false }
         var violation: String?
         var ids: [TaskID] = []
+        /// Each workflow's id and its members' task numbers.
+        var workflows: [(id: TaskID, members: [Int])] = []
 
         struct Pair: Hashable {
             let from: UInt16
@@ -105,7 +111,8 @@ import TaskloopTestSupport
                         switch event {
                         case .messageSent(let message):
                             if cellOfQueue == nil { fail("one engine sent \(message)") }
-                            inFlight[Pair(from: message.from, to: message.to), default: []].append(message)
+                            sent += 1
+                            inFlight[Pair(from: message.from, to: message.to), default: []].append((sent, message))
                         case .submitted(let record), .stateChanged(let record, _, _), .watched(let record),
                              .releasedByRetry(let record):
                             records.append(record)
@@ -129,6 +136,28 @@ import TaskloopTestSupport
 
         func task(_ number: Int) -> TaskRecord? { engine(ofTask: number).task(ids[number]) }
 
+        /// Its home's record.
+        func workflow(_ number: Int) -> WorkflowRecord? {
+            let id = workflows[number].id
+            return engines[cellOfQueue == nil ? 0 : id.cell]!.workflow(id)
+        }
+
+        /// Submits a workflow to the cell of its first member's queue; `existing` are task numbers.
+        func submitWorkflow(_ members: [(key: String, spec: TaskSpec, existing: [Int], siblings: [String])]) {
+            let batch = members.map { member in
+                var spec = member.spec
+                spec.dependencies = member.existing.map { .task(ids[$0]) } + member.siblings.map { .sibling(key: $0) }
+                return (member.key, spec)
+            }
+            do {
+                let workflow = try engine(ofQueue: batch[0].1.queue).submitWorkflow(name: nil, tasks: batch)
+                workflows.append((workflow.id, Array(ids.count..<ids.count + batch.count)))
+                ids += workflow.keys.map(\.id)
+            } catch {
+                fail("workflow refused: \(error)")
+            }
+        }
+
         func submit(_ spec: TaskSpec, dependencies: [Int]) {
             var spec = spec
             spec.dependencies = dependencies.map { .task(ids[$0]) }
@@ -142,12 +171,25 @@ import TaskloopTestSupport
         /// Applies `count` messages, each from a sender chosen at random.
         func deliver(_ count: Int, random: inout SplitMix64) {
             for _ in 0..<count {
-                let pairs = inFlight.filter { !$0.value.isEmpty }.keys.sorted { ($0.from, $0.to) < ($1.from, $1.to) }
+                // A home's workflow message first reaches its cell before anything sent after it.
+                var barrier: [UInt16: Int] = [:]
+                for (pair, queue) in inFlight {
+                    for (number, message) in queue where Self.isFanOut(message) {
+                        barrier[pair.to] = min(barrier[pair.to] ?? .max, number)
+                    }
+                }
+                let pairs = inFlight.filter { pair, queue in
+                    queue.first.map { $0.number <= barrier[pair.to] ?? .max } ?? false
+                }.keys.sorted { ($0.from, $0.to) < ($1.from, $1.to) }
                 guard !pairs.isEmpty else { return }
                 let pair = pairs[random.below(pairs.count)]
-                let message = inFlight[pair]!.removeFirst()
+                let message = inFlight[pair]!.removeFirst().message
                 if !dropping(message) { engines[pair.to]!.apply(message) }
             }
+        }
+
+        static func isFanOut(_ message: CellMessage) -> Bool {
+            [.members, .cancelMembers, .retryMembers].contains(message.kind)
         }
 
         var quiet: Bool { inFlight.values.allSatisfy(\.isEmpty) }
@@ -179,26 +221,91 @@ import TaskloopTestSupport
         func endDecided() { for world in worlds { world.executor.endDecided() } }
         func state(_ number: Int, in world: World) -> TaskState? { world.task(number)?.state }
 
+        /// Up to `most` earlier tasks, recent ones likelier; only tasks the cells hold already (a
+        /// member of another cell is not there before its creation arrives).
+        func someEarlierTasks(_ most: Int) -> [Int] {
+            let count = one.ids.count
+            var dependencies = Set<Int>()
+            if count > 0 {
+                for _ in 0..<random.below(most + 1) { dependencies.insert(count - 1 - random.below(min(30, count))) }
+            }
+            return dependencies.filter { cells.task($0) != nil }.sorted()
+        }
+
+        /// Task `number`'s spec, and whether the script holds it.
+        func makeSpec(_ number: Int) -> (TaskSpec, held: Bool) {
+            let held = random.below(3) == 0
+            let params: JSONValue = held ? ["task": .int(Int64(number))]
+                : ["task": .int(Int64(number)), "fails": .int(Int64(random.below(5) == 0 ? 1 + random.below(2) : 0))]
+            let spec = TaskSpec(
+                kind: "scripted", params: params, name: "t\(number)", queue: queueNames[random.below(queueNames.count)],
+                priority: random.below(5) - 2, onDependencyFailure: random.below(3) == 0 ? .run : .cancel,
+                retry: RetryPolicy(maxAttempts: 1 + random.below(2), backoffMilliseconds: UInt64(random.below(50))))
+            return (spec, held)
+        }
+
+        /// Every message delivered, then true when each member of workflow `number` is in the
+        /// same state and attempt in both worlds: what a workflow's cancellation or retry does
+        /// then depends on nothing a message's delay changes (their own messages are delivered
+        /// at once after them).
+        func workflowAlike(_ number: Int) -> Bool {
+            cells.deliver(Int.max, random: &random)
+            return one.workflows[number].members.allSatisfy { member in
+                guard let first = one.task(member), let second = cells.task(member) else { return false }
+                return first.state == second.state && first.attempt == second.attempt
+            }
+        }
+
         let steps = 200 + random.below(300)
         for _ in 0..<steps {
             guard one.violation == nil && cells.violation == nil else { break }
-            switch random.below(12) {
+            switch random.below(15) {
             case 0...3:
-                let count = one.ids.count
-                var dependencies = Set<Int>()
-                if count > 0 {
-                    for _ in 0..<random.below(4) { dependencies.insert(count - 1 - random.below(min(30, count))) }
-                }
-                let number = count
-                let held = random.below(3) == 0
-                let params: JSONValue = held ? ["task": .int(Int64(number))]
-                    : ["task": .int(Int64(number)), "fails": .int(Int64(random.below(5) == 0 ? 1 + random.below(2) : 0))]
-                let spec = TaskSpec(
-                    kind: "scripted", params: params, name: "t\(number)", queue: queueNames[random.below(queueNames.count)],
-                    priority: random.below(5) - 2, onDependencyFailure: random.below(3) == 0 ? .run : .cancel,
-                    retry: RetryPolicy(maxAttempts: 1 + random.below(2), backoffMilliseconds: UInt64(random.below(50))))
-                for world in worlds { world.submit(spec, dependencies: dependencies.sorted()) }
+                let dependencies = someEarlierTasks(3)
+                let number = one.ids.count
+                let (spec, held) = makeSpec(number)
+                for world in worlds { world.submit(spec, dependencies: dependencies) }
                 if held { holds.append(number) }
+            case 12:
+                // Siblings name earlier siblings only (`Engine.cancelWorkflow` says why).
+                var members: [(key: String, spec: TaskSpec, existing: [Int], siblings: [String])] = []
+                for position in 0..<(1 + random.below(5)) {
+                    let number = one.ids.count + position
+                    let (spec, held) = makeSpec(number)
+                    var siblings = Set<String>()
+                    if position > 0 { for _ in 0..<random.below(3) { siblings.insert("k\(random.below(position))") } }
+                    members.append(("k\(position)", spec, someEarlierTasks(2), siblings.sorted()))
+                    if held { holds.append(number) }
+                }
+                for world in worlds { world.submitWorkflow(members) }
+            case 13:
+                guard !one.workflows.isEmpty else { break }
+                let number = random.below(one.workflows.count)
+                guard workflowAlike(number) else { break }
+                for world in worlds {
+                    do {
+                        try world.engine(ofTask: world.workflows[number].members[0]).cancelWorkflow(world.workflows[number].id)
+                    } catch {
+                        world.fail("cancellation of workflow \(number) refused: \(error)")
+                    }
+                }
+                cells.deliver(Int.max, random: &random)
+            case 14:
+                guard !one.workflows.isEmpty else { break }
+                let number = random.below(one.workflows.count)
+                guard workflowAlike(number) else { break }
+                // Retried tasks held by the script wait for a new decision.
+                for member in one.workflows[number].members where one.task(member).map({ $0.state == .failed || $0.state == .cancelled }) ?? false {
+                    script.decisions.removeValue(forKey: member)
+                }
+                for world in worlds {
+                    do {
+                        _ = try world.engine(ofTask: world.workflows[number].members[0]).retryWorkflow(world.workflows[number].id)
+                    } catch {
+                        world.fail("retry of workflow \(number) refused: \(error)")
+                    }
+                }
+                cells.deliver(Int.max, random: &random)
             case 4, 5:
                 let undecided = holds.filter { script.decisions[$0] == nil }
                 if let number = undecided.isEmpty ? nil : undecided[random.below(undecided.count)] {
@@ -257,6 +364,21 @@ import TaskloopTestSupport
             if first.state != second.state || first.error?.code != second.error?.code {
                 return "t\(number) ended \(first.state.rawValue) (\(first.error?.code ?? "-")) on one engine, "
                     + "\(second.state.rawValue) (\(second.error?.code ?? "-")) in cells"
+            }
+        }
+        for number in 0..<one.workflows.count {
+            guard let first = one.workflow(number), let second = cells.workflow(number) else {
+                return "workflow \(number) is missing: \(one.workflow(number) == nil ? "one engine" : "cells")"
+            }
+            if first.state != second.state {
+                return "workflow \(number) ended \(first.state.rawValue) on one engine, \(second.state.rawValue) in cells"
+            }
+            for member in second.remoteMembers {
+                let held = cells.engines[member.id.cell]!.task(member.id)
+                if held?.state != member.state {
+                    return "workflow \(number)'s home knows \(member.id) as \(member.state.rawValue), its cell holds it "
+                        + (held?.state.rawValue ?? "nowhere")
+                }
             }
         }
         return nil
