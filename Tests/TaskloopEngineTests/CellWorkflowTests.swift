@@ -273,6 +273,36 @@ import TaskloopJSON
         #expect(cells.engines[1]!.takeReportedWorkflows().spent == [workflow.id])
     }
 
+    @Test func aStoreWritesTheWorkflowsReportsChangeAndDeletesThoseTheyLeaveSpent() throws {
+        let cells = try Cells()
+        let home = cells.engines[1]!
+        var collector = ChangeCollector()
+        home.addObserver { collector.add($0) }
+        let workflow = try cells.submitWorkflow([("here", "a", [], .cancel), ("there", "b", [], .cancel)])
+        let there = Self.id(of: "there", in: workflow)
+        cells.deliverAll()
+        #expect(collector.take(from: home).workflows.map(\.remoteMembers) == [[.init(id: there)]])
+        cells.run(of: there)?.fail(TaskError(code: "boom", message: "failed"))
+        cells.deliverAll()
+        #expect(collector.take(from: home).workflows.map(\.remoteMembers) == [[.init(id: there, state: .failed)]])
+
+        #expect(try home.retryWorkflow(workflow.id) == 1)
+        cells.deliverAll()
+        #expect(collector.take(from: home).workflows.map(\.remoteMembers) == [[.init(id: there, state: .pending)]])
+
+        // Its own member is evicted; the one elsewhere still runs, so the workflow stays.
+        cells.run(of: Self.id(of: "here", in: workflow))?.succeed()
+        cells.clock.advance(by: 3_600_001)
+        var changes = collector.take(from: home)
+        #expect(changes.evictedTasks.map(\.id) == [Self.id(of: "here", in: workflow)])
+        #expect(changes.evictedWorkflows.isEmpty)
+        cells.run(of: there)?.succeed()
+        cells.deliverAll()
+        changes = collector.take(from: home)
+        #expect(changes.workflows.isEmpty && changes.evictedWorkflows == [workflow.id])
+        #expect(home.workflow(workflow.id) == nil)
+    }
+
     /// The home counts its ids on from the members it made for a cell; that cell's own ids,
     /// made after it received them, must not count on from the same place.
     @Test func idsMadeForACellNeverMeetItsOwn() throws {
