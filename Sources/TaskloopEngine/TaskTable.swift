@@ -54,13 +54,24 @@ struct TaskTable {
     }
 
     /// Adds a record whose id may be below others in the table: a workflow member another
-    /// cell made (Engine+Workflows). In its place by id, the slots rebuilt: O(n), for the rare
-    /// case only.
+    /// cell made (Engine+CellWorkflows), usually just below the newest ones. In its place by
+    /// id: the records after it move up one, and so does each one's slot (the first in its
+    /// probe sequence holding its old place; a stale slot of a removed record may be the one,
+    /// which does as well, as lookups compare ids). O(records after it).
     mutating func insert(_ record: TaskRecord) {
         guard let last = entries.last(where: { $0 != nil }) ?? nil, record.id < last.id else { return append(record) }
-        entries.insert(record, at: endIndex(below: record.id))
+        if (entries.count + 1) * 2 > slots.count { rebuild() }
+        let position = endIndex(below: record.id)
+        // From the end, so a slot moved to a place is never taken for the one leaving it.
+        for index in stride(from: entries.count - 1, through: position, by: -1) {
+            guard let moving = entries[index] else { continue }
+            var slot = hash(moving.id) & mask
+            while slots[slot] != Int32(index) { slot = (slot + 1) & mask }
+            slots[slot] = Int32(index + 1)
+        }
+        entries.insert(record, at: position)
+        insertSlot(hash(record.id), entry: Int32(position))
         count += 1
-        rebuild()
     }
 
     /// Removes a record; returns false if it was not there.

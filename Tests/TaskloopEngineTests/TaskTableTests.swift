@@ -44,6 +44,43 @@ import TaskloopTestSupport
         }
     }
 
+    /// Members another cell made arrive below the newest ids: inserted in their place, among
+    /// removals and appends, the table still agrees with a sorted model.
+    @Test func insertsBelowTheNewestAgreeWithAModel() {
+        var random = SplitMix64(seed: 9)
+        var table = TaskTable()
+        var model: [TaskID] = []
+        var newest: UInt64 = 0
+        for step in 0..<20_000 {
+            switch random.below(4) {
+            case 0 where !model.isEmpty:
+                let victim = model.remove(at: random.below(model.count))
+                let removed = table.remove(victim)
+                #expect(removed)
+            case 1 where model.count > 2:
+                // Between two neighbours, near the end.
+                let at = model.count - 1 - random.below(min(model.count - 1, 40))
+                let below = model[at - 1], above = model[at]
+                guard above.low > below.low + 1 && above.high == below.high else { break }
+                let id = TaskID(high: below.high, low: below.low + 1 + random.next() % (above.low - below.low - 1))
+                table.insert(record(id))
+                model.insert(id, at: at)
+            default:
+                newest += 1 + UInt64(random.below(1_000))
+                let id = TaskID(high: 1, low: newest)
+                table.insert(record(id))
+                model.append(id)
+            }
+            #expect(table.count == model.count)
+            if step % 499 == 0 {
+                #expect(table.entries.compactMap { $0?.id } == model)
+                for id in model { #expect(table[id]?.id == id) }
+            }
+        }
+        #expect(table.entries.compactMap { $0?.id } == model)
+        for id in model { #expect(table[id]?.id == id) }
+    }
+
     @Test func unknownIdsAreNotFound() {
         var table = TaskTable()
         var generator = TaskIDGenerator(random: SplitMix64(seed: 3))
