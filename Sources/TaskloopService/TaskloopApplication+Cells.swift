@@ -116,16 +116,28 @@ extension TaskloopApplication {
 
     /// Stopping with cells: nothing new starts; every cell is drained (what runs here stops and
     /// is queued again for its next owner) and released; then `released` (the server closes).
-    func stopCells(_ released: @escaping () -> Void) {
+    func stopCells(grace: UInt64, _ released: @escaping () -> Void) {
         for engine in cellHost?.openEngines ?? [] { engine.haltDispatch() }
         waiters.answerAll()
         leaseCalls.answerAll()
         eventLog.finishAll()
         guard let host = cellHost else { return released() }
-        host.stop { [unowned self] in
+        var ended = false
+        let end = { [unowned self] in
+            guard !ended else { return }
+            ended = true
             cellHost = nil
             released()
             finishStopping()
+        }
+        host.stop(end)
+        // A hand-over that cannot finish within the grace (the database unreachable, say) is
+        // given up as a crash would leave it: the leases run out, and the others take the cells.
+        _ = scheduler?.schedule(after: grace) { [weak self, weak host] in
+            guard let self, let host, !ended else { return }
+            logger.warning("the cells were not handed over within the shutdown grace; leaving them to expire")
+            host.abandon()
+            end()
         }
     }
 

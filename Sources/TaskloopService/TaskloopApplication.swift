@@ -304,7 +304,7 @@ public final class TaskloopApplication {
         if cellHost != nil {
             // The server answers on until the cells have moved: requests other replicas send
             // for them meanwhile are held, then go to the cells' next owners.
-            stopCells { [unowned self] in closeServer(grace: grace) }
+            stopCells(grace: grace) { [unowned self] in closeServer(grace: grace) }
         } else {
             closeServer(grace: grace)
         }
