@@ -426,8 +426,16 @@ public final class CellHost {
             [weak self, weak hosted] result in
             guard let self, let hosted else { return }
             hosted.readingInbox = false
-            guard cells[hosted.cell] === hosted, hosted.generation == generation, hosted.phase == .open,
-                  let engine = hosted.engine else { return }
+            guard cells[hosted.cell] === hosted, hosted.phase == .open, let engine = hosted.engine else { return }
+            // A read for an engine since dropped (a failed commit loaded the cell again) applies
+            // nothing; the new engine's own read may have waited for it.
+            guard hosted.generation == generation else {
+                if hosted.inboxAgain {
+                    hosted.inboxAgain = false
+                    readInbox(of: hosted)
+                }
+                return
+            }
             guard case .success(let results) = result else { return }
             let messages = ClusterMessages.messages(of: results[0])
             for message in messages {

@@ -81,7 +81,8 @@ extension Engine {
     private func createMembers(_ members: [CellMessage.Member], of workflow: TaskID) {
         var records: [TaskRecord] = []
         records.reserveCapacity(members.count)
-        for member in members {
+        // Applied once by the host's rules; a member already here is never made twice anyway.
+        for member in members where tasks[member.id] == nil {
             let dependencies = member.spec.dependencies.compactMap { reference -> TaskID? in
                 if case .task(let id) = reference { id } else { nil }
             }

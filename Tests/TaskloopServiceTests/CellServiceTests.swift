@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TaskloopCluster
 @testable import TaskloopService
 import TaskloopTestSupport
 
@@ -108,10 +109,18 @@ extension CellServiceTests {
 }
 
 extension CellServiceTests {
+    /// Until each replica serves exactly the cells rendezvous hashing gives it: no cell moves.
     static func waitForEveryCell(_ services: [ServiceHarness], timeout: Double = 20) throws {
+        let names = services.map { service in service.onLoop { $0.configuration.sharedDatabase!.replica } }
         try pollUntil("the cells to spread over \(services.count) replicas", timeout: timeout) {
-            let counts = services.map { service in service.onLoop { $0.cellHost?.openEngines.count ?? 0 } }
-            return counts.reduce(0, +) == cellCount && counts.allSatisfy { $0 > 0 }
+            services.allSatisfy { service in
+                service.onLoop { application in
+                    guard let host = application.cellHost else { return false }
+                    let mine = application.configuration.sharedDatabase!.replica
+                    let assigned = Rendezvous.assignment(host.layout, among: names).filter { $0.value == mine }.keys.sorted()
+                    return host.openEngines.compactMap(\.cell).map(Cell.init) == assigned && host.hostedCells == assigned
+                }
+            }
         }
     }
 
@@ -187,6 +196,74 @@ extension CellServiceTests {
             #expect(read.status == 200 && read.json["state"] as? String == "succeeded" && (read.json["tasks"] as? [Any])?.count == 2)
             #expect(try each.call("GET", "/events").status == 501)
         }
+        try second.stop()
+        try first.stop()
+    }
+}
+extension CellServiceTests {
+    /// Three queues of three different cells.
+    static func queuesOfThreeCells(_ service: ServiceHarness) -> [String] {
+        service.onLoop { application in
+            let host = application.cellHost!
+            var queues: [String] = []
+            var index = 0
+            while queues.count < 3 {
+                let name = "wq\(index)"
+                if !queues.contains(where: { host.cell(ofQueue: $0) == host.cell(ofQueue: name) }) { queues.append(name) }
+                index += 1
+            }
+            return queues
+        }
+    }
+
+    /// A workflow whose tasks span three cells runs through, is read whole on any replica, and
+    /// is cancelled and retried as one.
+    @Test func aWorkflowAcrossThreeCells() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.cellReplica(url, name: "w0")
+        let second = try Self.cellReplica(url, name: "w1")
+        try Self.waitForEveryCell([first, second])
+        let client = try APIClient(ports: [first.port, second.port])
+        let queues = Self.queuesOfThreeCells(first)
+        let submitted = try client.call("POST", "/workflows", json: """
+            {"name":"spread","tasks":[{"key":"a","kind":"noop","queue":"\(queues[0])"},
+             {"key":"b","kind":"noop","queue":"\(queues[1])","dependencies":["a"]},
+             {"key":"c","kind":"noop","queue":"\(queues[2])","dependencies":["b"]}]}
+            """)
+        #expect(submitted.status == 201, "\(submitted.text)")
+        let id = try #require(submitted.json["id"] as? String)
+        let keys = try #require(submitted.json["keys"] as? [String: String])
+        #expect(keys.count == 3)
+        for port in [first.port, second.port] {
+            try pollUntil("the workflow to succeed", timeout: 10) {
+                try APIClient(port: port).call("GET", "/workflows/\(id)").json["state"] as? String == "succeeded"
+            }
+            let read = try APIClient(port: port).call("GET", "/workflows/\(id)").json
+            let states = (read["tasks"] as? [[String: Any]] ?? []).compactMap { $0["state"] as? String }
+            #expect(states == ["succeeded", "succeeded", "succeeded"], "\(read)")
+        }
+        // Cancelled as one: a long first task, its dependents across the cells.
+        let long = try client.call("POST", "/workflows", json: """
+            {"tasks":[{"key":"a","kind":"sleep","params":{"duration_ms":600000},"queue":"\(queues[0])"},
+             {"key":"b","kind":"noop","queue":"\(queues[1])","dependencies":["a"]},
+             {"key":"c","kind":"sleep","params":{"duration_ms":600000},"queue":"\(queues[2])"}]}
+            """)
+        let longID = try #require(long.json["id"] as? String)
+        let longKeys = try #require(long.json["keys"] as? [String: String])
+        try pollUntil("the third task to run", timeout: 10) {
+            let task = try client.task(longKeys["c"]!)
+            if task["state"] as? String == "cancelled" { Issue.record("\(task)") }
+            return task["state"] as? String == "running"
+        }
+        #expect(try client.call("DELETE", "/workflows/\(longID)").status == 200)
+        for key in ["a", "b", "c"] { _ = try client.waitForState(longKeys[key]!, "cancelled") }
+        try pollUntil("the workflow to be cancelled", timeout: 10) {
+            try client.call("GET", "/workflows/\(longID)").json["state"] as? String == "cancelled"
+        }
+        let retried = try client.call("POST", "/workflows/\(longID)/retry")
+        #expect(retried.status == 200 && retried.json["retried"] as? Int == 3, "\(retried.text)")
+        // Brought back in its own cell once the retry reaches it.
+        try pollUntil("the third task to run again", timeout: 10) { try client.task(longKeys["c"]!)["state"] as? String == "running" }
         try second.stop()
         try first.stop()
     }

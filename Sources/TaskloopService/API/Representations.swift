@@ -219,10 +219,16 @@ enum Representation {
     /// A workflow as the cells' records keep it, with `tasks`, those of its tasks still kept, in
     /// order; its state and progress worked out from them as a live workflow's are.
     static func workflow(_ workflow: WorkflowSnapshot, tasks: [TaskSnapshot]) -> [UInt8] {
+        // Members in other cells not there yet (their creation is on its way) count as the
+        // home last knew them: a workflow is never shown ended before all of them exist.
+        let found = Set(tasks.lazy.map(\.id))
+        let unseen = workflow.remoteMembers.filter { !found.contains($0.id) }
         var counts = StateCounts()
         for task in tasks { counts[task.state] += 1 }
+        for member in unseen { counts[member.state] += 1 }
+        let parts = tasks.map { ($0.state, $0.progress.fraction) } + unseen.map { ($0.state, $0.fraction) }
         return write(workflow: workflow.id, name: workflow.name, state: WorkflowRecord.state(of: counts),
-                     fraction: WorkflowRecord.fraction(of: tasks.lazy.map { ($0.state, $0.progress.fraction) }),
+                     fraction: WorkflowRecord.fraction(of: parts),
                      createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys.lazy.map { (key: $0.key, id: $0.id) })
     }
 
