@@ -258,16 +258,6 @@ struct Taskloop: ParsableCommand {
                 throw ValidationError("--advertise-address must be host:port")
             }
         }
-        guard SharedDatabaseSettings.Replication(rawValue: replication) != nil else {
-            throw ValidationError("--replication must be turns or cells")
-        }
-        guard (1...65_536).contains(cells) else { throw ValidationError("--cells must be 1...65536") }
-        if let advertiseAddress {
-            guard let colon = advertiseAddress.lastIndex(of: ":"), colon != advertiseAddress.startIndex,
-                  let port = UInt16(advertiseAddress[advertiseAddress.index(after: colon)...]), port > 0 else {
-                throw ValidationError("--advertise-address must be host:port")
-            }
-        }
         guard (1...600).contains(replicaLeaseSeconds) else { throw ValidationError("--replica-lease-seconds must be 1...600") }
         guard (1...3_600).contains(databaseTimeoutSeconds) else { throw ValidationError("--database-timeout-seconds must be 1...3600") }
         guard (1...31_536_000).contains(idempotencyTTLSeconds) else {

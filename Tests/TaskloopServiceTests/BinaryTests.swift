@@ -159,6 +159,16 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() != 0)
     }
 
+    @Test func refusesBadCellFlags() throws {
+        for (arguments, message) in [(["--replication", "shards"], "--replication must be turns or cells"),
+                                     (["--cells", "0"], "--cells must be 1...65536"),
+                                     (["--advertise-address", "nowhere"], "--advertise-address must be host:port")] {
+            let binary = try RunningBinary(arguments: arguments)
+            _ = try binary.waitForLine(containing: message)
+            #expect(try binary.waitForExit() != 0)
+        }
+    }
+
     /// `--exec-isolation` (or its variable) decides what /healthz reports; a mode it does not
     /// know stops the start.
     @Test func execIsolationIsChosenAtStart() throws {
@@ -194,7 +204,7 @@ import TaskloopTestSupport
                      "--header-timeout-seconds", "--body-timeout-seconds", "--idle-timeout-seconds", "--max-connections",
                      "--max-queues", "--log-buffer-bytes", "--durability", "--data-dir",
                      "--idempotency-ttl-seconds", "--database-url", "--replica-name", "--replica-lease-seconds",
-                     "--database-timeout-seconds"] {
+                     "--database-timeout-seconds", "--replication", "--cells", "--advertise-address"] {
             #expect(binary.printed.contains(flag), "--help lists \(flag)")
         }
     }
