@@ -128,6 +128,8 @@ import TaskloopTestSupport
 
     /// The feed's session is ended by the server again and again while events are committed:
     /// it connects again each time and goes on from the last event it delivered.
+    /// (Deadlines of a minute: the whole suite beside it loads the machine, and each cut waits
+    /// out a reconnect.)
     @Test func aCutConnectionLosesAndRepeatsNothing() throws {
         let cluster = try CellKeeperTests.Cluster()
         try cluster.start("a")
@@ -141,7 +143,7 @@ import TaskloopTestSupport
             #expect(try cluster.execute(writer, ClusterEvents.insert(names.map(Self.event), cell: Cell(UInt16(round % 4)))) == nil)
             #expect(try cluster.execute(writer, [ClusterEvents.notify(cell: Cell(UInt16(round % 4)))]) == nil)
             written += names
-            try pollUntil("the feed's session", timeout: 20) {
+            try pollUntil("the feed's session", timeout: 60) {
                 try Self.value(cluster, killer, "SELECT pid::text FROM pg_stat_activity WHERE application_name = 'feed_cut'") != nil
             }
             let ended = try Self.value(cluster, killer, """
@@ -150,15 +152,15 @@ import TaskloopTestSupport
             cuts += Int(ended ?? "0") ?? 0
             if round % 2 == 1 {
                 // Cut mid-stream, and also once it has delivered everything so far.
-                try pollUntil("the feed to catch up", timeout: 20) { feed.delivered.value.count >= written.count }
+                try pollUntil("the feed to catch up", timeout: 60) { feed.delivered.value.count >= written.count }
             }
         }
         #expect(cuts == 8, "the feed's session was ended \(cuts) times")
         // A cut may also fail a read under way: at least one trouble each.
-        try pollUntil("the feed to see the last cut", timeout: 20) { feed.troubles.value >= cuts }
+        try pollUntil("the feed to see the last cut", timeout: 60) { feed.troubles.value >= cuts }
         #expect(try cluster.execute(writer, ClusterEvents.insert([Self.event("last")], cell: Cell(0))) == nil)
         written.append("last")
-        try pollUntil("every event", timeout: 20) { feed.delivered.value.count >= written.count }
+        try pollUntil("every event", timeout: 60) { feed.delivered.value.count >= written.count }
         #expect(feed.tasks == written, "each once, in order")
         feed.close()
         try cluster.finish()
