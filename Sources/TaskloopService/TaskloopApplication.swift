@@ -328,6 +328,12 @@ public final class TaskloopApplication {
                 self?.execExecutor?.killAll()
                 _ = self?.scheduler?.schedule(after: 500) { [weak self] in self?.execExecutor?.abandonOutput() }
             }
+        } else if cellHost != nil, let scheduler {
+            // As on a single server: at the grace, `exec` trees still alive are killed.
+            _ = scheduler.schedule(after: grace) { [weak self] in
+                self?.execExecutor?.killAll()
+                _ = self?.scheduler?.schedule(after: 500) { [weak self] in self?.execExecutor?.abandonOutput() }
+            }
         }
         finishStopping()
     }
