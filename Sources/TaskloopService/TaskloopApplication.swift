@@ -273,23 +273,7 @@ public final class TaskloopApplication {
 
     /// Undoes a start that failed before the server listened.
     func closeAfterFailedStart() {
-        orphanReaper?.close()
-        orphanReaper = nil
-        webhooks?.close()
-        forwarder?.close()
-        forwarder = nil
-        httpClient?.close()
-        httpClient = nil
-        // The store's threads end before anything they point at goes away (a port in use
-        // crashed the exit now and then when they outlived the application).
-        idempotency?.close()
-        sqlite?.close()
-        sqlite = nil
-        durable = nil
-        eventWrites?.close()
-        eventWrites = nil
-        scheduler?.close()
-        scheduler = nil
+        closeResources { orphanReaper?.close() }
     }
 
     /// The shutdown story (see the type's comment); `completion` runs once, when everything the
@@ -491,26 +475,34 @@ public final class TaskloopApplication {
 
     func finishClosing(_ completion: @escaping () -> Void) {
         server = nil
+        closeResources { finishProcessTrees(exec: execExecutor, orphanReaper: orphanReaper) }
+        completion()
+    }
+
+    /// Closes what the application owns besides the server, in one order for a stop and for a
+    /// start that failed; `endProcessTrees` deals with the programs and the orphan reaper.
+    private func closeResources(endProcessTrees: () -> Void) {
         // Webhook attempts end unrecorded (they are made again after a restart), then cancelling
-        // has removed every transfer; this frees curl's connection cache and handles.
+        // has removed every transfer; this frees curl's connection cache and handles. With cells,
+        // forwards still in flight are answered 503 (the server has closed).
         webhooks?.close()
-        // With cells, forwards still in flight are answered 503 (the server has closed).
         forwarder?.close()
         forwarder = nil
         httpClient?.close()
         httpClient = nil
-        // What the last turns changed is written before the process may end.
+        // What the last turns changed is written before the process may end; the store's threads
+        // end before anything they point at goes away (a port in use crashed the exit now and
+        // then when they outlived the application).
         idempotency?.close()
         sqlite?.close()
         sqlite = nil
         durable = nil
-        finishProcessTrees(exec: execExecutor, orphanReaper: orphanReaper)
+        endProcessTrees()
         orphanReaper = nil
         eventWrites?.close()
         eventWrites = nil
         scheduler?.close()
         scheduler = nil
-        completion()
     }
 
     // MARK: requests
