@@ -5,7 +5,7 @@ import TaskloopTestSupport
 /// The built `taskloop` executable, started the way users start it: flags, environment, the
 /// `listening on` line, and a clean exit on SIGTERM and SIGINT. One at a time: the
 /// thousand-task runs are heavy, and side by side under ThreadSanitizer they starve each other.
-@Suite(.serialized) struct BinaryTests {
+@Suite(.serialized, .inTheDefaultStageOnly) struct BinaryTests {
     /// `taskloop` sits next to the test bundle in the build folder.
     static let executable = URL(fileURLWithPath: CommandLine.arguments[0])
         .deletingLastPathComponent().appendingPathComponent("taskloop")

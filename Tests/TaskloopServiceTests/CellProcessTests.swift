@@ -4,7 +4,7 @@ import TaskloopTestSupport
 
 /// Replicas on cells as users run them: the built binary, several processes on one
 /// PostgreSQL, an owner killed with SIGKILL or frozen with SIGSTOP under a stream of work.
-@Suite(.serialized) struct CellProcessTests {
+@Suite(.serialized, .inTheDefaultStageOnly) struct CellProcessTests {
     typealias RunningBinary = BinaryTests.RunningBinary
     static let cells = 16
     static let leaseSeconds = 2
@@ -133,7 +133,7 @@ import TaskloopTestSupport
             if task.json["attempt"] as? Int == 2 { interrupted += 1 }
         }
         #expect(interrupted > 0, "none of the long tasks ran on the victim")
-        #expect(try survivor.0.stop() == 0)
+        #expect(try survivor.0.stop() == 0, "it printed \(String(survivor.0.printed.suffix(2_000)).debugDescription)")
     }
 }
 
@@ -181,8 +181,8 @@ extension CellProcessTests {
             #expect("\(task["state"] ?? "") \(task["attempt"] ?? "")" == states[id], "task \(id) changed after the wake-up: \(task)")
             #expect(Self.attemptsNeverOverlapped(markers + "/" + id), "task \(id) ran two attempts at once")
         }
-        #expect(try frozen.0.stop() == 0)
-        #expect(try other.0.stop() == 0)
+        #expect(try frozen.0.stop() == 0, "it printed \(String(frozen.0.printed.suffix(2_000)).debugDescription)")
+        #expect(try other.0.stop() == 0, "it printed \(String(other.0.printed.suffix(2_000)).debugDescription)")
     }
 }
 
@@ -227,13 +227,13 @@ extension CellProcessTests {
         try Self.waitForSpread([stays.2, joins.2])
         let atJoin = answered.value
         try pollUntil("requests after the join", timeout: 30) { answered.value >= atJoin + 200 }
-        #expect(try joins.0.stop() == 0)
+        #expect(try joins.0.stop() == 0, "it printed \(String(joins.0.printed.suffix(2_000)).debugDescription)")
         try pollUntil("every cell back on the replica that stays", timeout: 30) { Self.cellsServed(stays.2) == Self.cells }
         let atLeave = answered.value
         try pollUntil("requests after the leave", timeout: 30) { answered.value >= atLeave + 200 }
         stop.withLock { $0 = true }
         _ = threads
         #expect(refusals.value.isEmpty, "\(refusals.value.count) refused: \(refusals.value.prefix(5))")
-        #expect(try stays.0.stop() == 0)
+        #expect(try stays.0.stop() == 0, "it printed \(String(stays.0.printed.suffix(2_000)).debugDescription)")
     }
 }

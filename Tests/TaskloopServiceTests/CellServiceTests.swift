@@ -6,7 +6,7 @@ import TaskloopTestSupport
 
 /// The service on cells (`--replication cells`): each cell's engine commits to PostgreSQL under
 /// its epoch, and a replica that starts again on the same database serves what was committed.
-@Suite(.serialized)
+@Suite(.serialized, .inTheDefaultStageOnly)
 struct CellServiceTests {
     static let cellCount = 8
 

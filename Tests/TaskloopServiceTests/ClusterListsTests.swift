@@ -12,7 +12,7 @@ import TaskloopTestSupport
 
 /// Lists read from the cells' records in the database answer exactly what the single server
 /// answers from its engine: the same tasks in the same order, the same cursors, the same bytes.
-@Suite struct ClusterListsTests {
+@Suite(.inTheDefaultStageOnly) struct ClusterListsTests {
     /// A database with the cells' tables and a connection to it on a loop of its own.
     final class Cells: @unchecked Sendable {
         let thread = LoopThread(try! EventLoop(), name: "cluster-lists")

@@ -5,7 +5,7 @@ import TaskloopStore
 import TaskloopTestSupport
 
 /// The built server with a data dir, killed and restarted the ways production does it.
-@Suite(.serialized) struct DurabilityTests {
+@Suite(.serialized, .inTheDefaultStageOnly) struct DurabilityTests {
     typealias Binary = BinaryTests.RunningBinary
 
     /// A durable server; running work gets one second of grace when it stops, unless `extra`
@@ -292,7 +292,7 @@ import TaskloopTestSupport
     }
 }
 
-@Suite struct StorageFailureTests {
+@Suite(.inTheDefaultStageOnly) struct StorageFailureTests {
     /// A disk that fills up: the change that could not be written is answered 503, later
     /// changes are refused while reads go on, and once there is room again the service
     /// recovers by itself; nothing acknowledged is lost.
@@ -362,7 +362,7 @@ import TaskloopTestSupport
 /// server is killed with SIGKILL at random moments and restarted on the same data dir. Every
 /// change a 2xx acknowledged is there afterwards, nothing is left stuck, and no task ran
 /// before its dependencies.
-@Suite(.serialized) struct CrashLoopTests {
+@Suite(.serialized, .inTheDefaultStageOnly) struct CrashLoopTests {
     struct Acknowledged {
         var tasks: Set<String> = []
         var cancelled: Set<String> = []

@@ -7,7 +7,7 @@ import TaskloopTestSupport
 /// once one child has lost that socket (as a concurrent libuv spawn, which marks every
 /// descriptor close-on-exec, can make happen), Foundation waits for that child alone and notices
 /// no other exit until it ends.
-@Suite struct ProcessExitTests {
+@Suite(.inTheDefaultStageOnly) struct ProcessExitTests {
     @Test func exitsAreSeenWhileFoundationWaitsForAnotherChild() throws {
         // A child that closes every descriptor above 2, Foundation's socket among them, and lives on.
         let blocker = Process()

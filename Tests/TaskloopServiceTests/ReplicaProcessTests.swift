@@ -4,7 +4,7 @@ import TaskloopTestSupport
 
 /// Replicas as users run them: the built binary, several processes on one PostgreSQL, one
 /// killed with SIGKILL under load, and the database itself crashed and restarted underneath.
-@Suite(.serialized) struct ReplicaProcessTests {
+@Suite(.serialized, .inTheDefaultStageOnly) struct ReplicaProcessTests {
     typealias RunningBinary = BinaryTests.RunningBinary
 
     /// A replica of the binary on `url`, listening on a free port; its client.
@@ -121,10 +121,10 @@ import TaskloopTestSupport
             refused.withLock { $0 = answer?.status ?? 0 }
         }
         submission.start()
-        try pollUntil("the frozen replica's turn to wait for the lock") { try sessions("wait_event_type = 'Lock'") == 1 }
+        try pollUntil("the frozen replica's turn to wait for the lock", timeout: 60) { try sessions("wait_event_type = 'Lock'") == 1 }
         kill(frozen.0.process.processIdentifier, SIGSTOP)
         letGo()
-        try pollUntil("the frozen replica's session to hold the turn lock") { try sessions("state = 'idle in transaction'") == 1 }
+        try pollUntil("the frozen replica's session to hold the turn lock", timeout: 60) { try sessions("state = 'idle in transaction'") == 1 }
 
         let created = try APIClient(port: other.2).call("POST", "/tasks", json: #"{"kind":"noop"}"#, timeout: 15)
         #expect(created.status == 201, "\(created.status) \(created.text)")

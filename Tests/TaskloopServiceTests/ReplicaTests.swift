@@ -5,7 +5,7 @@ import TaskloopTestSupport
 
 /// Several replicas on one PostgreSQL (a throwaway cluster), each a whole service on a loop of
 /// its own: they behave as one service.
-@Suite struct ReplicaTests {
+@Suite(.inTheDefaultStageOnly) struct ReplicaTests {
     /// `count` replicas sharing a database (a new one unless given).
     static func replicas(_ count: Int, on database: String? = nil,
                          configure: @escaping (inout ServiceConfiguration) -> Void = { _ in }) throws -> [ServiceHarness] {

@@ -5,7 +5,7 @@ import TaskloopTestSupport
 /// Contract v3 "Safe by default" through the built binary, as an operator meets it: what it
 /// refuses to start with, tokens re-read on SIGHUP, memory under clients that declare huge
 /// bodies without a token, and a deploy (SIGTERM) that leaves outside work alone.
-@Suite(.serialized) struct SafeDefaultsBinaryTests {
+@Suite(.serialized, .inTheDefaultStageOnly) struct SafeDefaultsBinaryTests {
     typealias RunningBinary = BinaryTests.RunningBinary
     static let token = "binary-admin-token-0123456789"
 

@@ -199,3 +199,18 @@ final class APIClient: @unchecked Sendable {
         return workflow
     }
 }
+
+extension ServiceHarness {
+    /// Whether this run is `make test`'s first stage, the one without `TASKLOOP_TEST_DURABILITY`
+    /// or `TASKLOOP_TEST_REPLICAS`.
+    static let isDefaultStage = ProcessInfo.processInfo.environment["TASKLOOP_TEST_DURABILITY"] == nil
+        && ProcessInfo.processInfo.environment["TASKLOOP_TEST_REPLICAS"] == nil
+}
+
+extension Trait where Self == ConditionTrait {
+    /// For suites that choose their own configuration (the binary with its own flags, their own
+    /// durability or database): the later stages of `make test` would run them again unchanged.
+    static var inTheDefaultStageOnly: Self {
+        .enabled(if: ServiceHarness.isDefaultStage, "chooses its own configuration, so it runs in the default stage only")
+    }
+}
