@@ -78,6 +78,9 @@ public final class CellHost {
     /// it goes.
     public var onOpened: ((Engine, [IdempotencyRecord]) -> Void)?
     public var onClosed: ((Engine) -> Void)?
+    /// The cluster moved to a newer protocol (given): every cell was handed over, and this
+    /// replica left the cluster for good.
+    public var onSuperseded: ((Int) -> Void)?
 
     /// Commits answered, and those among them that did not commit.
     public private(set) var commitCount = 0
@@ -120,6 +123,7 @@ public final class CellHost {
             drain(cell, done)
         }
         keeper.onClose = { [weak self] cell, _ in self?.close(cell) }
+        keeper.onSuperseded = { [weak self] version in self?.onSuperseded?(version) }
     }
 
     /// Connects the reader, then joins the cluster; `completion` runs once the keeper has the

@@ -48,6 +48,7 @@ public final class CellKeeper {
     public private(set) var owners: [Cell: ReplicaIdentity] = [:]
     private var stopping: (() -> Void)?
     private var isAbandoned = false
+    private var isClosed = false
 
     /// Open the cell's engine: it commits under `epoch`.
     public var onOpen: ((Cell, UInt64) -> Void)?
@@ -55,6 +56,11 @@ public final class CellKeeper {
     public var onDrain: ((Cell, @escaping () -> Void) -> Void)?
     /// Stop the cell's engine and attempts now; commit nothing more for it.
     public var onClose: ((Cell, CellOwnership.CloseReason) -> Void)?
+    /// The cluster moved to a newer protocol (given): this replica handed its cells over and
+    /// left it, and owns nothing from now on.
+    public var onSuperseded: ((Int) -> Void)?
+    /// The cluster's protocol, as the last renewal read it.
+    public private(set) var clusterProtocol = 0
 
     public init(loop: EventLoop, settings: Settings) throws(UVError) {
         self.loop = loop
@@ -119,20 +125,64 @@ public final class CellKeeper {
         connection.connect(settings.url) { [weak self] result in
             guard let self else { return }
             if case .failure(let error) = result { return completion(.failure(error)) }
-            connection.execute([PGQuery("LISTEN \(ClusterSchema.membershipChannel)"), ClusterSchema.tablesExist]) { [weak self] result in
+            connection.execute([PGQuery("LISTEN \(ClusterSchema.membershipChannel)"), ClusterSchema.clusterExists]) { [weak self] result in
                 guard let self else { return }
                 switch result {
                 case .failure(let error): completion(.failure(error))
-                case .success(let results):
-                    setUp(takingTheNameOver: takingTheNameOver, creatingTables: results[1].bool(0, 0) != true, completion)
+                case .success(let results) where results[1].bool(0, 0) == true: checkSchema(takingTheNameOver: takingTheNameOver, completion)
+                case .success: migrate(takingTheNameOver: takingTheNameOver, completion)
                 }
             }
         }
     }
 
-    private func setUp(takingTheNameOver: Bool, creatingTables: Bool, _ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
-        let setUp = ClusterSchema.setUp(settings, takingTheNameOver: takingTheNameOver, creatingTables: creatingTables)
-        connection.execute(setUp) { [weak self] result in
+    /// Tables already at this replica's version take no lock: a `CREATE ... IF NOT EXISTS`
+    /// takes its table's lock before it looks, and under load it would queue every commit
+    /// behind it.
+    private func checkSchema(takingTheNameOver: Bool, _ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        connection.execute([ClusterSchema.schemaState]) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure(let error):
+                completion(.failure(error))
+            case .success(let results):
+                let version = Int(results[0].int(0, 0) ?? 0)
+                if let refusal = Self.refusal(ofSchema: version) { return completion(.failure(refusal)) }
+                if version < ClusterSchema.schemaVersion { return migrate(takingTheNameOver: takingTheNameOver, completion) }
+                register(takingTheNameOver: takingTheNameOver, completion)
+            }
+        }
+    }
+
+    private func migrate(takingTheNameOver: Bool, _ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        connection.execute(ClusterSchema.beginMigration(settings)) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure(let error):
+                completion(.failure(error))
+            case .success(let results):
+                // Read under the lock: another replica may have migrated meanwhile.
+                let version = Int(results[results.count - 1].int(0, 0) ?? 0)
+                if let refusal = Self.refusal(ofSchema: version) {
+                    return connection.execute([PGQuery("ROLLBACK")]) { _ in completion(.failure(refusal)) }
+                }
+                connection.execute(ClusterSchema.migrate(from: version)) { [weak self] result in
+                    guard let self else { return }
+                    if case .failure(let error) = result { return completion(.failure(error)) }
+                    register(takingTheNameOver: takingTheNameOver, completion)
+                }
+            }
+        }
+    }
+
+    private static func refusal(ofSchema version: Int) -> PGError? {
+        guard version > ClusterSchema.schemaVersion else { return nil }
+        return PGError(message: "the cluster's tables are of schema \(version), newer than this replica's "
+                       + "\(ClusterSchema.schemaVersion): upgrade this replica before it joins")
+    }
+
+    private func register(takingTheNameOver: Bool, _ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        connection.execute(ClusterSchema.setUp(settings, takingTheNameOver: takingTheNameOver)) { [weak self] result in
             guard let self else { return }
             switch result {
             case .failure(let error):
@@ -199,7 +249,25 @@ public final class CellKeeper {
                 }
             }
         }
-        if stopping != nil, ownership?.isStopped == true { finishStopping() }
+        if ownership?.isStopped == true {
+            if stopping != nil {
+                finishStopping()
+            } else if ownership?.isSuperseded == true {
+                leaveSuperseded()
+            }
+        }
+    }
+
+    /// Its cells handed over, a replica of an older protocol leaves the cluster, so that the
+    /// newer replicas, which claim nothing while it is a live member, take its cells at once.
+    private func leaveSuperseded() {
+        let version = clusterProtocol
+        connection.execute([ClusterSchema.deregister(settings), ClusterSchema.announceChange(settings)]) { [weak self] _ in
+            guard let self else { return }
+            closeEverything()
+            onSuperseded?(version)
+        }
+        isAbandoned = true
     }
 
     private func update(_ change: (inout CellOwnership) -> [CellOwnership.Action]) {
@@ -225,9 +293,10 @@ public final class CellKeeper {
                     return []
                 }
             case .success(let results):
-                let answer = ClusterSchema.readRenewal(results)
+                let answer = ClusterSchema.readRenewal(results, protocolVersion: settings.protocolVersion)
                 addresses = answer.addresses
                 owners = answer.owners
+                clusterProtocol = answer.clusterProtocol
                 update { $0.renewed(sentAt: sentAt, now: Self.now(), answer.answer) }
             }
         }
@@ -280,6 +349,8 @@ public final class CellKeeper {
 
     /// Drains and releases every cell, removes this replica's row, closes the connection.
     public func stop(_ completion: @escaping () -> Void) {
+        // Superseded, it has left already.
+        guard !isAbandoned else { return completion() }
         stopping = completion
         update { $0.stop() }
     }
@@ -300,6 +371,8 @@ public final class CellKeeper {
     }
 
     private func closeEverything() {
+        guard !isClosed else { return }
+        isClosed = true
         isAbandoned = true
         timer.close()
         reconnectTimer.close()

@@ -40,6 +40,11 @@ public struct RenewalAnswer: Sendable {
     /// included.
     public var live: [String]
     public var cells: [CellRow]
+    /// The cluster runs a newer protocol than this replica: it hands its cells over and leaves.
+    public var isSuperseded = false
+    /// A replica of an older protocol is still live: it is handing its cells over, and none
+    /// may be claimed until it is gone, so replicas of two protocols never own cells together.
+    public var olderMembersLive = false
 
     public init(isRegistered: Bool, live: [String], cells: [CellRow]) {
         self.isRegistered = isRegistered
@@ -127,6 +132,9 @@ public struct CellOwnership: Sendable {
     /// Asked to renew while a renewal was under way: the next goes at once after it.
     private var renewsAgain = false
     public private(set) var isStopping = false
+    /// The cluster moved to a newer protocol: this replica stops as in a graceful stop, and
+    /// never claims again.
+    public private(set) var isSuperseded = false
 
     public init(me: ReplicaIdentity, layout: CellLayout, settings: Settings) {
         self.me = me
@@ -193,9 +201,13 @@ public struct CellOwnership: Sendable {
         }
         keptUntil = max(keptUntil ?? 0, sentAt + settings.leaseMilliseconds - settings.marginMilliseconds)
         let isFresh = now < keptUntil!
+        var actions: [Action] = []
+        if answer.isSuperseded && !isSuperseded {
+            isSuperseded = true
+            actions += stop()
+        }
         let rows = Dictionary(answer.cells.map { ($0.cell, $0) }, uniquingKeysWith: { first, _ in first })
         let owners = Rendezvous.assignment(layout, among: isStopping ? answer.live.filter { $0 != me.name } : answer.live)
-        var actions: [Action] = []
         for (cell, state) in cells.sorted(by: { $0.key < $1.key }) {
             let row = rows[cell]
             switch state {
@@ -221,7 +233,7 @@ public struct CellOwnership: Sendable {
         guard isFresh else { return actions }
         for cell in layout.cells where cells[cell] == nil {
             guard let row = rows[cell] else { continue }
-            if owners[cell] == me.name && !isStopping {
+            if owners[cell] == me.name && !isStopping && !answer.olderMembersLive {
                 // A row that still names this process is one it closed (fenced, or a claim
                 // whose answer was lost) and may take back, with a new epoch and its records
                 // read again.

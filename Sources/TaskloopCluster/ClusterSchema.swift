@@ -12,9 +12,8 @@ public enum ClusterSchema {
     /// the number only has to be fixed and unlikely to collide).
     static let setUpLock: Int64 = 7_361_000_000_003
 
-    /// Among `setUp`'s results, the cluster's row (cells, protocol): the one before the
-    /// registration and its announcement, which come last.
-    static func clusterRow(amongSetUp results: [PGResult]) -> PGResult { results[results.count - 3] }
+    /// Among `setUp`'s results, the cluster's row (cells, protocol).
+    static func clusterRow(amongSetUp results: [PGResult]) -> PGResult { results[3] }
 
     /// The channel a replica's arrival, departure or release of a cell is announced on: the
     /// others renew at once, so cells move in a round trip instead of a renewal interval. The
@@ -65,42 +64,18 @@ public enum ClusterSchema {
 
     static func milliseconds(_ value: UInt64) -> PGValue { .int(Int64(value)) }
 
-    /// True when the tables are all there (the last thing `setUp` creates exists): a replica
-    /// joining a running cluster then takes no lock on them. `CREATE INDEX IF NOT EXISTS` takes
-    /// its table's lock before it looks, and under load it would queue every commit behind it.
-    static let tablesExist = PGQuery("SELECT to_regclass('taskloop.cell_idempotency_keys_cell') IS NOT NULL")
+    /// The layout of the cluster's tables, kept in `taskloop.cluster.schema`. Each migration
+    /// runs once, in order, in one transaction with the version's update; a replica refuses a
+    /// cluster whose tables are newer than it knows.
+    public static let schemaVersion = 1
 
-    static func setUp(_ settings: CellKeeper.Settings, takingTheNameOver: Bool, creatingTables: Bool = true) -> [PGQuery] {
-        let me = settings.identity
-        let lease = milliseconds(settings.ownership.leaseMilliseconds)
-        // A reconnect refreshes the row only while it is still this process's.
-        let takeOver = takingTheNameOver ? "" : " WHERE taskloop.members.incarnation = excluded.incarnation"
-        return [
-            // A renewal that cannot finish within a renewal interval is as good as lost; the
-            // ownership rules then decide, on time.
-            PGQuery("SET statement_timeout = \(settings.ownership.renewalInterval)"),
-            PGQuery("SET idle_in_transaction_session_timeout = \(settings.ownership.renewalInterval)"),
-        ] + (creatingTables ? tables(settings) : []) + [
-            PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
-            PGQuery("""
-                INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)
-                VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5 * interval '1 millisecond')
-                ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, address = excluded.address,
-                    protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at\(takeOver)
-                """, [.text(me.name), .text(me.incarnation), .text(settings.address), .int(settings.protocolVersion), lease]),
-            announceChange(settings),
-        ]
+    struct Migration {
+        let version: Int
+        let statements: [PGQuery]
     }
 
-    private static func tables(_ settings: CellKeeper.Settings) -> [PGQuery] {
-        [
-            // The batch is one transaction (one sync): the lock holds until the tables are committed.
-            PGQuery("SELECT pg_advisory_xact_lock(\(setUpLock))"),
-            PGQuery("CREATE SCHEMA IF NOT EXISTS taskloop"),
-            PGQuery("CREATE TABLE IF NOT EXISTS taskloop.cluster (id int PRIMARY KEY CHECK (id = 1), cells int NOT NULL, "
-                    + "protocol int NOT NULL)"),
-            PGQuery("INSERT INTO taskloop.cluster VALUES (1, $1, $2) ON CONFLICT (id) DO NOTHING",
-                    [.int(settings.cells), .int(settings.protocolVersion)]),
+    static let migrations = [
+        Migration(version: 1, statements: [
             PGQuery("""
                 CREATE TABLE IF NOT EXISTS taskloop.members (name text PRIMARY KEY, incarnation text NOT NULL,
                     address text NOT NULL, protocol int NOT NULL, started_at timestamptz NOT NULL, expires_at timestamptz NOT NULL)
@@ -134,7 +109,58 @@ public enum ClusterSchema {
                     UPDATE taskloop.cells SET commit_token = p_token WHERE cell = ANY(p_cells);
                 END $$
                 """),
-        ] + ClusterEvents.setUp + ClusterMessages.setUp + CellSchema.setUp
+        ] + ClusterEvents.setUp + ClusterMessages.setUp + CellSchema.setUp),
+    ]
+
+    /// Whether the cluster's tables exist; then `schemaState` reads their version.
+    static let clusterExists = PGQuery("SELECT to_regclass('taskloop.cluster') IS NOT NULL")
+    static let schemaState = PGQuery("SELECT schema FROM taskloop.cluster")
+
+    /// The first half of a migration, on a connection of its own use: a transaction that holds
+    /// the set-up lock (so replicas starting together migrate once), makes the cluster's row if
+    /// there is none, and reads the tables' version; `migrate(from:)` finishes it.
+    static func beginMigration(_ settings: CellKeeper.Settings) -> [PGQuery] {
+        [
+            PGQuery("BEGIN"),
+            PGQuery("SELECT pg_advisory_xact_lock(\(setUpLock))"),
+            PGQuery("CREATE SCHEMA IF NOT EXISTS taskloop"),
+            PGQuery("CREATE TABLE IF NOT EXISTS taskloop.cluster (id int PRIMARY KEY CHECK (id = 1), cells int NOT NULL, "
+                    + "protocol int NOT NULL, schema int NOT NULL)"),
+            PGQuery("INSERT INTO taskloop.cluster VALUES (1, $1, $2, 0) ON CONFLICT (id) DO NOTHING",
+                    [.int(settings.cells), .int(settings.protocolVersion)]),
+            schemaState,
+        ]
+    }
+
+    /// The migrations after `version` up to this replica's, the version's update and the commit.
+    static func migrate(from version: Int) -> [PGQuery] {
+        migrations.filter { $0.version > version }.flatMap(\.statements)
+            + [PGQuery("UPDATE taskloop.cluster SET schema = $1", [.int(schemaVersion)]), PGQuery("COMMIT")]
+    }
+
+    /// Registers the replica in a cluster whose tables are current. A replica of a newer
+    /// protocol raises the cluster's: the older replicas then hand their cells over and leave
+    /// (`RenewalAnswer.isSuperseded`), and an older one can no longer join.
+    static func setUp(_ settings: CellKeeper.Settings, takingTheNameOver: Bool) -> [PGQuery] {
+        let me = settings.identity
+        let lease = milliseconds(settings.ownership.leaseMilliseconds)
+        // A reconnect refreshes the row only while it is still this process's.
+        let takeOver = takingTheNameOver ? "" : " WHERE taskloop.members.incarnation = excluded.incarnation"
+        return [
+            // A renewal that cannot finish within a renewal interval is as good as lost; the
+            // ownership rules then decide, on time.
+            PGQuery("SET statement_timeout = \(settings.ownership.renewalInterval)"),
+            PGQuery("SET idle_in_transaction_session_timeout = \(settings.ownership.renewalInterval)"),
+            PGQuery("UPDATE taskloop.cluster SET protocol = $1 WHERE protocol < $1", [.int(settings.protocolVersion)]),
+            PGQuery("SELECT cells, protocol FROM taskloop.cluster"),
+            PGQuery("""
+                INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)
+                VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5 * interval '1 millisecond')
+                ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, address = excluded.address,
+                    protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at\(takeOver)
+                """, [.text(me.name), .text(me.incarnation), .text(settings.address), .int(settings.protocolVersion), lease]),
+            announceChange(settings),
+        ]
     }
 
     static let renewMember = PGStatement("cells_renew_member", """
@@ -147,8 +173,9 @@ public enum ClusterSchema {
             AND owner = $1 AND incarnation = $2 AND EXISTS (SELECT 1 FROM taskloop.members WHERE name = $1 AND incarnation = $2)
         """)
     static let liveMembers = PGStatement("cells_live_members", """
-        SELECT name, address FROM taskloop.members WHERE expires_at > clock_timestamp() AND protocol = $1 ORDER BY name
+        SELECT name, address, protocol FROM taskloop.members WHERE expires_at > clock_timestamp() ORDER BY name
         """)
+    static let clusterProtocol = PGStatement("cells_cluster_protocol", "SELECT protocol FROM taskloop.cluster")
     static let cellRows = PGStatement("cells_rows", """
         SELECT cell, owner, incarnation, epoch,
             owner IS NOT NULL AND lease_until + $1 * interval '1 millisecond' < clock_timestamp()
@@ -176,8 +203,9 @@ public enum ClusterSchema {
             PGQuery("BEGIN"),
             PGQuery(renewMember, me),
             PGQuery(renewCells, me),
-            PGQuery(liveMembers, [.int(settings.protocolVersion)]),
+            PGQuery(liveMembers),
             PGQuery(cellRows, [milliseconds(settings.ownership.marginMilliseconds)]),
+            PGQuery(clusterProtocol),
             PGQuery("COMMIT"),
         ]
     }
@@ -186,15 +214,23 @@ public enum ClusterSchema {
         var answer: RenewalAnswer
         var addresses: [String: String]
         var owners: [Cell: ReplicaIdentity]
+        var clusterProtocol: Int
     }
 
-    static func readRenewal(_ results: [PGResult]) -> Renewal {
+    static func readRenewal(_ results: [PGResult], protocolVersion: Int) -> Renewal {
         let isRegistered = results[1].affectedRows == 1
         let members = results[3], rows = results[4]
+        // Only replicas of this one's protocol own cells with it; a live one of an older
+        // protocol is still handing its cells over, and none may be claimed until it is gone.
         var addresses: [String: String] = [:]
+        var olderMembersLive = false
         for row in 0..<members.rowCount {
-            if let name = members.text(row, 0) { addresses[name] = members.text(row, 1) ?? "" }
+            guard let name = members.text(row, 0) else { continue }
+            let version = Int(members.int(row, 2) ?? 0)
+            if version == protocolVersion { addresses[name] = members.text(row, 1) ?? "" }
+            if version < protocolVersion { olderMembersLive = true }
         }
+        let clusterProtocol = Int(results[5].int(0, 0) ?? 0)
         var cells: [CellRow] = []
         var owners: [Cell: ReplicaIdentity] = [:]
         cells.reserveCapacity(rows.rowCount)
@@ -208,8 +244,10 @@ public enum ClusterSchema {
             }
             cells.append(CellRow(cell: cell, owner: owner, epoch: UInt64(epoch), expired: rows.bool(row, 4) ?? false))
         }
-        return Renewal(answer: RenewalAnswer(isRegistered: isRegistered, live: addresses.keys.sorted(), cells: cells),
-                       addresses: addresses, owners: owners)
+        var answer = RenewalAnswer(isRegistered: isRegistered, live: addresses.keys.sorted(), cells: cells)
+        answer.isSuperseded = clusterProtocol > protocolVersion
+        answer.olderMembersLive = olderMembersLive
+        return Renewal(answer: answer, addresses: addresses, owners: owners, clusterProtocol: clusterProtocol)
     }
 
     static func claim(_ cell: Cell, from epoch: UInt64, _ settings: CellKeeper.Settings) -> PGQuery {

@@ -90,6 +90,12 @@ extension TaskloopApplication {
             // An engine may outlive the application in an answer still pending: weak.
             engine.addObserver { [weak self] events in self?.settled(events) }
         }
+        host.onSuperseded = { [unowned self] version in
+            let detail = "The cluster was upgraded to protocol \(version); this replica runs protocol "
+                + "\(ClusterSchema.protocolVersion), has handed its cells over and serves no more: run the new version."
+            logger.error("\(detail)")
+            supersededProblem = APIProblem(.serviceUnavailable, detail: detail, code: "replica_superseded")
+        }
         var outcome: Result<CellLayout, PGError>?
         host.start { outcome = $0 }
         loop.run { outcome != nil }
@@ -216,6 +222,7 @@ extension TaskloopApplication {
     /// whole workflows and queues are answered here from the database.
     func serveInCell(_ route: Route, _ request: HTTPRequest, _ reply: Reply, waitedMilliseconds: UInt64 = 0) {
         guard let host = cellHost else { return reply.send(Self.cellMoving.response()) }
+        if let supersededProblem { return reply.send(supersededProblem.response()) }
         if let handler = cellReads[route.index] {
             do {
                 try handler(request, reply)

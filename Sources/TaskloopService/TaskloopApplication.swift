@@ -44,6 +44,9 @@ public final class TaskloopApplication {
     var forwarder: ClusterForwarder?
     /// With cells: the routes answered from the cells' records instead of an engine, by index.
     var cellReads: [Int: ServiceHandler] = [:]
+    /// Set once the cluster moved to a newer protocol and this replica left it: what it answers
+    /// for every cell and for its health from then on.
+    var supersededProblem: APIProblem?
     private(set) var scheduler: LoopScheduler?
     private(set) var httpClient: HTTPClient?
     var server: HTTPServer?

@@ -25,12 +25,21 @@ import TaskloopTestSupport
         }
         let cells: Int
 
-        func start(_ name: String, incarnation: String? = nil, through url: String? = nil) throws {
+        func start(_ name: String, incarnation: String? = nil, through url: String? = nil,
+                   protocolVersion: Int = ClusterSchema.protocolVersion) throws {
+            let outcome = try attemptStart(name, incarnation: incarnation, through: url, protocolVersion: protocolVersion)
+            #expect(outcome == "success(\(cells))")
+        }
+
+        /// Starts a keeper; how its start ended ("success(16)", or the failure).
+        func attemptStart(_ name: String, incarnation: String? = nil, through url: String? = nil,
+                          protocolVersion: Int = ClusterSchema.protocolVersion) throws -> String {
             let started = Locked<String?>(nil)
             thread.run { [self] in
                 var settings = CellKeeper.Settings(url: url ?? self.url, identity: ReplicaIdentity(name: name, incarnation: incarnation ?? name),
                                                    address: "http://\(name).invalid", ownership: CellKeeperTests.ownership)
                 settings.cells = cells
+                settings.protocolVersion = protocolVersion
                 let keeper = try! CellKeeper(loop: thread.loop, settings: settings)
                 keepers[name + (incarnation ?? "")] = keeper
                 let log = self.log
@@ -40,10 +49,11 @@ import TaskloopTestSupport
                     log.withLock { $0.append(("\(name) drain \(cell.index)", CellKeeper.now())) }
                     done()
                 }
+                keeper.onSuperseded = { version in log.withLock { $0.append(("\(name) superseded by \(version)", CellKeeper.now())) } }
                 keeper.start { result in started.withLock { $0 = "\(result.map { $0.count })" } }
             }
             try pollUntil("\(name) to start") { started.value != nil }
-            #expect(started.value == "success(\(cells))")
+            return started.value!
         }
 
         /// Starts a alone and waits until it runs every cell; the epochs it holds them under.
@@ -193,6 +203,54 @@ import TaskloopTestSupport
         }
         proxy.freeze(toServer: false, toClient: false)
         _ = try cluster.settle()
+        try cluster.finish()
+    }
+
+    /// A rolling upgrade: a replica of a newer protocol raises the cluster's; the older one
+    /// hands every cell over and leaves, and the newer takes each only after the older drained
+    /// it; an older replica can no longer join.
+    @Test func aNewerProtocolTakesTheClusterOverAndOlderReplicasLeave() throws {
+        let cluster = try Cluster()
+        let current = ClusterSchema.protocolVersion
+        try cluster.start("a")
+        try pollUntil("a to take every cell", timeout: 10) { cluster.open("a").count == 16 }
+        try cluster.start("b", protocolVersion: current + 1)
+        try pollUntil("b to take every cell", timeout: 15) { cluster.open("b").count == 16 }
+        #expect(cluster.open("a").isEmpty)
+        #expect(cluster.lines(containing: "a superseded by \(current + 1)").count == 1)
+        for cell in 0..<16 {
+            let drained = try #require(cluster.lines(containing: "a drain \(cell)").first, "a handed \(cell) over")
+            let taken = try #require(cluster.lines(containing: "b open \(cell) ").first)
+            #expect(drained.at <= taken.at)
+        }
+        #expect(cluster.lines(containing: "a close").isEmpty, "nothing was cut short")
+        let members = try PostgresCluster.shared().sql("SELECT string_agg(name || ':' || protocol, ',') FROM taskloop.members",
+                                                       database: cluster.url)
+        #expect(members.trimmingCharacters(in: .whitespacesAndNewlines) == "b:\(current + 1)")
+        let refused = try cluster.attemptStart("c")
+        #expect(refused.contains("the cluster runs protocol \(current + 1), newer than this replica's \(current)"), "\(refused)")
+        try cluster.finish()
+    }
+
+    /// The tables carry their version: a new cluster is at this build's, one a version behind
+    /// is migrated once by the first replica, and one that is newer is refused by name.
+    @Test func theTablesAreMigratedAndNewerOnesRefused() throws {
+        let cluster = try Cluster()
+        let postgres = try PostgresCluster.shared()
+        func schema() throws -> String {
+            try postgres.sql("SELECT schema FROM taskloop.cluster", database: cluster.url).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        try cluster.start("a")
+        #expect(try schema() == "\(ClusterSchema.schemaVersion)")
+        // As a cluster made before the last migration: its version says what is still to run.
+        _ = try postgres.sql("UPDATE taskloop.cluster SET schema = \(ClusterSchema.schemaVersion - 1)", database: cluster.url)
+        try cluster.start("b")
+        #expect(try schema() == "\(ClusterSchema.schemaVersion)")
+        _ = try cluster.settle()
+        _ = try postgres.sql("UPDATE taskloop.cluster SET schema = \(ClusterSchema.schemaVersion + 1)", database: cluster.url)
+        let refused = try cluster.attemptStart("c")
+        #expect(refused.contains("the cluster's tables are of schema \(ClusterSchema.schemaVersion + 1), newer than this replica's"),
+                "\(refused)")
         try cluster.finish()
     }
 

@@ -49,6 +49,37 @@ import Testing
                 == mine.map { .claim($0, currentEpoch: 4) })
     }
 
+    /// A newer protocol took the cluster over: every cell is drained and released as in a
+    /// graceful stop, and nothing is claimed again, whatever rendezvous says.
+    @Test func aSupersededReplicaHandsEverythingOverAndClaimsNothingMore() {
+        var ownership = Self.owning(Self.a, among: ["a"])
+        _ = ownership.tick(now: 2_500)
+        var superseded = RenewalAnswer(isRegistered: true, live: ["a"], cells: Self.rows({ _ in Self.a }, epoch: 1))
+        superseded.isSuperseded = true
+        #expect(ownership.renewed(sentAt: 2_500, now: 2_500, superseded) == Self.layout.cells.map { .drain($0) })
+        #expect(ownership.isSuperseded && !ownership.isStopped)
+        for cell in Self.layout.cells {
+            #expect(ownership.drained(cell) == [.release(cell, epoch: 1)])
+            ownership.released(cell)
+        }
+        #expect(ownership.isStopped)
+        #expect(ownership.tick(now: 10_000) == [], "a replica that left renews nothing")
+    }
+
+    /// While a replica of an older protocol is live (handing its cells over), a newer one
+    /// claims nothing, not even the cells nobody holds: replicas of two protocols never own
+    /// cells together.
+    @Test func noCellIsClaimedWhileAReplicaOfAnOlderProtocolIsLive() {
+        var ownership = CellOwnership(me: Self.a, layout: Self.layout, settings: Self.settings)
+        _ = ownership.tick(now: 0)
+        var answer = RenewalAnswer(isRegistered: true, live: ["a"], cells: Self.rows { _ in nil })
+        answer.olderMembersLive = true
+        #expect(ownership.renewed(sentAt: 0, now: 0, answer) == [])
+        _ = ownership.tick(now: 2_500)
+        answer.olderMembersLive = false
+        #expect(ownership.renewed(sentAt: 2_500, now: 2_500, answer) == Self.layout.cells.map { .claim($0, currentEpoch: 0) })
+    }
+
     @Test func aJoinDrainsExactlyTheCellsThatMoveThenReleasesThem() {
         var ownership = Self.owning(Self.a, among: ["a"])
         #expect(ownership.openCells.count == Self.layout.count)

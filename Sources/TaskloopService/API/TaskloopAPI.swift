@@ -78,6 +78,8 @@ extension TaskloopApplication {
                 } else if shared?.isFailing == true {
                     // A load balancer sends the work to a replica that can reach the database.
                     reply.send(Self.sharedDatabaseUnavailable.response())
+                } else if let supersededProblem {
+                    reply.send(supersededProblem.response())
                 } else {
                     reply.send(.json(.ok, Array(#"{"status":"ok","process_isolation":"\#(processIsolation)"}"#.utf8)))
                 }
