@@ -227,7 +227,9 @@ public final class CellKeeper {
         // Woken at the deadline, and never more than 100 ms apart: the loop's timers run on a
         // clock that stops while the machine is suspended, and after a resume the fence must not
         // wait out the rest of a long delay.
-        let delay = deadline > now ? min(deadline - now, 100) : 0
+        // Never 0: libuv 1.44 runs a timer re-armed with 0 from its own callback again before
+        // it polls, so a deadline that stays due would spin the loop for ever.
+        let delay = deadline > now ? min(deadline - now, 100) : 1
         timer.start(after: delay) { [weak self] in self?.tick() }
     }
 

@@ -159,7 +159,8 @@ public struct CellOwnership: Sendable {
 
     /// When the driver must tick next at the latest (a renewal is due, or the fence).
     public var nextDeadline: UInt64 {
-        var deadline = renewalSentAt == nil ? nextRenewalAt : UInt64.max
+        // Stopped, nothing is due: a renewal asked for (`renewSoon`) is never sent.
+        var deadline = renewalSentAt == nil && !isStopped ? nextRenewalAt : UInt64.max
         if let keptUntil, !cells.isEmpty { deadline = min(deadline, keptUntil) }
         return deadline
     }

@@ -90,6 +90,10 @@ public final class EventLoop: Sendable {
     /// Milliseconds of the loop's monotonic clock, cached at the start of each iteration.
     public var now: UInt64 { uv_now(uvLoop) }
 
+    /// The kinds of the handles still open, read from another thread: only to say why a loop
+    /// that should have finished did not, while it sits idle waiting on them (tests).
+    public func openHandlesWhileIdle() -> [String] { openHandleDescriptions() }
+
     private func openHandleDescriptions() -> [String] {
         final class Collector { var names: [String] = [] }
         let collector = Collector()

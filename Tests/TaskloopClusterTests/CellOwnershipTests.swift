@@ -158,6 +158,11 @@ import Testing
         }
         #expect(ownership.isStopped)
         #expect(ownership.tick(now: 100_000) == [], "a stopped replica renews nothing")
+        // Another replica's announcement after the stop: nothing is due, so the driver does
+        // not wake for it (a deadline that stayed due spun the loop of a stopping replica).
+        ownership.renewSoon()
+        #expect(ownership.nextDeadline == .max)
+        #expect(ownership.tick(now: 100_001) == [])
     }
 }
 

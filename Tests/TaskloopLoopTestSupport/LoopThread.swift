@@ -41,7 +41,9 @@ public final class LoopThread: Sendable {
     /// Waits for the loop thread to end. Throws if it did not end in time or the loop did not
     /// close clean.
     public func waitForExit(timeout: Double, what: String = "the loop to finish") throws {
-        guard finished.wait(timeout: .now() + timeout) == .success else { throw TestTimeout(what: what) }
+        guard finished.wait(timeout: .now() + timeout) == .success else {
+            throw TestTimeout(what: "\(what) (handles still open: \(loop.openHandlesWhileIdle().joined(separator: ", ")))")
+        }
         finished.signal()
         try outcome.withLock { $0 }!.get()
     }
