@@ -217,16 +217,17 @@ enum Representation {
     }
 
     /// A workflow as the cells' records keep it, with `tasks`, those of its tasks still kept, in
-    /// order; its state and progress worked out from them as a live workflow's are.
+    /// order. Its state and progress are its home cell's, as a live workflow's are: members in
+    /// other cells count as they last reported to the home (a member's row may be ahead of its
+    /// report, or not written yet), so a workflow read as ended is one its home knows ended,
+    /// and a retry or cancel sent to it then acts on what the read showed.
     static func workflow(_ workflow: WorkflowSnapshot, tasks: [TaskSnapshot]) -> [UInt8] {
-        // Members in other cells not there yet (their creation is on its way) count as the
-        // home last knew them: a workflow is never shown ended before all of them exist.
-        let found = Set(tasks.lazy.map(\.id))
-        let unseen = workflow.remoteMembers.filter { !found.contains($0.id) }
+        let remote = Set(workflow.remoteMembers.lazy.map(\.id))
+        let home = tasks.filter { !remote.contains($0.id) }
         var counts = StateCounts()
-        for task in tasks { counts[task.state] += 1 }
-        for member in unseen { counts[member.state] += 1 }
-        let parts = tasks.map { ($0.state, $0.progress.fraction) } + unseen.map { ($0.state, $0.fraction) }
+        for task in home { counts[task.state] += 1 }
+        for member in workflow.remoteMembers { counts[member.state] += 1 }
+        let parts = home.map { ($0.state, $0.progress.fraction) } + workflow.remoteMembers.map { ($0.state, $0.fraction) }
         return write(workflow: workflow.id, name: workflow.name, state: WorkflowRecord.state(of: counts),
                      fraction: WorkflowRecord.fraction(of: parts),
                      createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys.lazy.map { (key: $0.key, id: $0.id) })
