@@ -52,12 +52,32 @@ import TaskloopTestSupport
 
         func waitFor(_ count: Int, timeout: Double = 5) throws -> [Event] {
             // Counting complete `data:` lines is enough to know when to stop; parsing is for the end.
-            Self.parse(try connection.readUntil(timeout: timeout) { Self.completeDataLines($0) >= count }).events
+            _ = try waitForCount(count, timeout: timeout)
+            return Self.parse(try connection.readUntil(timeout: timeout) { _ in true }).events
         }
 
-        static func completeDataLines(_ bytes: [UInt8]) -> Int {
+        /// Complete `data:` lines counted so far, and where the count goes on from.
+        private var counted = 0
+        private var countedUpTo = 0
+
+        /// Waits until `count` events have arrived; how many have. Each byte is looked at once
+        /// (a stream of many megabytes counted from its start at every read took minutes).
+        func waitForCount(_ count: Int, timeout: Double = 5) throws -> Int {
+            _ = try connection.readUntil(timeout: timeout) { bytes in
+                if countedUpTo > bytes.count { (counted, countedUpTo) = (0, 0) } // the buffer was emptied
+                let (lines, next) = Self.completeDataLines(bytes, from: countedUpTo)
+                counted += lines
+                countedUpTo = next
+                return counted >= count
+            }
+            return counted
+        }
+
+        /// The complete `data:` lines from `start` on, and where a later count goes on from (the
+        /// start of a line not yet complete).
+        static func completeDataLines(_ bytes: [UInt8], from start: Int) -> (count: Int, next: Int) {
             var count = 0
-            var index = 0
+            var index = start
             let pattern = Array("\ndata: ".utf8)
             while index + pattern.count <= bytes.count {
                 guard bytes[index] == 0x0A, bytes[index + 1] == pattern[1], bytes[index..<index + pattern.count].elementsEqual(pattern)
@@ -70,7 +90,7 @@ import TaskloopTestSupport
                 count += 1
                 index = end
             }
-            return count
+            return (count, index)
         }
 
         var head: String { Self.parse((try? connection.readUntil(timeout: 5) { Self.parse($0).head != "" }) ?? []).head }
@@ -206,7 +226,7 @@ import TaskloopTestSupport
             let reader = try RawClient(port: service.port)
             // HTTP/1.1 (chunked, kept alive) as browsers ask, and HTTP/1.0 (ended by closing).
             try reader.send("GET /events?since=0 HTTP/1.\(index % 4 < 2 ? 1 : 0)\r\nHost: localhost\r\n\r\n")
-            _ = try reader.readUntil { Stream.completeDataLines($0) >= 4 }
+            _ = try reader.readUntil { Stream.completeDataLines($0, from: 0).count >= 4 }
             if index % 2 == 0 { closing.append(reader) } else { resetting.append(reader) }
         }
         try pollUntil("eight streams") { try openStreams() == 8 }
@@ -262,7 +282,7 @@ import TaskloopTestSupport
             let created = try client.call("POST", "/workflows", json: body)
             #expect(created.status == 201)
             sent += 1
-            _ = try reading.waitFor(sent * 202, timeout: 10) // 4 per task, 2 for the workflow
+            _ = try reading.waitForCount(sent * 202, timeout: 10) // 4 per task, 2 for the workflow
             return try client.call("GET", "/metrics").text.contains("taskloop_event_streams 1")
         }
         // The reader that reads goes on.
