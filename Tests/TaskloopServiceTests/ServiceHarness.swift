@@ -23,6 +23,9 @@ final class ServiceHarness: @unchecked Sendable {
     static let defaultDurability: Durability = ProcessInfo.processInfo.environment["TASKLOOP_TEST_DURABILITY"]
         .flatMap(Durability.init(rawValue:)) ?? .full
     static let replicaCount = ProcessInfo.processInfo.environment["TASKLOOP_TEST_REPLICAS"].flatMap { Int($0) } ?? 1
+    /// How those replicas share the database (`TASKLOOP_TEST_REPLICATION=cells`; turns otherwise).
+    static let replication = ProcessInfo.processInfo.environment["TASKLOOP_TEST_REPLICATION"]
+        .flatMap(SharedDatabaseSettings.Replication.init(rawValue:)) ?? .turns
 
     let loop: EventLoop
     let port: Int
@@ -50,7 +53,10 @@ final class ServiceHarness: @unchecked Sendable {
         let replicated = replicas > 1 && configuration.sharedDatabase == nil && configuration.durability == Self.defaultDurability
             && configuration.dataDirectory == dataDirectory
         if replicated {
-            configuration.sharedDatabase = SharedDatabaseSettings(url: try PostgresCluster.shared().makeDatabase(), replica: "r0")
+            var shared = SharedDatabaseSettings(url: try PostgresCluster.shared().makeDatabase(), replica: "r0")
+            shared.replication = Self.replication
+            shared.cells = 16
+            configuration.sharedDatabase = shared
         }
         let loop = try EventLoop()
         var logger = logHandler.map { handler in Logger(label: "test") { _ in handler } } ?? Logger(label: "test")
@@ -66,9 +72,12 @@ final class ServiceHarness: @unchecked Sendable {
                 try ServiceHarness(logHandler: logHandler, replicas: 1) { peer in
                     peer = base
                     peer.http.port = 0
-                    peer.sharedDatabase = SharedDatabaseSettings(url: shared.url, replica: "r\(index)")
+                    peer.sharedDatabase = shared
+                    peer.sharedDatabase!.replica = "r\(index)"
                 }
             }
+            // Tests start once no cell moves: a request for a moving cell may wait or be refused.
+            if shared.replication == .cells { try CellServiceTests.waitForEveryCell([self] + peers) }
         }
     }
 
