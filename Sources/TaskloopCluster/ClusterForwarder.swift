@@ -90,19 +90,29 @@ public final class ClusterForwarder {
     /// With `whenUnreachable`, an owner that cannot be reached (nothing was sent: a refused or
     /// timed-out connect) calls it instead of answering 503: the caller may look for the cell's
     /// owner again, as it does while a cell moves.
+    ///
+    /// Cancelling what it returns (the client went away) drops the exchange and its connection,
+    /// so the owner sees the client leave too: a long poll or lease call waiting there ends.
+    @discardableResult
     public func forward(_ request: HTTPRequest, to address: String, whenUnreachable: (() -> Void)? = nil,
-                        completion: @escaping (HTTPResponse) -> Void) {
-        guard !isClosed else { return completion(Self.closedProblem) }
+                        completion: @escaping (HTTPResponse) -> Void) -> ForwardedRequest {
+        let forwarded = ForwardedRequest()
+        guard !isClosed else {
+            completion(Self.closedProblem)
+            return forwarded
+        }
         var base = address.contains("://") ? address : "http://" + address
         if base.hasSuffix("/") { base.removeLast() }
         guard (try? HTTPURL(base + "/")) != nil else {
-            return completion(Self.unreachable("The address of the replica that serves this request is malformed."))
+            completion(Self.unreachable("The address of the replica that serves this request is malformed."))
+            return forwarded
         }
         let url: HTTPURL
         do {
             url = try HTTPURL(base + request.rawPath + Self.query(request.queryItems))
         } catch {
-            return completion(HTTPProblem(.badRequest, detail: "The request's target cannot be forwarded: it \(error.message)").response())
+            completion(HTTPProblem(.badRequest, detail: "The request's target cannot be forwarded: it \(error.message)").response())
+            return forwarded
         }
         var outbound = HTTPClientRequest(method: request.method.description, url: url, headers: fields(of: request),
                                          body: request.body.isEmpty ? nil : request.body)
@@ -117,6 +127,18 @@ public final class ClusterForwarder {
             }
         } catch {
             exchange.finish(.failure(error), closed: isClosed, timeout: settings.requestTimeoutMilliseconds)
+        }
+        forwarded.exchange = exchange
+        return forwarded
+    }
+
+    /// A request on its way to its owner, which the caller may give up.
+    public final class ForwardedRequest {
+        fileprivate weak var exchange: Exchange?
+
+        /// Nothing more is called back; the transfer and its connection end.
+        public func cancel() {
+            exchange?.cancel()
         }
     }
 
@@ -182,7 +204,7 @@ public final class ClusterForwarder {
                                            headers: ["Retry-After": "1"]).response()
 
     /// One forward: the answer's body as it arrives, and the completion, called once.
-    private final class Exchange {
+    fileprivate final class Exchange {
         private let loop: EventLoop
         private let limit: Int
         private var completion: ((HTTPResponse) -> Void)?
@@ -251,6 +273,13 @@ public final class ClusterForwarder {
                     }
                 }
             }
+        }
+
+        func cancel() {
+            transfer?.cancel()
+            transfer = nil
+            completion = nil
+            unreachable = nil
         }
 
         private func answer(_ response: HTTPResponse) {

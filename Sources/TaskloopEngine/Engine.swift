@@ -183,6 +183,9 @@ public final class Engine {
         link.engine = nil
     }
 
+    /// The kinds every engine runs, whatever executors it is given besides.
+    public static let builtInKinds = ["external", "noop", "sleep"]
+
     /// The engine with the built-in kinds (`noop`, `sleep`, `external`) plus `extra`.
     public convenience init(
         configuration: EngineConfiguration, scheduler: EngineScheduler, extraExecutors: [String: TaskExecutor] = [:]

@@ -39,7 +39,8 @@ extension TaskloopApplication {
         webhooks = Webhooks(client: httpClient!, scheduler: scheduler, settings: configuration.webhooks, durable: nil, logger: logger)
         eventWrites = try LoopCheck(loop: loop) { [unowned self] in eventLog.flushPending() }
         let routes = routes()
-        metrics = ServiceMetrics(kinds: executors.keys.sorted(), routes: routes)
+        // The engines open later, cell by cell; their kinds are known now.
+        metrics = ServiceMetrics(kinds: Set(Engine.builtInKinds).union(executors.keys).sorted(), routes: routes)
         metrics.cellSeries()
         installRoutes(routes)
         let reads = cellReadHandlers()
@@ -188,15 +189,6 @@ extension TaskloopApplication {
                                         live: { queues[$0] }, execute: execute) { done($0.map { .json(.ok, $0) }) }
                 })
             },
-            "GET /queues/{name}": { [unowned self] request, reply in
-                let name = request.parameters["name"] ?? "", wallClock = scheduler?.wallClock ?? 0, queues = queuesHere
-                readFromCells(reply, { [unowned self] execute, done in
-                    ClusterLists.queue(named: name, defaultConcurrency: configuration.engine.defaultConcurrency, at: wallClock,
-                                       live: { queues[$0] }, execute: execute) { result in
-                        done(result.map { $0.map { .json(.ok, $0) } ?? APIProblem(.notFound, detail: "No queue \(name).").response() })
-                    }
-                })
-            },
         ]
         for route in ["GET /events", "GET /tasks/{id}/events", "POST /webhooks", "GET /webhooks", "GET /webhooks/{id}",
                       "DELETE /webhooks/{id}", "GET /webhooks/{id}/deliveries"] {
@@ -254,7 +246,7 @@ extension TaskloopApplication {
                     self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds)
                 }
             } : nil
-            forwarder.forward(request, to: address, whenUnreachable: waitsAgain) { response in
+            let forwarded = forwarder.forward(request, to: address, whenUnreachable: waitsAgain) { response in
                 // A read whose exchange broke (the owner closing a kept-alive connection as it
                 // leaves) is asked again: reads change nothing.
                 if response.status.code == 502, request.method == .GET || request.method == .HEAD, let waitsAgain {
@@ -265,6 +257,9 @@ extension TaskloopApplication {
                 if response.status.code == 503, let waitsAgain { return waitsAgain() }
                 reply.send(response)
             }
+            // A client that leaves takes its forward with it: the owner sees the connection end,
+            // and a long poll or lease call waiting there for this client ends too.
+            reply.onPeerEnded { forwarded.cancel() }
         case .elsewhere, .moving:
             // A request another replica forwarded goes back to it at once: it learns where
             // the cell went sooner than this one may, and holds the request meanwhile.

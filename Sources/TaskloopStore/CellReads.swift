@@ -90,18 +90,14 @@ public enum CellReads {
 
     /// The queues every cell keeps: the settings of those that differ from a new queue's, the
     /// count of tasks per queue and state, and the tasks finished since `finishedSince` (wall
-    /// ms) per queue and interval of `interval` ms. With `name`, that queue's alone.
-    public static func queues(named name: String? = nil, finishedSince: Int64, interval: Int64) -> [PGQuery] {
-        let named = name.map { [PGValue.text($0)] } ?? []
-        let since: [PGValue] = [.int(finishedSince), .int(interval)]
-        return [
+    /// ms) per queue and interval of `interval` ms.
+    public static func queues(finishedSince: Int64, interval: Int64) -> [PGQuery] {
+        [
             PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-            PGQuery("SELECT name, max_concurrency, paused, dispatch FROM taskloop.cell_queues"
-                    + (name == nil ? "" : " WHERE name = $1"), named, binaryResults: true),
-            PGQuery("SELECT queue, state, count(*) FROM taskloop.cell_tasks" + (name == nil ? "" : " WHERE queue = $1")
-                    + " GROUP BY queue, state", named, binaryResults: true),
-            PGQuery("SELECT queue, finished_at / $2, count(*) FROM taskloop.cell_tasks WHERE finished_at >= $1"
-                    + (name == nil ? "" : " AND queue = $3") + " GROUP BY 1, 2", since + named, binaryResults: true),
+            PGQuery("SELECT name, max_concurrency, paused, dispatch FROM taskloop.cell_queues", binaryResults: true),
+            PGQuery("SELECT queue, state, count(*) FROM taskloop.cell_tasks GROUP BY queue, state", binaryResults: true),
+            PGQuery("SELECT queue, finished_at / $2, count(*) FROM taskloop.cell_tasks WHERE finished_at >= $1 GROUP BY 1, 2",
+                    [.int(finishedSince), .int(interval)], binaryResults: true),
             PGQuery("COMMIT"),
         ]
     }

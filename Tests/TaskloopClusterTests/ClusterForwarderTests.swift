@@ -65,17 +65,23 @@ import TaskloopTestSupport
 
         /// Starts a forward; its answer lands in the returned box.
         func start(_ request: HTTPRequest, to address: String) -> Locked<HTTPResponse?> {
+            startCancellable(request, to: address).answer
+        }
+
+        /// Starts a forward; its answer lands in the box, and `cancel` gives it up.
+        func startCancellable(_ request: HTTPRequest, to address: String)
+            -> (answer: Locked<HTTPResponse?>, cancel: @Sendable () -> Void) {
             let answer = Locked<HTTPResponse?>(nil)
             let forwarder = self.forwarder
-            thread.run {
-                forwarder.value.forward(request, to: address) { response in
+            let forwarded = thread.run {
+                LoopBound(forwarder.value.forward(request, to: address) { response in
                     answer.withLock {
                         precondition($0 == nil, "a forward was answered twice")
                         $0 = response
                     }
-                }
+                }, loop: forwarder.loop)
             }
-            return answer
+            return (answer, { [thread] in thread.run { forwarded.value.cancel() } })
         }
 
         /// Forwards and waits for the answer.
@@ -236,6 +242,22 @@ import TaskloopTestSupport
         #expect(answer.status.code == 504)
         #expect(Self.problemCode(answer) == "owner_timeout")
         #expect(owner.received.value.count == 1)
+        try forwarder.close()
+        try owner.stop()
+    }
+
+    /// A forward the caller gives up (its client left) ends its connection: the owner sees the
+    /// client leave, as a long poll or lease call waiting there must, and nothing is answered.
+    @Test func aCancelledForwardEndsItsConnectionAtTheOwner() throws {
+        let ended = Locked(false)
+        let owner = try Owner { _, responder in responder.onPeerEnded { ended.withLock { $0 = true } } }
+        let forwarder = try Forwarder()
+        let (answer, cancel) = forwarder.startCancellable(try HTTPRequest(method: .GET, target: "/tasks/abc?wait=60"), to: owner.address)
+        try pollUntil("the owner to hold the request") { owner.received.value.count == 1 }
+        #expect(!ended.value)
+        cancel()
+        try pollUntil("the owner to see the client leave") { ended.value }
+        #expect(answer.value == nil, "a cancelled forward answers nothing")
         try forwarder.close()
         try owner.stop()
     }

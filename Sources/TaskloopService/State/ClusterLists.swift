@@ -6,7 +6,8 @@ import TaskloopStore
 
 /// What any replica of a cluster answers from the cells' records in the database instead of
 /// from an engine (contract v3, "Replicas that add capacity"): `GET /tasks` across every cell,
-/// `GET /workflows/{id}`, `GET /queues` and `GET /queues/{name}`. The JSON is the single
+/// `GET /workflows/{id}` and `GET /queues` (a single queue, all in one cell, is its owner's
+/// to answer). The JSON is the single
 /// server's, byte for byte: `Representation` writes it from the records the cells' owners
 /// committed, and a page is cut as `Engine.listTasks` and `TaskloopAPI.listTasks` cut theirs.
 ///
@@ -116,7 +117,7 @@ enum ClusterLists {
     /// its waiting workers included); `wallClock`: the time the throughput is read at.
     static func queues(defaultConcurrency: Int, at wallClock: Int64, live: @escaping (String) -> TaskQueue? = { _ in nil },
                        execute: Execute, _ completion: @escaping (Result<[UInt8], PGError>) -> Void) {
-        readQueues(named: nil, at: wallClock, execute: execute) { result in
+        readQueues(at: wallClock, execute: execute) { result in
             completion(result.map { rows in
                 var json = JSONWriter(capacity: 1_024)
                 json.beginObject()
@@ -133,27 +134,11 @@ enum ClusterLists {
         }
     }
 
-    /// `GET /queues/{name}`'s answer, nil where neither a cell's records nor `live` have the
-    /// queue (a 404).
-    static func queue(named name: String, defaultConcurrency: Int, at wallClock: Int64,
-                      live: @escaping (String) -> TaskQueue? = { _ in nil }, execute: Execute,
-                      _ completion: @escaping (Result<[UInt8]?, PGError>) -> Void) {
-        readQueues(named: name, at: wallClock, execute: execute) { result in
-            completion(result.map { rows in
-                guard rows[name] != nil || name == "default" || live(name) != nil else { return nil }
-                var json = JSONWriter()
-                write(name, rows[name] ?? CellReads.QueueRow(), defaultConcurrency: defaultConcurrency, at: wallClock, live: live,
-                      into: &json)
-                return json.bytes
-            })
-        }
-    }
-
-    private static func readQueues(named name: String?, at wallClock: Int64, execute: Execute,
+    private static func readQueues(at wallClock: Int64, execute: Execute,
                                    _ completion: @escaping (Result<[String: CellReads.QueueRow], PGError>) -> Void) {
         let interval = Int64(FinishHistory.intervalMilliseconds)
         let oldest = (wallClock / interval - Int64(FinishHistory.intervalCount - 1)) * interval
-        execute(CellReads.queues(named: name, finishedSince: oldest, interval: interval)) { result in
+        execute(CellReads.queues(finishedSince: oldest, interval: interval)) { result in
             completion(result.map { CellReads.queueRows($0) })
         }
     }
