@@ -6,6 +6,7 @@ import TaskloopHTTP
 import TaskloopJSON
 import TaskloopLoop
 import TaskloopPostgres
+import TaskloopStore
 
 /// The service on cells (`--replication cells`, docs/SCALING.md): this replica serves the
 /// cells it owns, each with an engine of its own that `CellHost` opens, commits and closes;
@@ -145,6 +146,40 @@ extension TaskloopApplication {
             logger.warning("the cells were not handed over within the shutdown grace; leaving them to expire")
             host.abandon()
             end()
+        }
+    }
+
+    /// Runs `submit` once every dependency on a task of another cell (`field` and id, from
+    /// `specs` and the field prefix of each) is known to exist, as a single server refuses an
+    /// unknown one before it changes anything: the engine takes such a dependency on trust,
+    /// and its cell would only report it missing later. The cells' records say, and a task
+    /// acknowledged is committed there. Without cells, or with no such dependency, at once.
+    func checkingRemoteDependencies(of specs: [(prefix: String, spec: TaskSpec)], _ reply: Reply,
+                                    _ submit: @escaping () throws -> Void) throws {
+        guard let host = cellHost, let cell = reply.engine.cell else { return try submit() }
+        var remote: [(field: String, id: TaskID)] = []
+        for (prefix, spec) in specs {
+            for (position, dependency) in spec.dependencies.enumerated() {
+                if case .task(let id) = dependency, id.cell != cell { remote.append(("\(prefix)dependencies[\(position)]", id)) }
+            }
+        }
+        guard !remote.isEmpty else { return try submit() }
+        let engine = reply.engine
+        host.read([CellReads.existing(remote.map(\.id))]) { [weak self] result in
+            guard let self else { return }
+            do {
+                let existing = CellReads.existing(try result.get()[0])
+                if let missing = remote.first(where: { !existing.contains($0.id) }) {
+                    throw EngineError(.unknownDependency, "No task \(missing.id).", field: missing.field)
+                }
+                // The cell may have moved on meanwhile: its engine then changes nothing more.
+                guard case .here(let current) = host.placement(of: Cell(cell)), current === engine else {
+                    throw Self.cellMoving
+                }
+                try submit()
+            } catch {
+                reply.send(errorResponse(for: error))
+            }
         }
     }
 

@@ -71,6 +71,16 @@ public enum CellReads {
         return (tasks, tasks.last?.id)
     }
 
+    /// Which of `ids` some cell keeps (`existing` reads them).
+    public static func existing(_ ids: [TaskID]) -> PGQuery {
+        PGQuery("SELECT id FROM taskloop.cell_tasks WHERE id = ANY($1::text[])",
+                [.text("{" + ids.map(\.description).joined(separator: ",") + "}")])
+    }
+
+    public static func existing(_ result: PGResult) -> Set<TaskID> {
+        Set((0..<result.rowCount).compactMap { result.text($0, 0).flatMap(TaskID.init) })
+    }
+
     /// A workflow and its tasks still kept, in order, in one snapshot; `workflow` reads them.
     public static func workflow(_ id: TaskID) -> [PGQuery] {
         let idValue = [PGValue.text(id.description)]

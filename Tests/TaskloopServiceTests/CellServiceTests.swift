@@ -104,6 +104,19 @@ extension CellServiceTests {
         // A retry of the dependency brings its dependent back, across the cells again.
         #expect(try client.call("POST", "/tasks/\(doomedID)/retry").status == 200)
         try pollUntil("the dependent to come back", timeout: 10) { try client.task(cascadedID)["state"] as? String == "pending" }
+
+        // A dependency of another cell that no cell has is refused as a single server refuses
+        // it, and nothing is created: an id of the upstream cell with another random part.
+        let unknown = String(firstID.dropLast()) + (firstID.last == "0" ? "1" : "0")
+        let before = try client.call("GET", "/tasks?queue=\(downstream)").json["tasks"] as? [Any]
+        for body in [#"{"kind":"noop","queue":"\#(downstream)","dependencies":["\#(firstID)","\#(unknown)"]}"#,
+                     #"{"tasks":[{"key":"a","kind":"noop","queue":"\#(downstream)","dependencies":["\#(unknown)"]}]}"#] {
+            let refused = try client.call("POST", body.hasPrefix(#"{"tasks""#) ? "/workflows" : "/tasks", json: body)
+            #expect(refused.status == 422 && refused.json["code"] as? String == "unknown_dependency", "\(refused.text)")
+            #expect(refused.text.contains(body.hasPrefix(#"{"tasks""#) ? #""field":"tasks[0].dependencies[0]""# : #""field":"dependencies[1]""#),
+                    "\(refused.text)")
+        }
+        #expect((try client.call("GET", "/tasks?queue=\(downstream)").json["tasks"] as? [Any])?.count == before?.count)
         try service.stop()
     }
 }
