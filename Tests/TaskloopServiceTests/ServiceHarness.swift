@@ -40,6 +40,15 @@ final class ServiceHarness: @unchecked Sendable {
     /// Every replica's port, this one's first.
     var ports: [Int] { [port] + peers.map(\.port) }
 
+    /// This replica and the others: on cells each serves its own cells, so what one holds
+    /// (a waiting long poll, a queue's series) may be on any of them.
+    var replicas: [ServiceHarness] { [self] + peers }
+
+    /// Every replica's metrics, one after the other: a cluster's, as a scrape of each shows it.
+    func allMetrics() throws -> String {
+        try ports.map { try APIClient(port: $0).call("GET", "/metrics").text }.joined(separator: "\n")
+    }
+
     init(logHandler: LogHandler? = nil, replicas: Int = ServiceHarness.replicaCount,
          _ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws {
         var configuration = ServiceConfiguration()
