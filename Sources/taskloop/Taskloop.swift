@@ -258,6 +258,12 @@ struct Taskloop: ParsableCommand {
                 throw ValidationError("--advertise-address must be host:port")
             }
         }
+        // Other replicas forward requests to the address a replica on cells advertises: one
+        // that listens on every address has none they could use unless it is told.
+        if replication == "cells", advertiseAddress == nil, ["0.0.0.0", "::", "[::]"].contains(host) {
+            throw ValidationError("--advertise-address is required with --replication cells on \(host): "
+                                  + "the address other replicas reach this one at")
+        }
         guard (1...600).contains(replicaLeaseSeconds) else { throw ValidationError("--replica-lease-seconds must be 1...600") }
         guard (1...3_600).contains(databaseTimeoutSeconds) else { throw ValidationError("--database-timeout-seconds must be 1...3600") }
         guard (1...31_536_000).contains(idempotencyTTLSeconds) else {

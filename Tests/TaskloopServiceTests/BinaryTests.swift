@@ -162,7 +162,9 @@ import TaskloopTestSupport
     @Test func refusesBadCellFlags() throws {
         for (arguments, message) in [(["--replication", "shards"], "--replication must be turns or cells"),
                                      (["--cells", "0"], "--cells must be 1...65536"),
-                                     (["--advertise-address", "nowhere"], "--advertise-address must be host:port")] {
+                                     (["--advertise-address", "nowhere"], "--advertise-address must be host:port"),
+                                     (["--replication", "cells", "--host", "0.0.0.0"],
+                                      "--advertise-address is required with --replication cells on 0.0.0.0")] {
             let binary = try RunningBinary(arguments: arguments)
             _ = try binary.waitForLine(containing: message)
             #expect(try binary.waitForExit() != 0)
