@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 import TaskloopCluster
+import TaskloopLoop
+import TaskloopLoopTestSupport
 @testable import TaskloopService
 import TaskloopTestSupport
 
@@ -279,5 +281,45 @@ extension CellServiceTests {
         try pollUntil("the third task to run again", timeout: 10) { try client.task(longKeys["c"]!)["state"] as? String == "running" }
         try second.stop()
         try first.stop()
+    }
+}
+
+extension CellServiceTests {
+    /// A replica of a newer protocol joins: this one hands its cells over, leaves, and answers
+    /// its health check and requests 503 replica_superseded; what it committed is the newer
+    /// one's now.
+    @Test func aReplicaOfANewerProtocolSupersedesThisOne() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let older = try Self.cellReplica(url, name: "old")
+        try Self.waitForEveryCell(older)
+        let client = try older.client()
+        let id = try #require(try client.submit(#"{"kind":"noop"}"#)["id"] as? String)
+        _ = try client.waitForState(id, "succeeded")
+
+        let thread = LoopThread(try EventLoop(), name: "newer-keeper")
+        let opened = Locked(0)
+        let newer = thread.run {
+            var settings = CellKeeper.Settings(url: url, identity: ReplicaIdentity(name: "new", incarnation: "new"),
+                                               address: "127.0.0.1:1", ownership: CellOwnership.Settings(leaseMilliseconds: 2_000,
+                                                                                                         marginMilliseconds: 300))
+            settings.protocolVersion = ClusterSchema.protocolVersion + 1
+            let keeper = try! CellKeeper(loop: thread.loop, settings: settings)
+            keeper.onOpen = { _, _ in opened.withLock { $0 += 1 } }
+            keeper.start { _ in }
+            return LoopBound(keeper, loop: thread.loop)
+        }
+        try pollUntil("the newer replica to take every cell", timeout: 20) { opened.value == Self.cellCount }
+        let health = try client.call("GET", "/healthz")
+        #expect(health.status == 503 && health.json["code"] as? String == "replica_superseded", "\(health.text)")
+        let refused = try client.call("POST", "/tasks", json: #"{"kind":"noop"}"#)
+        #expect(refused.status == 503 && refused.json["code"] as? String == "replica_superseded")
+        #expect(try client.call("GET", "/tasks/\(id)").status == 503)
+        #expect(older.onLoop { $0.cellHost?.openEngines.count } == 0)
+        try older.stop()
+        thread.run {
+            newer.value.abandon()
+            thread.loop.finish()
+        }
+        try thread.waitForExit(timeout: 10)
     }
 }
