@@ -56,8 +56,8 @@ public struct SharedDelta: Sendable {
 
 /// Binary forms of the webhook records for the shared database (the SQLite store keeps them in
 /// columns of their own, a delivery's earlier attempts in this form too).
-enum SharedRecordCodec {
-    static func encode(_ webhook: WebhookRecord) -> [UInt8] {
+public enum SharedRecordCodec {
+    public static func encode(_ webhook: WebhookRecord) -> [UInt8] {
         var output = RecordWriter()
         output.byte(1)
         output.string(webhook.id)
@@ -72,7 +72,7 @@ enum SharedRecordCodec {
         return output.bytes
     }
 
-    static func decodeWebhook(_ bytes: [UInt8]) throws -> WebhookRecord {
+    public static func decodeWebhook(_ bytes: [UInt8]) throws -> WebhookRecord {
         try bytes.withUnsafeBytes { (buffer) throws(RecordDecodingError) -> WebhookRecord in
             var input = RecordReader(buffer, table: "webhooks")
             guard try input.byte() == 1 else { throw input.failure("unknown record format") }
@@ -89,7 +89,7 @@ enum SharedRecordCodec {
     }
 
     /// Format 2; format 1 (read still) had no earlier attempts.
-    static func encode(_ delivery: DeliveryRecord) -> [UInt8] {
+    public static func encode(_ delivery: DeliveryRecord) -> [UInt8] {
         var output = RecordWriter()
         output.byte(2)
         output.string(delivery.id)
@@ -148,7 +148,7 @@ enum SharedRecordCodec {
         return attempts
     }
 
-    static func decodeDelivery(_ bytes: [UInt8]) throws -> DeliveryRecord {
+    public static func decodeDelivery(_ bytes: [UInt8]) throws -> DeliveryRecord {
         try bytes.withUnsafeBytes { (buffer) throws(RecordDecodingError) -> DeliveryRecord in
             var input = RecordReader(buffer, table: "webhook_deliveries")
             let format = try input.byte()

@@ -9,6 +9,11 @@ import TaskloopStore
 /// delivery log.
 extension TaskloopApplication {
     func createWebhook(_ request: HTTPRequest, _ reply: Reply) throws {
+        reply.send(try newWebhook(request))
+    }
+
+    /// Creates the webhook a request describes; the answer to send once it is kept.
+    func newWebhook(_ request: HTTPRequest) throws -> HTTPResponse {
         try refuseWhileDraining()
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
@@ -56,8 +61,7 @@ extension TaskloopApplication {
             throw APIProblem(.conflict, detail: "This server keeps at most \(configuration.webhooks.maxWebhooks) webhooks "
                 + "(--max-webhooks); delete one first.", code: "too_many_webhooks")
         }
-        reply.send(.json(.created, Self.webhookJSON(hook.record, showingSecret: true),
-                         headers: ["Location": "/webhooks/\(hook.record.id)"]))
+        return .json(.created, Self.webhookJSON(hook.record, showingSecret: true), headers: ["Location": "/webhooks/\(hook.record.id)"])
     }
 
     func listWebhooks(_ request: HTTPRequest, _ reply: Reply) throws {
@@ -76,21 +80,36 @@ extension TaskloopApplication {
     }
 
     func deleteWebhook(_ request: HTTPRequest, _ reply: Reply) throws {
+        reply.send(try deletedWebhook(request))
+    }
+
+    /// Deletes the webhook a request names; the answer to send once that is kept.
+    func deletedWebhook(_ request: HTTPRequest) throws -> HTTPResponse {
         let hook = try existingWebhook(request)
         _ = webhooks.delete(hook.record.id)
-        reply.send(.json(.ok, Self.webhookJSON(hook.record, showingSecret: false)))
+        return .json(.ok, Self.webhookJSON(hook.record, showingSecret: false))
     }
 
     func listDeliveries(_ request: HTTPRequest, _ reply: Reply) throws {
-        var errors: [APIProblem.FieldError] = []
-        let limit = Self.pageLimit(request, errors: &errors)
-        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
+        let limit = try Self.deliveryLogLimit(request)
         let hook = try existingWebhook(request)
+        reply.send(.json(.ok, Self.deliveriesJSON(webhooks.deliveryLog(of: hook, limit: limit))))
+    }
+
+    static func deliveryLogLimit(_ request: HTTPRequest) throws(APIProblem) -> Int {
+        var errors: [APIProblem.FieldError] = []
+        let limit = pageLimit(request, errors: &errors)
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
+        return limit
+    }
+
+    /// `{deliveries: [...]}`, entries as `Webhooks.deliveryLog` gives them.
+    static func deliveriesJSON(_ log: [DeliveryRecord]) -> [UInt8] {
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()
         json.key(static: "deliveries")
         json.beginArray()
-        for delivery in webhooks.deliveryLog(of: hook, limit: limit) {
+        for delivery in log {
             json.beginObject()
             json.field("id", delivery.id)
             json.field("event_seq", Int(delivery.eventSeq))
@@ -108,10 +127,10 @@ extension TaskloopApplication {
         }
         json.endArray()
         json.endObject()
-        reply.send(.json(.ok, json.bytes))
+        return json.bytes
     }
 
-    private func existingWebhook(_ request: HTTPRequest) throws(APIProblem) -> Webhooks.Hook {
+    func existingWebhook(_ request: HTTPRequest) throws(APIProblem) -> Webhooks.Hook {
         let id = request.parameters["id"] ?? ""
         guard let hook = webhooks.hooks[id] else { throw APIProblem(.notFound, detail: "No webhook \(id).") }
         return hook

@@ -110,7 +110,7 @@ final class Webhooks {
     private let settings: WebhookSettings
     private let logger: Logger
     /// With a store: deliveries are written through it and wait for their batch to commit.
-    private let durable: Journal?
+    private let durable: WebhookJournal?
     private(set) var hooks: [String: Hook] = [:]
     /// New deliveries in the order they were made, until their batch commits.
     private var awaitingCommit = Deque<Delivery>()
@@ -118,7 +118,7 @@ final class Webhooks {
     /// Attempts by outcome, for the metrics.
     private(set) var attempts: [String: Int] = ["delivered": 0, "failed": 0, "retrying": 0]
 
-    init(client: HTTPClient, scheduler: EngineScheduler, settings: WebhookSettings, durable: Journal?, logger: Logger) {
+    init(client: HTTPClient, scheduler: EngineScheduler, settings: WebhookSettings, durable: WebhookJournal?, logger: Logger) {
         self.client = client
         self.scheduler = scheduler
         self.settings = settings
@@ -165,7 +165,11 @@ final class Webhooks {
     /// each with the delivery's state as that attempt left it (`pending` before a retry), and one
     /// for a delivery not yet attempted.
     func deliveryLog(of hook: Hook, limit: Int) -> [DeliveryRecord] {
-        let all = hook.pending.values.map(\.record) + hook.others.values.map(\.record) + hook.finished
+        Self.log(of: hook.pending.values.map(\.record) + hook.others.values.map(\.record) + hook.finished, limit: limit)
+    }
+
+    /// The log of these deliveries of one webhook, as `deliveryLog` gives it.
+    static func log(of all: [DeliveryRecord], limit: Int) -> [DeliveryRecord] {
         var entries: [DeliveryRecord] = []
         for record in all.sorted(by: { ($0.eventSeq, $0.id) > ($1.eventSeq, $1.id) }) {
             var entry = record
@@ -463,6 +467,61 @@ final class Webhooks {
                 _ = hook.trimFinished(toEntries: settings.deliveryLog)
             }
         }
+    }
+
+    // MARK: cells
+
+    /// With cells: the webhooks as the cluster's table holds them now. New ones are adopted,
+    /// those gone end their attempts, and one disabled elsewhere gives up what waits here.
+    func sync(_ records: [WebhookRecord]) {
+        let kept = Set(records.map(\.id))
+        for (id, hook) in hooks where !kept.contains(id) {
+            hooks.removeValue(forKey: id)
+            for delivery in hook.pending.values { delivery.stop() }
+        }
+        for record in records {
+            guard let hook = hooks[record.id] else {
+                adopt(record)
+                continue
+            }
+            let disabled = hook.record.enabled && !record.enabled
+            hook.record = record
+            if disabled { giveUpPending(of: hook, error: "webhook_disabled: the receiver answered 410 Gone to another delivery.") }
+        }
+    }
+
+    /// With cells: the deliveries a cell's commits kept, as its new owner finds them. Pending
+    /// ones resume on their schedule; those this replica already has are left as they are (a
+    /// commit of this replica may have written them after the read began).
+    func resume(_ deliveries: [DeliveryRecord]) {
+        var touched: [Hook] = []
+        for record in deliveries {
+            guard let hook = hooks[record.webhook], hook.pending[record.id] == nil,
+                  !hook.finished.contains(where: { $0.id == record.id }) else { continue }
+            if record.state == .pending { resume(record, of: hook) } else { hook.addFinished(record) }
+            if !touched.contains(where: { $0 === hook }) { touched.append(hook) }
+        }
+        for hook in touched {
+            trimLog(of: hook)
+            pump(hook)
+        }
+    }
+
+    /// With cells: these deliveries are no longer this replica's (their cell closed here, or
+    /// the commit that made them failed): their attempts stop, and nothing of them is written.
+    func drop(_ ids: Set<String>) {
+        guard !ids.isEmpty else { return }
+        for hook in hooks.values {
+            for id in ids {
+                guard let delivery = hook.pending.removeValue(forKey: id) else { continue }
+                // A cancelled transfer never completes: its slot is given back here.
+                if delivery.transfer != nil { hook.inFlight -= 1 }
+                delivery.stop()
+            }
+            hook.due.removeAll { ids.contains($0.record.id) }
+            for id in ids where hook.finished.contains(where: { $0.id == id }) { hook.removeFinished(id: id) }
+        }
+        awaitingCommit.removeAll { ids.contains($0.record.id) }
     }
 
     /// Replica `gone` will attempt nothing more: its unfinished deliveries are this replica's

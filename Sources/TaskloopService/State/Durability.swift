@@ -13,20 +13,27 @@ public enum Durability: String, Sendable, CaseIterable {
     case memory
 }
 
-/// Where the service's changes become durable, and when answers may leave: `DurableState` for
-/// the embedded SQLite store, `SharedState` for replicas sharing PostgreSQL.
+/// Where webhooks and their deliveries are kept: the service's journal, or with cells the
+/// cluster's webhooks table and each cell's commits (`CellWebhookJournal`).
 ///
 /// Threading: loop thread only.
-protocol Journal: AnyObject {
-    func record(_ events: [EngineEvent])
-    func record(_ key: IdempotencyRecord)
-    func expire(_ keys: [String])
+protocol WebhookJournal: AnyObject {
     func record(_ webhook: WebhookRecord)
     func delete(webhook id: String)
     func record(_ delivery: DeliveryRecord)
     func delete(deliveries ids: [String])
     /// The batch a change made now will be committed in, or nil when everything so far is.
     var pendingBatch: Int? { get }
+}
+
+/// Where the service's changes become durable, and when answers may leave: `DurableState` for
+/// the embedded SQLite store, `SharedState` for replicas sharing PostgreSQL.
+///
+/// Threading: loop thread only.
+protocol Journal: WebhookJournal {
+    func record(_ events: [EngineEvent])
+    func record(_ key: IdempotencyRecord)
+    func expire(_ keys: [String])
     /// Nothing changed and uncommitted: an answer may leave at once.
     var isCaughtUp: Bool { get }
     /// Runs `action(true)` once every change made so far is committed; `action(false)` when the
