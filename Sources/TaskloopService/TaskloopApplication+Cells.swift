@@ -98,6 +98,11 @@ extension TaskloopApplication {
             logger.error("\(detail)")
             supersededProblem = APIProblem(.serviceUnavailable, detail: detail, code: "replica_superseded")
         }
+        // Keys are the cluster's (see `checkIdempotencyKey`): an expired one goes from the
+        // table whichever cell wrote it, unless it was used again meanwhile.
+        idempotency.onExpire = { [unowned self] keys in
+            cellHost?.read([CellSchema.deleteExpiredKeys(keys, at: scheduler.wallClock)]) { _ in }
+        }
         var outcome: Result<CellLayout, PGError>?
         host.start { outcome = $0 }
         loop.run { outcome != nil }
@@ -247,7 +252,8 @@ extension TaskloopApplication {
     /// Routes a request to the cell its route names: served here, forwarded to the owner, or
     /// held while the cell moves (up to `movingCellWaitMilliseconds`). Lists and reads of
     /// whole workflows and queues are answered here from the database.
-    func serveInCell(_ route: Route, _ request: HTTPRequest, _ reply: Reply, waitedMilliseconds: UInt64 = 0) {
+    func serveInCell(_ route: Route, _ request: HTTPRequest, _ reply: Reply, waitedMilliseconds: UInt64 = 0,
+                     keyChecked: Bool = false) {
         guard let host = cellHost else { return reply.send(Self.cellMoving.response()) }
         if let supersededProblem { return reply.send(supersededProblem.response()) }
         if let handler = cellReads[route.index] {
@@ -266,6 +272,10 @@ extension TaskloopApplication {
             return run(route, request, reply)
         }
         switch host.placement(of: cell) {
+        case .here where !keyChecked && needsKeyLookup(route, request):
+            checkIdempotencyKey(request, host) { [weak self] in
+                self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds, keyChecked: true)
+            }
         case .here(let engine):
             var reply = reply
             reply.engine = engine
@@ -278,7 +288,8 @@ extension TaskloopApplication {
             let waitsAgain: (() -> Void)? = waitedMilliseconds < Self.movingCellWaitMilliseconds ? { [weak self] in
                 guard let self, let scheduler else { return reply.send(Self.cellMoving.response()) }
                 _ = scheduler.schedule(after: Self.movingCellPollMilliseconds) { [weak self] in
-                    self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds)
+                    self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds,
+                                      keyChecked: keyChecked)
                 }
             } : nil
             let forwarded = forwarder.forward(request, to: address, whenUnreachable: waitsAgain) { response in
@@ -306,6 +317,35 @@ extension TaskloopApplication {
             _ = scheduler.schedule(after: Self.movingCellPollMilliseconds) { [weak self] in
                 self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds)
             }
+        }
+    }
+
+    /// A creation under an `Idempotency-Key` this replica does not know: the key may have been
+    /// used in another cell. Keys are the cluster's: the same key and body name the same queue,
+    /// hence the same cell, whose owner knows the key (it loads the cell's keys as it opens it);
+    /// but the same key with another body may name another cell, which must answer 422 too.
+    /// So such a request first reads the key from `cell_idempotency_keys` (one round trip,
+    /// only for keys unknown here), and the answer replays or refuses as the first use's cell
+    /// would. (Hashing the key to a cell of its own instead would need a second cell's commit,
+    /// of the key, before the creation in the queue's cell.)
+    private func needsKeyLookup(_ route: Route, _ request: HTTPRequest) -> Bool {
+        switch route.placement {
+        case .submittedTask, .submittedWorkflow:
+            guard let key = try? IdempotencyKeys.key(of: request) else { return false }
+            return idempotency.record(for: key) == nil
+        default:
+            return false
+        }
+    }
+
+    private func checkIdempotencyKey(_ request: HTTPRequest, _ host: CellHost, then serve: @escaping () -> Void) {
+        guard let key = try? IdempotencyKeys.key(of: request) else { return serve() }
+        host.read([CellSchema.findKey(key, at: scheduler?.wallClock ?? 0)]) { [weak self] result in
+            guard let self else { return }
+            if case .success(let results) = result { idempotency.absorb(CellSchema.keys(of: results[0]), expired: []) }
+            // A read that failed decides nothing: the cell's own keys are known here, and a
+            // commit that would overwrite a live key of another request fails.
+            serve()
         }
     }
 

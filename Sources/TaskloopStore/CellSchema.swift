@@ -34,6 +34,24 @@ public enum CellSchema {
                 request_hash bytea NOT NULL, status int NOT NULL, resource text NOT NULL, expires_at bigint NOT NULL)
             """),
         PGQuery("CREATE INDEX IF NOT EXISTS cell_idempotency_keys_cell ON taskloop.cell_idempotency_keys (cell)"),
+        // Keys are the cluster's: a live key first used with another request (by two cells at
+        // once, each before the other's commit) fails the commit that comes second, so it
+        // creates nothing; its cells load again and the retried request finds the key.
+        PGQuery("""
+            CREATE OR REPLACE FUNCTION taskloop.keep_idempotency_key(p_key text, p_cell int, p_hash bytea, p_status int,
+                p_resource text, p_expires bigint) RETURNS void LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO taskloop.cell_idempotency_keys AS k (key, cell, request_hash, status, resource, expires_at)
+                VALUES (p_key, p_cell, p_hash, p_status, p_resource, p_expires)
+                ON CONFLICT (key) DO UPDATE SET cell = excluded.cell, request_hash = excluded.request_hash,
+                    status = excluded.status, resource = excluded.resource, expires_at = excluded.expires_at
+                WHERE k.request_hash = excluded.request_hash
+                    OR k.expires_at <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'idempotency key % was first used with another request', p_key USING ERRCODE = 'TL002';
+                END IF;
+            END $$
+            """),
     ]
 
     static let deleteTask = PGStatement("cell_delete_task", "DELETE FROM taskloop.cell_tasks WHERE id = $1")
@@ -48,12 +66,7 @@ public enum CellSchema {
             dispatch = excluded.dispatch
         """)
     static let deleteQueue = PGStatement("cell_delete_queue", "DELETE FROM taskloop.cell_queues WHERE name = $1")
-    static let upsertKey = PGStatement("cell_upsert_key", """
-        INSERT INTO taskloop.cell_idempotency_keys (key, cell, request_hash, status, resource, expires_at)
-        VALUES ($1, $2, $3, $4, $5, $6)
-        ON CONFLICT (key) DO UPDATE SET request_hash = excluded.request_hash, status = excluded.status,
-            resource = excluded.resource, expires_at = excluded.expires_at
-        """)
+    static let upsertKey = PGStatement("cell_keep_key", "SELECT taskloop.keep_idempotency_key($1, $2, $3, $4, $5, $6)")
     static let deleteKey = PGStatement("cell_delete_key", "DELETE FROM taskloop.cell_idempotency_keys WHERE key = $1")
 
     /// The statements that write `batch`, a settled batch of `cell`'s engine. Webhooks and
@@ -114,6 +127,30 @@ public enum CellSchema {
                     cellValue, binaryResults: true),
             PGQuery("COMMIT"),
         ]
+    }
+
+    /// The live record of `key`, whichever cell wrote it (`at`: the wall clock now);
+    /// `keys(of:)` reads the answer.
+    public static func findKey(_ key: String, at now: Int64) -> PGQuery {
+        PGQuery("SELECT key, request_hash, status, resource, expires_at FROM taskloop.cell_idempotency_keys "
+                + "WHERE key = $1 AND expires_at > $2", [.text(key), .int(now)], binaryResults: true)
+    }
+
+    public static func keys(of result: PGResult) -> [IdempotencyRecord] { PostgresJournal.keys(result) }
+
+    /// Deletes `keys` that have expired by `now`; one used again since stays.
+    public static func deleteExpiredKeys(_ keys: [String], at now: Int64) -> PGQuery {
+        // Keys are any visible ASCII: each element is quoted in the array literal.
+        let elements = keys.map { key in
+            var element = "\""
+            for character in key {
+                if character == "\\" || character == "\"" { element.append("\\") }
+                element.append(character)
+            }
+            return element + "\""
+        }
+        return PGQuery("DELETE FROM taskloop.cell_idempotency_keys WHERE key = ANY($1::text[]) AND expires_at <= $2",
+                       [.text("{" + elements.joined(separator: ",") + "}"), .int(now)])
     }
 
     public static func loaded(_ results: [PGResult]) throws -> StoredState {
