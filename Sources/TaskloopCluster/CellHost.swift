@@ -44,6 +44,8 @@ public final class CellHost {
         var engine: Engine?
         var builder = StoreBatchBuilder()
         var events: [ClusterEvents.Written] = []
+        /// The service's own rows for the next commit (`write(_:in:)`).
+        var writes: [PGQuery] = []
         var dirty = false
         /// Messages applied and not yet deleted by a commit, and the last one read.
         var applied: [Int64] = []
@@ -175,6 +177,16 @@ public final class CellHost {
         waiting.append((answeredThrough + 1, target, cell, action))
     }
 
+    /// Statements of the service's own (webhook deliveries) that go in `cell`'s next commit,
+    /// under its epoch; false when no engine of the cell is here to commit them.
+    @discardableResult
+    public func write(_ queries: [PGQuery], in cell: Cell) -> Bool {
+        guard let hosted = cells[cell], hosted.engine != nil else { return false }
+        hosted.writes += queries
+        hosted.dirty = true
+        return true
+    }
+
     /// Records what one settled call of `cell`'s engine changed.
     private func record(_ events: [EngineEvent], of hosted: HostedCell) {
         hosted.builder.add(events)
@@ -210,7 +222,8 @@ public final class CellHost {
             guard let hosted = cells[cell], hosted.dirty, let engine = hosted.engine else { continue }
             hosted.dirty = false
             let batch = hosted.builder.take(from: engine)
-            var writes = CellSchema.writes(of: batch, cell: cell.index)
+            var writes = CellSchema.writes(of: batch, cell: cell.index) + hosted.writes
+            hosted.writes = []
             let wroteEvents = !hosted.events.isEmpty
             if wroteEvents {
                 writes += ClusterEvents.insert(hosted.events, cell: cell, firstIndex: eventsWritten)
@@ -531,6 +544,7 @@ public final class CellHost {
         engine.dropHeldStarts()
         hosted.dirty = false
         hosted.events = []
+        hosted.writes = []
         hosted.applied = []
         hosted.builder = StoreBatchBuilder()
         // Stops the attempts running here (their runs are told to stop); the state change it
@@ -538,6 +552,7 @@ public final class CellHost {
         engine.suspendForShutdown()
         hosted.builder = StoreBatchBuilder()
         hosted.events = []
+        hosted.writes = []
         hosted.dirty = false
         onClosed?(engine)
     }

@@ -37,7 +37,11 @@ extension TaskloopApplication {
         self.idempotency = idempotency
         eventLog = EventLog(after: 0, capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
                             clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
-        webhooks = Webhooks(client: httpClient!, scheduler: scheduler, settings: configuration.webhooks, durable: nil, logger: logger)
+        let hookJournal = CellWebhookJournal(cluster: ClusterWebhooks(loop: loop, url: settings.url))
+        cellWebhooks = hookJournal
+        let webhooks = Webhooks(client: httpClient!, scheduler: scheduler, settings: configuration.webhooks, durable: hookJournal,
+                                logger: logger)
+        self.webhooks = webhooks
         eventWrites = try LoopCheck(loop: loop) { [unowned self] in eventLog.flushPending() }
         let routes = routes()
         // The engines open later, cell by cell; their kinds are known now.
@@ -72,7 +76,11 @@ extension TaskloopApplication {
                 let layout = cellHost!.layout
                 configuration.cells = CellPlacement(cell: cell.index) { layout.cell(ofQueue: $0).index }
                 return Engine(configuration: configuration, scheduler: scheduler, extraExecutors: executors)
-            }, eventsOf: { events in renderer.render(events, at: scheduler.wallClock) })
+            }, eventsOf: { [unowned self] events in
+                let written = renderer.render(events, at: scheduler.wallClock)
+                numberForWebhooks(written)
+                return written
+            })
         } catch {
             closeAfterFailedStart()
             throw error
@@ -87,10 +95,15 @@ extension TaskloopApplication {
             closeAfterFailedStart()
             throw error
         }
+        hookJournal.host = host
         host.onOpened = { [unowned self, unowned idempotency] engine, keys in
             idempotency.absorb(keys, expired: [])
             // An engine may outlive the application in an answer still pending: weak.
             engine.addObserver { [weak self] events in self?.settled(events) }
+            if let cell = engine.cell { resumeDeliveries(of: Cell(cell), engine) }
+        }
+        host.onClosed = { [unowned webhooks, unowned hookJournal] engine in
+            if let cell = engine.cell { webhooks.drop(hookJournal.dropCell(Cell(cell))) }
         }
         host.onSuperseded = { [unowned self] version in
             let detail = "The cluster was upgraded to protocol \(version); this replica runs protocol "
@@ -103,8 +116,18 @@ extension TaskloopApplication {
         idempotency.onExpire = { [unowned self] keys in
             cellHost?.read([CellSchema.deleteExpiredKeys(keys, at: scheduler.wallClock)]) { _ in }
         }
+        hookJournal.cluster.onChanged = { [unowned webhooks] records in webhooks.sync(records) }
+        // The webhooks first: a cell that opens resumes the deliveries of the webhooks it knows.
         var outcome: Result<CellLayout, PGError>?
-        host.start { outcome = $0 }
+        hookJournal.cluster.start { [unowned webhooks] result in
+            switch result {
+            case .success(let records):
+                webhooks.sync(records)
+                host.start { outcome = $0 }
+            case .failure(let error):
+                outcome = .failure(error)
+            }
+        }
         loop.run { outcome != nil }
         if case .failure(let error) = outcome! {
             cellHost = nil
@@ -118,6 +141,59 @@ extension TaskloopApplication {
             "replica": "\(settings.replica)", "cells": "\(host.layout.count)", "address": "\(advertised)",
         ])
         return address
+    }
+
+    // MARK: webhooks
+
+    /// The events a cell's engine settled become deliveries of that cell, written in its commit
+    /// and let go once it is known. Each event is its cell's: a task's id carries its cell, a
+    /// workflow's id its home cell's, and a queue is in its own.
+    func numberForWebhooks(_ written: [ClusterEvents.Written]) {
+        guard let host = cellHost, let journal = cellWebhooks, !webhooks.hooks.isEmpty, let first = written.first else { return }
+        let cell: Cell
+        if let task = first.task.flatMap(TaskID.init) {
+            cell = Cell(task.cell)
+        } else if let workflow = first.workflow.flatMap(TaskID.init) {
+            cell = Cell(workflow.cell)
+        } else {
+            cell = host.cell(ofQueue: first.queue ?? "")
+        }
+        // On cells an event's id is its position, known only once committed: deliveries are
+        // ordered by the event's time instead (`event_seq`).
+        let events = written.compactMap { event in
+            EventKind(rawValue: event.type).map { kind in
+                StreamEvent(shared: SharedEvent(seq: UInt64(max(0, event.time)), type: event.type, time: event.time,
+                                                task: event.task.flatMap(TaskID.init), workflow: event.workflow.flatMap(TaskID.init),
+                                                queue: event.queue, data: event.data), kind: kind)
+            }
+        }
+        journal.number(events, of: cell, into: webhooks) { [weak self] round in self?.webhooks?.committed(through: round) }
+    }
+
+    /// A cell opened here: the deliveries its commits kept are this replica's to attempt now.
+    /// The webhooks are read first, so none made just before the cell moved is unknown here.
+    func resumeDeliveries(of cell: Cell, _ engine: Engine) {
+        guard let journal = cellWebhooks else { return }
+        journal.cluster.read { [weak self] hooks in
+            guard let self else { return }
+            guard case .success(let records) = hooks else { return resumeDeliveriesAgain(of: cell, engine) }
+            webhooks.sync(records)
+            journal.cluster.deliveries(ofCell: cell) { [weak self] result in
+                guard let self, case .here(let serving)? = cellHost?.placement(of: cell), serving === engine else { return }
+                guard case .success(let deliveries) = result else { return resumeDeliveriesAgain(of: cell, engine) }
+                journal.adopt(deliveries, of: cell)
+                webhooks.resume(deliveries)
+            }
+        }
+    }
+
+    /// The database could not be read (the connection is being made again): the cell's
+    /// deliveries are looked for again shortly, while it is still served by `engine`.
+    private func resumeDeliveriesAgain(of cell: Cell, _ engine: Engine) {
+        _ = scheduler?.schedule(after: 500) { [weak self] in
+            guard let self, case .here(let serving)? = cellHost?.placement(of: cell), serving === engine else { return }
+            resumeDeliveries(of: cell, engine)
+        }
     }
 
     /// A name for this process, unique across restarts of the replica: a process that takes
@@ -192,7 +268,7 @@ extension TaskloopApplication {
     /// pattern and method, and those not served on cells yet.
     func cellReadHandlers() -> [String: ServiceHandler] {
         let notYet: ServiceHandler = { _, _ in
-            throw APIProblem(.notImplemented, detail: "Event streams and webhooks are not served with --replication cells yet "
+            throw APIProblem(.notImplemented, detail: "Event streams are not served with --replication cells yet "
                 + "(issue 25); use --replication turns for them.", code: "not_implemented")
         }
         var handlers: [String: ServiceHandler] = [
@@ -230,11 +306,63 @@ extension TaskloopApplication {
                 })
             },
         ]
-        for route in ["GET /events", "GET /tasks/{id}/events", "POST /webhooks", "GET /webhooks", "GET /webhooks/{id}",
-                      "DELETE /webhooks/{id}", "GET /webhooks/{id}/deliveries"] {
+        for route in ["GET /events", "GET /tasks/{id}/events"] {
             handlers[route] = notYet
         }
+        handlers.merge(webhookHandlers()) { $1 }
         return handlers
+    }
+
+    /// Webhooks on any replica: each request first reads the cluster's table (a webhook another
+    /// replica made or deleted a moment ago is known here before the answer), and a change
+    /// is answered once the table has it. A webhook's log is read from every cell's deliveries.
+    private func webhookHandlers() -> [String: ServiceHandler] {
+        let afterWrite: (@escaping (HTTPRequest) throws -> HTTPResponse) -> ServiceHandler = { change in
+            { [unowned self] request, reply in
+                withWebhooksRead(request, reply) { [unowned self] in
+                    let response = try change(request)
+                    cellWebhooks?.cluster.whenWritten { written in
+                        reply.send(written ? response : Self.sharedDatabaseUnavailable.response())
+                    }
+                }
+            }
+        }
+        let afterRead: (@escaping ServiceHandler) -> ServiceHandler = { read in
+            { [unowned self] request, reply in withWebhooksRead(request, reply) { try read(request, reply) } }
+        }
+        return [
+            "POST /webhooks": afterWrite { [unowned self] in try newWebhook($0) },
+            "DELETE /webhooks/{id}": afterWrite { [unowned self] in try deletedWebhook($0) },
+            "GET /webhooks": afterRead { [unowned self] in try listWebhooks($0, $1) },
+            "GET /webhooks/{id}": afterRead { [unowned self] in try getWebhook($0, $1) },
+            "GET /webhooks/{id}/deliveries": afterRead { [unowned self] request, reply in
+                let limit = try Self.deliveryLogLimit(request)
+                let hook = try existingWebhook(request)
+                cellWebhooks?.cluster.deliveries(ofWebhook: hook.record.id) { result in
+                    switch result {
+                    case .success(let deliveries):
+                        reply.send(.json(.ok, Self.deliveriesJSON(Webhooks.log(of: deliveries, limit: limit))))
+                    case .failure:
+                        reply.send(Self.sharedDatabaseUnavailable.response())
+                    }
+                }
+            },
+        ]
+    }
+
+    /// Brings this replica's webhooks up to the table, then runs `body` (its errors answered).
+    private func withWebhooksRead(_ request: HTTPRequest, _ reply: Reply, _ body: @escaping () throws -> Void) {
+        guard let journal = cellWebhooks else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
+        journal.cluster.read { [weak self] result in
+            guard let self else { return }
+            guard case .success(let records) = result else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
+            webhooks.sync(records)
+            do {
+                try body()
+            } catch {
+                reply.send(errorResponse(for: error))
+            }
+        }
     }
 
     /// Answers from a read of the cells' records; a database that cannot be read is 503.

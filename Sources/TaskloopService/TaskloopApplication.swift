@@ -47,6 +47,8 @@ public final class TaskloopApplication {
     /// Set once the cluster moved to a newer protocol and this replica left it: what it answers
     /// for every cell and for its health from then on.
     var supersededProblem: APIProblem?
+    /// With cells: the cluster's webhooks table, and where deliveries are written.
+    var cellWebhooks: CellWebhookJournal?
     private(set) var scheduler: LoopScheduler?
     private(set) var httpClient: HTTPClient?
     var server: HTTPServer?
@@ -489,6 +491,8 @@ public final class TaskloopApplication {
         // has removed every transfer; this frees curl's connection cache and handles. With cells,
         // forwards still in flight are answered 503 (the server has closed).
         webhooks?.close()
+        cellWebhooks?.cluster.close()
+        cellWebhooks = nil
         forwarder?.close()
         forwarder = nil
         httpClient?.close()

@@ -4,7 +4,9 @@ import TaskloopCluster
 @testable import TaskloopService
 import TaskloopTestSupport
 
-/// Idempotency keys on cells: a key holds across replicas and cells.
+/// Webhooks and idempotency keys on cells: a webhook is the cluster's (made, read and deleted on
+/// any replica), its deliveries are made by the owner of the cell whose commit made the event,
+/// and follow the cell when it moves; a key holds across replicas and cells.
 @Suite(.serialized, .inTheDefaultStageOnly)
 struct CellWebhookTests {
     static func replica(_ url: String, name: String, _ configure: @escaping (inout ServiceConfiguration) -> Void = { _ in })
@@ -30,6 +32,118 @@ struct CellWebhookTests {
             let names = (0...).lazy.map { "hq\($0)" }
             return (names.first(where: isHere)!, names.first { !isHere($0) }!)
         }
+    }
+
+    /// A queue whose cell rendezvous hashing gives to `name` among `names`.
+    static func queue(ownedBy name: String, among names: [String], _ service: ServiceHarness) -> String {
+        service.onLoop { application in
+            let host = application.cellHost!
+            let assignment = Rendezvous.assignment(host.layout, among: names)
+            return (0...).lazy.map { "mq\($0)" }.first { assignment[host.cell(ofQueue: $0)] == name }!
+        }
+    }
+
+    /// Made on one replica, a webhook gets the events of every replica's cells, signed; deleted
+    /// on the other, it gets nothing more from either.
+    @Test func aWebhookMadeOnOneReplicaHearsEveryCellUntilDeletedOnAnother() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.replica(url, name: "h0")
+        let second = try Self.replica(url, name: "h1")
+        try CellServiceTests.waitForEveryCell([first, second])
+        let (mine, theirs) = Self.queuesHereAndElsewhere(first)
+        let one = try APIClient(port: first.port), other = try APIClient(port: second.port)
+        let receiver = try WebhookReceiver()
+        let webhook = try WebhookTests.create(one, #"{"url":"\#(receiver.url("/hook"))","events":["task.state"]}"#)
+        let id = try #require(webhook["id"] as? String)
+        try receiver.configure(secret: try #require(webhook["secret"] as? String))
+        let shown = try other.call("GET", "/webhooks/\(id)")
+        #expect(shown.status == 200 && shown.json["secret"] == nil && shown.json["url"] as? String == receiver.url("/hook"))
+        #expect((try other.call("GET", "/webhooks").json["webhooks"] as? [[String: Any]])?.count == 1)
+
+        let here = try #require(try one.submit(#"{"kind":"noop","queue":"\#(mine)"}"#)["id"] as? String)
+        let there = try #require(try one.submit(#"{"kind":"noop","queue":"\#(theirs)"}"#)["id"] as? String)
+        for (task, whose) in [(here, "the first replica's cell"), (there, "the second replica's cell")] {
+            let received = try receiver.waitFor("\(task) of \(whose) succeeded", path: "/hook") {
+                $0.deliveredTask?["id"] as? String == task && $0.deliveredTask?["state"] as? String == "succeeded"
+            }
+            #expect(received.allSatisfy { $0["verified"] as? Bool == true })
+        }
+        #expect(first.onLoop { $0.webhooks.attempts["delivered"] ?? 0 } > 0, "the owner of the first cell delivered")
+        #expect(second.onLoop { $0.webhooks.attempts["delivered"] ?? 0 } > 0, "the owner of the second cell delivered")
+        // The log is every cell's, on either replica.
+        let answered = receiver.deliveries.filter { $0["path"] as? String == "/hook" }.count
+        for client in [one, other] {
+            try pollUntil("every delivery so far in the log", timeout: 10) {
+                try WebhookTests.deliveries(client, id).filter { $0["state"] as? String == "delivered" }.count >= answered
+            }
+        }
+
+        let deleted = try other.call("DELETE", "/webhooks/\(id)")
+        #expect(deleted.status == 200, "\(deleted.text)")
+        #expect((try one.call("GET", "/webhooks").json["webhooks"] as? [[String: Any]])?.isEmpty == true)
+        #expect(try one.call("GET", "/webhooks/\(id)").status == 404)
+        // A second webhook shows when the later events have been delivered.
+        let witness = try WebhookReceiver()
+        let later = try WebhookTests.create(other, #"{"url":"\#(witness.url("/later"))","events":["task.state"]}"#)
+        try witness.configure(secret: try #require(later["secret"] as? String))
+        // Any request about webhooks brings a replica up to the table (it also hears of the new
+        // one by a notification, a round trip later).
+        #expect(try one.call("GET", "/webhooks/\(try #require(later["id"] as? String))").status == 200)
+        let afterwards = try [mine, theirs].map { queue in
+            try #require(try one.submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String)
+        }
+        for task in afterwards {
+            try witness.waitFor("\(task) succeeded", path: "/later") {
+                $0.deliveredTask?["id"] as? String == task && $0.deliveredTask?["state"] as? String == "succeeded"
+            }
+        }
+        #expect(!receiver.deliveries.contains { afterwards.contains($0.deliveredTask?["id"] as? String ?? "") },
+                "the deleted webhook heard nothing more from either replica")
+        try second.stop()
+        try first.stop()
+    }
+
+    /// A delivery whose receiver failed is retried on its schedule by the cell's next owner, and
+    /// one cut short by the move is made again there.
+    @Test func aDeliveryFollowsItsCellToItsNextOwner() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        // Long enough for the cell to move before the retry is due.
+        let settings: (inout ServiceConfiguration) -> Void = { $0.webhooks.retrySchedule = [8_000] }
+        let first = try Self.replica(url, name: "m0", settings)
+        try CellServiceTests.waitForEveryCell(first)
+        let queue = Self.queue(ownedBy: "m1", among: ["m0", "m1"], first)
+        let client = try APIClient(port: first.port)
+        // The first attempt of one delivery is refused, of the other left without an answer.
+        let answers = ["/flaky": [500, 200], "/stuck": [0, 200]]
+        let receiver = try WebhookReceiver()
+        var ids: [String: String] = [:]
+        for path in ["/flaky", "/stuck"] {
+            let webhook = try WebhookTests.create(client, #"{"url":"\#(receiver.url(path))","events":["task.created"],"queue":"\#(queue)"}"#)
+            ids[path] = try #require(webhook["id"] as? String)
+            if path == "/flaky" { try receiver.configure(secret: try #require(webhook["secret"] as? String), answers: answers) }
+        }
+        let task = try #require(try client.submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String)
+        let refused = try receiver.waitFor("the first attempt", path: "/flaky") { $0["answered"] as? Int == 500 }
+        try receiver.waitFor("the attempt left hanging", path: "/stuck") { _ in true }
+
+        let second = try Self.replica(url, name: "m1", settings)
+        try CellServiceTests.waitForEveryCell([first, second])
+        #expect(first.onLoop { $0.webhooks.pendingCount } == 0, "the first owner gave its deliveries up with the cell")
+        try second.waitUntil("the new owner to hold the retry") { $0.webhooks.pendingCount >= 1 }
+        let retried = try receiver.waitFor("the retry", path: "/flaky", timeout: 30) { $0["answered"] as? Int == 200 }
+        #expect(Set(retried.compactMap { $0["id"] as? String }).count == 1, "one delivery, attempted twice")
+        #expect(retried.allSatisfy { $0.deliveredTask?["id"] as? String == task && $0["verified"] as? Bool == true })
+        let firstAt = try #require(Int(refused.first?["timestamp"] as? String ?? ""))
+        let retriedAt = try #require(Int(retried.last?["timestamp"] as? String ?? ""))
+        #expect(retriedAt - firstAt >= 7, "retried on its schedule, not at once")
+        try receiver.waitFor("the delivery made again", path: "/stuck", timeout: 20) { $0["answered"] as? Int == 200 }
+        #expect(second.onLoop { $0.webhooks.attempts["delivered"] ?? 0 } >= 1)
+        #expect(first.onLoop { $0.webhooks.attempts["retrying"] ?? 0 } == 1, "the first owner made the first attempt")
+        let log = try WebhookTests.deliveries(client, ids["/flaky"]!, once: "delivered")
+        #expect(log.map { $0["attempt"] as? Int } == [2, 1], "\(log)")
+        #expect(log.last?["status_code"] as? Int == 500)
+        try second.stop()
+        try first.stop()
     }
 
     /// The same key and body create once whichever replica takes them; the same key with a body

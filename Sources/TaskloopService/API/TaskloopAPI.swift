@@ -53,7 +53,7 @@ final class Route {
 /// Where a route's request is served when the tasks live in cells: by the cell its path or
 /// body names (each reads its engine from `Reply.engine`), or by no cell.
 enum RoutePlacement {
-    /// Needs no engine: health, the spec, the page, metrics, webhooks.
+    /// Needs no engine: health, the spec, the page, metrics.
     case none
     /// The task of path parameter `id`: its id carries its cell.
     case task
@@ -65,7 +65,7 @@ enum RoutePlacement {
     case submittedTask
     /// `POST /workflows`: the queue of its first task (a workflow's tasks share a cell).
     case submittedWorkflow
-    /// Every cell: lists and streams, read from the database.
+    /// Every cell: lists, streams and webhooks, read from the database.
     case everyCell
 }
 
@@ -168,11 +168,11 @@ extension TaskloopApplication {
                 reply.send(.json(.ok, Representation.queue(try existingQueue(request, reply.engine), at: reply.engine.scheduler.wallClock)))
             },
             Route(.PATCH, "/queues/{name}", [200, 415, 422], placement: .queue) { [unowned self] request, reply in try updateQueue(request, reply) },
-            Route(.POST, "/webhooks", [201, 409, 415, 422]) { [unowned self] request, reply in try createWebhook(request, reply) },
-            Route(.GET, "/webhooks", [200]) { [unowned self] request, reply in try listWebhooks(request, reply) },
-            Route(.GET, "/webhooks/{id}", [200, 404]) { [unowned self] request, reply in try getWebhook(request, reply) },
-            Route(.DELETE, "/webhooks/{id}", [200, 404]) { [unowned self] request, reply in try deleteWebhook(request, reply) },
-            Route(.GET, "/webhooks/{id}/deliveries", [200, 400, 404]) { [unowned self] request, reply in
+            Route(.POST, "/webhooks", [201, 409, 415, 422], placement: .everyCell) { [unowned self] request, reply in try createWebhook(request, reply) },
+            Route(.GET, "/webhooks", [200], placement: .everyCell) { [unowned self] request, reply in try listWebhooks(request, reply) },
+            Route(.GET, "/webhooks/{id}", [200, 404], placement: .everyCell) { [unowned self] request, reply in try getWebhook(request, reply) },
+            Route(.DELETE, "/webhooks/{id}", [200, 404], placement: .everyCell) { [unowned self] request, reply in try deleteWebhook(request, reply) },
+            Route(.GET, "/webhooks/{id}/deliveries", [200, 400, 404], placement: .everyCell) { [unowned self] request, reply in
                 try listDeliveries(request, reply)
             },
             Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422], forWorkers: true, placement: .queue) { [unowned self] request, reply in
