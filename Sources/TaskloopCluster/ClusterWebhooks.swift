@@ -16,9 +16,9 @@ public final class ClusterWebhooks {
     /// The channel a change of the webhooks table is announced on.
     public static let channel = "taskloop_webhooks"
 
-    /// Created by the first replica that starts with webhooks, under the lock of the cluster's
-    /// own tables (`ClusterSchema.setUp`); on tables that exist it takes no lock of theirs, so
-    /// commits under way wait for nothing. The webhooks must be known before any cell opens
+    /// Created if missing by each replica as it starts (a cluster made before them has none),
+    /// under the lock of the cluster's own tables (`ClusterSchema.setUp`); on tables that exist
+    /// it takes no lock of theirs, so commits under way wait for nothing. The webhooks must be known before any cell opens
     /// here (its events may match one), so this is read before the replica joins.
     /// No index beyond the keys: a cell's deliveries are read when it opens and a webhook's when
     /// its log is asked for, and the table holds only the logs (bounded by
