@@ -109,10 +109,12 @@ public enum ClusterEvents {
 
     static let notifyStatement = PGStatement("cell_events_notify", "SELECT pg_notify('\(channel)', $1)")
 
+    // The statements order by `cell_events.transaction`: a bare `transaction` would name the
+    // output column, the id as text, and "1000" sorts before "999".
     static let readAfter = PGStatement("cell_events_after", """
         SELECT transaction::text, index, cell, time, type, task, workflow, queue, data FROM taskloop.cell_events
         WHERE (transaction, index) > ($1::text::xid8, $2) AND transaction < pg_snapshot_xmin(pg_current_snapshot())
-        ORDER BY transaction, index LIMIT $3
+        ORDER BY cell_events.transaction, index LIMIT $3
         """)
 
     /// At most `limit` events after `position`, in order, of transactions that no running
@@ -123,7 +125,7 @@ public enum ClusterEvents {
 
     static let newest = PGStatement("cell_events_newest", """
         SELECT transaction::text, index FROM taskloop.cell_events WHERE transaction < pg_snapshot_xmin(pg_current_snapshot())
-        ORDER BY transaction DESC, index DESC LIMIT 1
+        ORDER BY cell_events.transaction DESC, index DESC LIMIT 1
         """)
 
     /// Where a reader that starts now starts: the last event of the transactions older than the
@@ -133,6 +135,16 @@ public enum ClusterEvents {
     /// commit later but come before them.
     public static func now() -> PGQuery {
         PGQuery(newest)
+    }
+
+    static let oldestKept = PGStatement("cell_events_oldest", """
+        SELECT transaction::text, index FROM taskloop.cell_events ORDER BY cell_events.transaction, index LIMIT 1
+        """)
+
+    /// The oldest event the history still keeps (`position(of:)` reads it; `.start` when it
+    /// keeps none): a resume from before it may have missed events dropped by `trim`.
+    public static func oldest() -> PGQuery {
+        PGQuery(oldestKept)
     }
 
     /// The position `now` read; the start when no event is older than every running transaction.

@@ -59,4 +59,31 @@ import TaskloopTestSupport
         try pollUntil("only the recent event", timeout: 20) { try read(after: .start).map { $0.event.task } == ["recent"] }
         try cluster.finish()
     }
+
+    /// Positions order as numbers, not as their text: 98, 99, 100 (as text "100" comes first).
+    @Test func readsOrderTransactionsAsNumbers() throws {
+        let cluster = try CellKeeperTests.Cluster()
+        try cluster.start("a")
+        let connection = try cluster.connection()
+        #expect(try cluster.execute(connection, [PGQuery("""
+            INSERT INTO taskloop.cell_events (transaction, index, cell, time, type, data)
+            VALUES ('100', 0, 0, 1, 'task.created', ''), ('98', 0, 0, 1, 'task.created', ''), ('99', 0, 0, 1, 'task.created', '')
+            """)]) == nil)
+        func results(_ queries: [PGQuery]) throws -> [PGResult] {
+            let found = Locked<[PGResult]?>(nil)
+            cluster.thread.run {
+                cluster.connections[connection].execute(queries) { result in found.withLock { $0 = (try? result.get()) ?? [] } }
+            }
+            try pollUntil("the read") { found.value != nil }
+            return found.value!
+        }
+        let read = try results([ClusterEvents.read(after: .start, limit: 2), ClusterEvents.read(after: EventPosition(transaction: 99, index: 0), limit: 2),
+                                ClusterEvents.now(), ClusterEvents.oldest()])
+        #expect(read.count == 4)
+        #expect(ClusterEvents.events(of: read[0]).map(\.position.transaction) == [98, 99])
+        #expect(ClusterEvents.events(of: read[1]).map(\.position.transaction) == [100])
+        #expect(ClusterEvents.position(of: read[2]) == EventPosition(transaction: 100, index: 0))
+        #expect(ClusterEvents.position(of: read[3]) == EventPosition(transaction: 98, index: 0))
+        try cluster.finish()
+    }
 }
