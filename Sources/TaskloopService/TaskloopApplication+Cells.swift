@@ -42,7 +42,10 @@ extension TaskloopApplication {
         let webhooks = Webhooks(client: httpClient!, scheduler: scheduler, settings: configuration.webhooks, durable: hookJournal,
                                 logger: logger)
         self.webhooks = webhooks
-        eventWrites = try LoopCheck(loop: loop) { [unowned self] in eventLog.flushPending() }
+        eventWrites = try LoopCheck(loop: loop) { [unowned self] in
+            eventLog.flushPending()
+            clusterStreams?.flushPending()
+        }
         let routes = routes()
         // The engines open later, cell by cell; their kinds are known now.
         metrics = ServiceMetrics(kinds: Set(Engine.builtInKinds).union(executors.keys).sorted(), routes: routes)
@@ -137,6 +140,18 @@ extension TaskloopApplication {
             closeAfterFailedStart()
             throw SharedDatabaseError(reason: "the cluster at \(Self.redacted(settings.url)) cannot be joined: \(error)")
         }
+        do {
+            clusterStreams = try ClusterEventStreams(
+                loop: loop, feed: ClusterEventFeed.Settings(url: settings.url, timeouts: PGTimeouts(seconds: settings.timeoutSeconds)),
+                read: { [weak host] queries, completion in
+                    guard let host else { return completion(.failure(PGError(message: "the replica is stopping"))) }
+                    host.read(queries, completion)
+                }, clientBufferBytes: configuration.eventClientBufferBytes,
+                scheduler: scheduler)
+        } catch {
+            // Everything else serves; the streams answer 503 meanwhile.
+            logger.error("the event streams cannot follow the cluster's events: \(error)")
+        }
         logger.info("joined the cluster on \(Self.redacted(settings.url))", metadata: [
             "replica": "\(settings.replica)", "cells": "\(host.layout.count)", "address": "\(advertised)",
         ])
@@ -210,6 +225,8 @@ extension TaskloopApplication {
         waiters.answerAll()
         leaseCalls.answerAll()
         eventLog.finishAll()
+        clusterStreams?.finishAll()
+        clusterStreams = nil
         guard let host = cellHost else { return released() }
         var ended = false
         let end = { [unowned self] in
@@ -264,13 +281,10 @@ extension TaskloopApplication {
         }
     }
 
-    /// The routes any replica answers from the cells' records in the database, by route
-    /// pattern and method, and those not served on cells yet.
+    /// The routes any replica answers from the cells' records in the database (event streams
+    /// from its own feed of every cell's events, webhooks from the cluster's table), by route
+    /// pattern and method.
     func cellReadHandlers() -> [String: ServiceHandler] {
-        let notYet: ServiceHandler = { _, _ in
-            throw APIProblem(.notImplemented, detail: "Event streams are not served with --replication cells yet "
-                + "(issue 25); use --replication turns for them.", code: "not_implemented")
-        }
         var handlers: [String: ServiceHandler] = [
             "GET /tasks": { [unowned self] request, reply in
                 let listing = try ClusterLists.taskListing(request)
@@ -293,8 +307,20 @@ extension TaskloopApplication {
                 let text = request.parameters["id"] ?? ""
                 guard let id = TaskID(text) else { throw APIProblem(.notFound, detail: "No workflow \(text).") }
                 readFromCells(reply, { execute, done in
-                    ClusterLists.workflow(id, execute: execute) { result in
-                        done(result.map { $0.map { .json(.ok, $0) } ?? APIProblem(.notFound, detail: "No workflow \(text).").response() })
+                    // The position first, as for `GET /tasks`.
+                    execute([ClusterEvents.now()]) { result in
+                        let results: [PGResult]
+                        switch result {
+                        case .failure(let error): return done(.failure(error))
+                        case .success(let value): results = value
+                        }
+                        let position = ClusterEvents.position(of: results[0])
+                        ClusterLists.workflow(id, execute: execute) { result in
+                            done(result.map {
+                                $0.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) }
+                                    ?? APIProblem(.notFound, detail: "No workflow \(text).").response()
+                            })
+                        }
                     }
                 })
             },
@@ -306,9 +332,8 @@ extension TaskloopApplication {
                 })
             },
         ]
-        for route in ["GET /events", "GET /tasks/{id}/events"] {
-            handlers[route] = notYet
-        }
+        handlers["GET /events"] = { [unowned self] request, reply in try streamClusterEvents(request, reply) }
+        handlers["GET /tasks/{id}/events"] = { [unowned self] request, reply in try streamClusterTaskEvents(request, reply) }
         handlers.merge(webhookHandlers()) { $1 }
         return handlers
     }

@@ -49,6 +49,8 @@ public final class TaskloopApplication {
     var supersededProblem: APIProblem?
     /// With cells: the cluster's webhooks table, and where deliveries are written.
     var cellWebhooks: CellWebhookJournal?
+    /// With cells: the event streams, which follow every cell's events.
+    var clusterStreams: ClusterEventStreams?
     private(set) var scheduler: LoopScheduler?
     private(set) var httpClient: HTTPClient?
     var server: HTTPServer?
@@ -623,7 +625,8 @@ public final class TaskloopApplication {
 
     func renderMetrics() -> [UInt8] {
         metrics.render(queues: queuesHere, connections: server?.openConnections ?? 0, longPolls: waiters.count,
-                       transfers: activeTransfers, eventStreams: eventLog.subscriberCount, webhooks: webhooks,
+                       transfers: activeTransfers, eventStreams: eventLog.subscriberCount + (clusterStreams?.subscriberCount ?? 0),
+                       webhooks: webhooks,
                        droppedLogLines: configuration.logSink?.dropped ?? 0, shared: shared, cellHost: cellHost)
     }
 

@@ -98,6 +98,16 @@ public enum CellReads {
         return (workflow, try PostgresJournal.tasks(results[2]))
     }
 
+    /// One task as its cell last committed it; `task(_ result:)` reads it.
+    public static func task(_ id: TaskID) -> PGQuery {
+        PGQuery("SELECT sequence, record FROM taskloop.cell_tasks WHERE id = $1", [.text(id.description)], binaryResults: true)
+    }
+
+    /// The task `task(_:)` read, nil where no cell has it.
+    public static func task(_ result: PGResult) throws -> TaskSnapshot? {
+        try PostgresJournal.tasks(result).first
+    }
+
     /// The queues every cell keeps: the settings of those that differ from a new queue's, the
     /// count of tasks per queue and state, and the tasks finished since `finishedSince` (wall
     /// ms) per queue and interval of `interval` ms.

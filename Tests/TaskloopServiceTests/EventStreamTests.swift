@@ -21,6 +21,8 @@ import TaskloopTestSupport
 
         struct Event: Equatable {
             var id: UInt64?
+            /// The id as sent: opaque on cells.
+            var wireID: String?
             var type: String
             var data: [String: Any]
             static func == (lhs: Event, rhs: Event) -> Bool { lhs.id == rhs.id && lhs.type == rhs.type }
@@ -38,7 +40,10 @@ import TaskloopTestSupport
                 var hasData = false
                 for line in block.split(separator: "\n") {
                     if line.hasPrefix(":") { comments += 1 }
-                    if line.hasPrefix("id: ") { event.id = UInt64(line.dropFirst(4)) }
+                    if line.hasPrefix("id: ") {
+                        event.id = UInt64(line.dropFirst(4))
+                        event.wireID = String(line.dropFirst(4))
+                    }
                     if line.hasPrefix("event: ") { event.type = String(line.dropFirst(7)) }
                     if line.hasPrefix("data: ") {
                         hasData = true
@@ -54,6 +59,11 @@ import TaskloopTestSupport
             // Counting complete `data:` lines is enough to know when to stop; parsing is for the end.
             _ = try waitForCount(count, timeout: timeout)
             return Self.parse(try connection.readUntil(timeout: timeout) { _ in true }).events
+        }
+
+        /// Reads until the events received so far satisfy `done`; returns them.
+        func waitUntil(timeout: Double = 10, _ done: ([Event]) -> Bool) throws -> [Event] {
+            Self.parse(try connection.readUntil(timeout: timeout) { done(Self.parse($0).events) }).events
         }
 
         /// Complete `data:` lines counted so far, and where the count goes on from.

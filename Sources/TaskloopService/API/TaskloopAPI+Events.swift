@@ -1,28 +1,15 @@
+import TaskloopCluster
 import TaskloopEngine
 import TaskloopHTTP
 import TaskloopJSON
+import TaskloopStore
 
 /// The event stream over HTTP (server-sent events): `GET /events` with filters and resume, and
 /// `GET /tasks/{id}/events`, which follows one task to its end.
 extension TaskloopApplication {
     func streamEvents(_ request: HTTPRequest, _ reply: Reply) throws {
         var errors: [APIProblem.FieldError] = []
-        var filter = EventFilter()
-        if let text = request.query("task") {
-            if let id = TaskID(text) { filter.task = id } else { errors.append(.init(field: "task", message: "is not a task id.")) }
-        }
-        if let text = request.query("workflow") {
-            if let id = TaskID(text) { filter.workflow = id } else { errors.append(.init(field: "workflow", message: "is not a workflow id.")) }
-        }
-        if let text = request.query("queue") { filter.queue = text }
-        if let text = request.query("types") {
-            var kinds = Set<EventKind>()
-            for name in text.split(separator: ",", omittingEmptySubsequences: false) {
-                if let kind = EventKind(rawValue: String(name)) { kinds.insert(kind) } else {
-                    errors.append(.init(field: "types", message: "\(name) is not one of \(EventKind.allCases.map(\.rawValue).joined(separator: ", ")).")) }
-            }
-            filter.kinds = kinds
-        }
+        let filter = eventFilter(request, errors: &errors)
         // A reconnecting EventSource sends Last-Event-ID; it wins over the URL's `since`.
         var since: UInt64?
         if let text = request.headers["Last-Event-ID"] ?? request.query("since") {
@@ -43,22 +30,125 @@ extension TaskloopApplication {
         eventLog.subscribe(reply, filter: filter, since: since, until: until)
     }
 
+    /// `?task=&workflow=&queue=&types=` as a filter; what does not parse goes to `errors`.
+    func eventFilter(_ request: HTTPRequest, errors: inout [APIProblem.FieldError]) -> EventFilter {
+        var filter = EventFilter()
+        if let text = request.query("task") {
+            if let id = TaskID(text) { filter.task = id } else { errors.append(.init(field: "task", message: "is not a task id.")) }
+        }
+        if let text = request.query("workflow") {
+            if let id = TaskID(text) { filter.workflow = id } else { errors.append(.init(field: "workflow", message: "is not a workflow id.")) }
+        }
+        if let text = request.query("queue") { filter.queue = text }
+        if let text = request.query("types") {
+            var kinds = Set<EventKind>()
+            for name in text.split(separator: ",", omittingEmptySubsequences: false) {
+                if let kind = EventKind(rawValue: String(name)) { kinds.insert(kind) } else {
+                    errors.append(.init(field: "types", message: "\(name) is not one of \(EventKind.allCases.map(\.rawValue).joined(separator: ", ")).")) }
+            }
+            filter.kinds = kinds
+        }
+        return filter
+    }
+
     func streamTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
         let task = try existingTask(request, reply.engine)
         try refuseWhileDraining()
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()
         json.field("seq", Int(eventLog.lastAssigned))
-        json.field("type", "task.snapshot")
-        json.key(static: "task")
-        Representation.write(task, into: &json, resultLimit: Representation.eventResultBytes)
-        json.endObject()
-        let snapshot = Array("event: task.snapshot\ndata: ".utf8) + json.bytes + [0x0A, 0x0A]
+        let snapshot = Self.taskSnapshot(task, &json)
         answered(reply, status: .ok)
         if task.state.isTerminal {
             eventLog.finish(reply, snapshot: snapshot)
         } else {
             eventLog.subscribe(reply, filter: EventFilter(task: task.id), since: nil, snapshot: snapshot, endsWith: task.id)
+        }
+    }
+
+    /// A task stream's first event, `task.snapshot`, after `json`'s `seq`.
+    static func taskSnapshot<Task: RepresentedTask>(_ task: Task, _ json: inout JSONWriter) -> [UInt8] {
+        json.field("type", "task.snapshot")
+        json.key(static: "task")
+        Representation.write(task, into: &json, resultLimit: Representation.eventResultBytes)
+        json.endObject()
+        return Array("event: task.snapshot\ndata: ".utf8) + json.bytes + [0x0A, 0x0A]
+    }
+
+    // MARK: on cells
+
+    /// `GET /events` on cells: as on a single server, with ids that are `EventPosition`s.
+    func streamClusterEvents(_ request: HTTPRequest, _ reply: Reply) throws {
+        var errors: [APIProblem.FieldError] = []
+        let filter = eventFilter(request, errors: &errors)
+        var since: EventPosition?
+        if let text = request.headers["Last-Event-ID"] ?? request.query("since") {
+            if let value = EventPosition(text) { since = value } else {
+                errors.append(.init(field: "since", message: "must be an event id (the id: of an event)."))
+            }
+        }
+        var until: EventPosition?
+        if let text = request.query("until") {
+            if let value = EventPosition(text) { until = value } else {
+                errors.append(.init(field: "until", message: "must be an event id (the id: of an event)."))
+            }
+        }
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
+        try refuseWhileDraining()
+        try withClusterStreams(reply) { [unowned self] streams in
+            answered(reply, status: .ok)
+            streams.subscribe(reply, filter: filter, since: since, until: until)
+        }
+    }
+
+    /// `GET /tasks/{id}/events` on cells, on any replica: the task as its cell last committed
+    /// it, then its events from the position read just before it.
+    func streamClusterTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
+        let text = request.parameters["id"] ?? ""
+        guard let id = TaskID(text) else { throw APIProblem(.notFound, detail: "No task \(text).") }
+        try refuseWhileDraining()
+        try withClusterStreams(reply) { [unowned self] streams in
+            guard let host = cellHost else { throw Self.sharedDatabaseUnavailable }
+            host.read([ClusterEvents.now(), CellReads.task(id)]) { [weak self] result in
+                guard let self else { return }
+                let found: TaskSnapshot?, position: EventPosition
+                do {
+                    let results = try result.get()
+                    found = try CellReads.task(results[1])
+                    position = ClusterEvents.position(of: results[0])
+                } catch {
+                    return reply.send(Self.sharedDatabaseUnavailable.response())
+                }
+                guard let task = found else { return reply.send(APIProblem(.notFound, detail: "No task \(text).").response()) }
+                var json = JSONWriter(capacity: 1_024)
+                json.beginObject()
+                json.field("seq", position.description)
+                let snapshot = Self.taskSnapshot(task, &json)
+                answered(reply, status: .ok)
+                if task.state.isTerminal {
+                    eventLog.finish(reply, snapshot: snapshot)
+                } else {
+                    streams.subscribe(reply, filter: EventFilter(task: id), since: position, snapshot: snapshot, endsWith: id)
+                }
+            }
+        }
+    }
+
+    /// Serves with this replica's event streams once its feed knows where it starts (moments
+    /// after the replica starts): a request that comes sooner waits for that as one for a
+    /// moving cell waits for its owner, and is 503 if it does not come.
+    private func withClusterStreams(_ reply: Reply, waitedMilliseconds: UInt64 = 0,
+                                    _ serve: @escaping (ClusterEventStreams) throws -> Void) throws {
+        guard let clusterStreams else { throw Self.sharedDatabaseUnavailable }
+        if clusterStreams.position != nil { return try serve(clusterStreams) }
+        guard waitedMilliseconds < Self.movingCellWaitMilliseconds, let scheduler else { throw Self.sharedDatabaseUnavailable }
+        _ = scheduler.schedule(after: Self.movingCellPollMilliseconds) { [weak self] in
+            guard let self else { return }
+            do {
+                try withClusterStreams(reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds, serve)
+            } catch {
+                reply.send(errorResponse(for: error))
+            }
         }
     }
 }

@@ -585,9 +585,9 @@ final class EventLog {
         }
     }
 
-    private static let keepAliveComment: [UInt8] = Array(": keep-alive\n\n".utf8)
+    static let keepAliveComment: [UInt8] = Array(": keep-alive\n\n".utf8)
     /// Every stream's head: not cached, and not buffered by a proxy in front (nginx).
-    private static let streamHeaders: HTTPHeaders = [
+    static let streamHeaders: HTTPHeaders = [
         "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
     ]
 }

@@ -1,0 +1,326 @@
+import TaskloopCluster
+import TaskloopEngine
+import TaskloopHTTP
+import TaskloopJSON
+import TaskloopLoop
+import TaskloopPostgres
+
+/// One of the cluster's events as the streams of a replica on cells send it: its id is its
+/// `EventPosition` (opaque to clients), and its data is what the committing cell rendered, with
+/// that id as `seq`.
+///
+/// Threading: loop thread only.
+final class ClusterStreamEvent {
+    let position: EventPosition
+    let kind: EventKind
+    let task: String?
+    let workflow: String?
+    let queue: String?
+    private let data: [UInt8]
+
+    init?(_ read: ClusterEvents.Read) {
+        guard let kind = EventKind(rawValue: read.event.type), read.event.data.first == UInt8(ascii: "{") else { return nil }
+        position = read.position
+        self.kind = kind
+        task = read.event.task
+        workflow = read.event.workflow
+        queue = read.event.queue
+        data = read.event.data
+    }
+
+    /// `id:`, `event:` and `data:` lines and the blank line that ends them; rendered once, for
+    /// the first stream that sends it.
+    private(set) lazy var frame: [UInt8] = {
+        let id = position.description
+        var frame = Array("id: \(id)\nevent: \(kind.rawValue)\ndata: {\"seq\":\"\(id)\"".utf8)
+        frame.reserveCapacity(frame.count + data.count + 3)
+        // The committed data has no id (the transaction gave it): `seq` goes first, as on a
+        // single server.
+        if data.count > 2 { frame.append(UInt8(ascii: ",")) }
+        frame += data.dropFirst()
+        frame += [0x0A, 0x0A]
+        return frame
+    }()
+
+    /// A task's terminal state: a task's own stream ends with it. Read from the data, and only
+    /// for a task's own stream.
+    private(set) lazy var endsTask: Bool = {
+        guard kind == .taskState, let object = try? JSONParser.parse(data).objectValue,
+              let state = object["task"]?.objectValue?["state"]?.stringValue.flatMap(TaskState.init(rawValue:)) else { return false }
+        return state.isTerminal
+    }()
+}
+
+/// The event streams of a replica on cells (contract v3, "Replicas that add capacity"): every
+/// replica follows the cluster's one order of events with a `ClusterEventFeed` of its own and
+/// writes them to its streams, so a stream opened on any replica has the events of every cell.
+/// A stream that resumes (`Last-Event-ID`, `since`, or a task stream from its snapshot) reads
+/// what it missed from the history in the database, a bounded read at a time as the reader
+/// takes it, and follows the feed once it has caught up with it: positions are one order, so
+/// each event reaches it once, whichever replica gave it the id it resumes from. A resume from
+/// before the oldest event kept starts with `reset`, as on a single server.
+///
+/// The rest is the single server's `EventLog`: filters, `until`, a task stream ending with its
+/// task, a reader whose unsent bytes pass `clientBufferBytes` disconnected, a keep-alive
+/// comment, writes once per loop turn (`flushPending`).
+///
+/// Threading: loop thread only.
+final class ClusterEventStreams {
+    typealias Read = (_ queries: [PGQuery], _ completion: @escaping (Result<[PGResult], PGError>) -> Void) -> Void
+
+    /// What a stream wants, as `EventFilter`, with the ids as the events carry them.
+    struct Filter {
+        var task: String?
+        var workflow: String?
+        var queue: String?
+        var kinds: Set<EventKind>?
+
+        init(_ filter: EventFilter) {
+            task = filter.task?.description
+            workflow = filter.workflow?.description
+            queue = filter.queue
+            kinds = filter.kinds
+        }
+
+        func matches(_ event: ClusterStreamEvent) -> Bool {
+            if let kinds, !kinds.contains(event.kind) { return false }
+            if let task, event.task != task { return false }
+            if let workflow, event.workflow != workflow { return false }
+            if let queue, event.queue != queue { return false }
+            return true
+        }
+    }
+
+    final class Subscriber {
+        let reply: Reply
+        let filter: Filter
+        /// `GET /tasks/{id}/events`: the stream ends after this task's terminal event.
+        let endsWith: String?
+        let until: EventPosition?
+        /// Every event up to here has been written to it or passed over by its filter.
+        var position: EventPosition
+        /// Reading what it missed from the database; the feed's events reach it once it has.
+        var catchingUp: Bool
+        /// Whether a resume from before the history's oldest event was looked for.
+        var lookedForReset = false
+        var pending: [UInt8] = []
+        var isDirty = false
+        var ending = false
+
+        init(reply: Reply, filter: Filter, endsWith: String?, until: EventPosition?, position: EventPosition, catchingUp: Bool) {
+            self.reply = reply
+            self.filter = filter
+            self.endsWith = endsWith
+            self.until = until
+            self.position = position
+            self.catchingUp = catchingUp
+        }
+    }
+
+    /// The most events one read of the history takes; the next waits for the reader.
+    static let historyReadLimit = 500
+
+    private let feed: ClusterEventFeed
+    private let read: Read
+    private let clientBufferBytes: Int
+    private let scheduler: EngineScheduler
+    private var subscribers: [ObjectIdentifier: Subscriber] = [:]
+    private var dirty: [Subscriber] = []
+    private var keepAlive: ScheduledAction?
+
+    /// `read`: reads of the history (the cell host's reading connection).
+    init(loop: EventLoop, feed settings: ClusterEventFeed.Settings, read: @escaping Read, clientBufferBytes: Int,
+         scheduler: EngineScheduler) throws(UVError) {
+        feed = try ClusterEventFeed(loop: loop, settings: settings, from: .now)
+        self.read = read
+        self.clientBufferBytes = clientBufferBytes
+        self.scheduler = scheduler
+        feed.onEvents = { [weak self] events in self?.deliver(events) }
+        feed.start()
+    }
+
+    var subscriberCount: Int { subscribers.count }
+    /// The last event the feed delivered: what follows it is live. Nil until the feed has read
+    /// where it starts.
+    var position: EventPosition? { feed.position }
+
+    private func deliver(_ read: [ClusterEvents.Read]) {
+        guard !subscribers.isEmpty, let position = feed.position else { return }
+        let events = read.compactMap(ClusterStreamEvent.init)
+        for subscriber in subscribers.values where !subscriber.catchingUp && !subscriber.ending {
+            add(events, to: subscriber, through: position)
+            markDirty(subscriber)
+        }
+    }
+
+    /// Gives `subscriber` the events after its position that match its filter, up to its
+    /// `until` and its task's end; `through`: where the events given end (none after it).
+    private func add(_ events: [ClusterStreamEvent], to subscriber: Subscriber, through last: EventPosition) {
+        for event in events where event.position > subscriber.position {
+            if let until = subscriber.until, event.position > until {
+                subscriber.ending = true
+                return
+            }
+            subscriber.position = event.position
+            guard subscriber.filter.matches(event) else { continue }
+            subscriber.pending += event.frame
+            if let task = subscriber.endsWith, event.task == task, event.endsTask {
+                subscriber.ending = true
+                return
+            }
+        }
+        subscriber.position = max(subscriber.position, last)
+        if let until = subscriber.until, subscriber.position >= until { subscriber.ending = true }
+    }
+
+    // MARK: writing
+
+    /// Writes what the turn gave the streams; called once per loop turn.
+    func flushPending() {
+        guard !dirty.isEmpty else { return }
+        let writing = dirty
+        dirty.removeAll(keepingCapacity: true)
+        for subscriber in writing {
+            subscriber.isDirty = false
+            if subscribers[ObjectIdentifier(subscriber)] != nil { flush(subscriber) }
+        }
+    }
+
+    private func flush(_ subscriber: Subscriber) {
+        let key = ObjectIdentifier(subscriber)
+        if !subscriber.pending.isEmpty {
+            if subscriber.reply.responder.unsentBytes > clientBufferBytes {
+                // It cannot keep up: it reconnects with Last-Event-ID and catches up from the history.
+                subscribers.removeValue(forKey: key)
+                subscriber.reply.responder.abort()
+                return
+            }
+            let bytes = subscriber.pending
+            subscriber.pending.removeAll(keepingCapacity: true)
+            guard subscriber.reply.responder.write(bytes) else {
+                subscribers.removeValue(forKey: key)
+                return
+            }
+        }
+        if subscriber.ending {
+            subscribers.removeValue(forKey: key)
+            subscriber.reply.responder.finish()
+        }
+    }
+
+    private func markDirty(_ subscriber: Subscriber) {
+        guard !subscriber.isDirty, !subscriber.pending.isEmpty || subscriber.ending else { return }
+        subscriber.isDirty = true
+        dirty.append(subscriber)
+    }
+
+    // MARK: catching up
+
+    /// Reads the next part of what a resuming stream missed, writes it, and once the reader has
+    /// taken it reads on; caught up with the feed, the stream follows it.
+    private func catchUp(_ subscriber: Subscriber) {
+        let key = ObjectIdentifier(subscriber)
+        var queries = [ClusterEvents.read(after: subscriber.position, limit: Self.historyReadLimit)]
+        if !subscriber.lookedForReset { queries.insert(ClusterEvents.oldest(), at: 0) }
+        // Every event up to here was readable before this read was sent.
+        let readable = feed.position
+        read(queries) { [weak self] result in
+            guard let self, subscribers[key] === subscriber else { return }
+            guard case .success(let results) = result, let live = feed.position else {
+                // The history cannot be read now: the stream ends, and its reader resumes.
+                subscriber.ending = true
+                return flush(subscriber)
+            }
+            if !subscriber.lookedForReset {
+                subscriber.lookedForReset = true
+                let oldest = ClusterEvents.position(of: results[0])
+                // `.start` asks for everything kept; an id older than the oldest kept event was
+                // followed by events the history no longer has.
+                if oldest != .start, subscriber.position != .start, subscriber.position < oldest {
+                    subscriber.pending += Self.reset(oldest: oldest)
+                }
+            }
+            let read = ClusterEvents.events(of: results[results.count - 1])
+            add(read.compactMap(ClusterStreamEvent.init), to: subscriber, through: read.last?.position ?? subscriber.position)
+            if read.isEmpty, let readable, subscriber.position < readable {
+                // What lay between was dropped from the history since (kept by time).
+                add([], to: subscriber, through: readable)
+            }
+            // Caught up with the feed, which has the rest. (Behind it, with nothing more read:
+            // this read's snapshot came before the feed's last one, and the next one reads on.)
+            if subscriber.position >= live {
+                subscriber.catchingUp = false
+                add([], to: subscriber, through: live)
+            }
+            flush(subscriber)
+            guard subscriber.catchingUp, subscribers[key] === subscriber else { return }
+            subscriber.reply.responder.onDrained { [weak self] in
+                guard let self, subscribers[key] === subscriber else { return }
+                catchUp(subscriber)
+            }
+        }
+    }
+
+    private static func reset(oldest: EventPosition) -> [UInt8] {
+        Array("event: reset\ndata: {\"oldest\":\"\(oldest)\"}\n\n".utf8)
+    }
+
+    // MARK: subscribing
+
+    /// Starts a stream: `retry:`, then `snapshot` if given, then (with `since`) what was
+    /// committed after it, or `reset` and everything kept when that is gone, then every new
+    /// matching event, up to `until` if given. Its head's `Event-Seq` is the feed's position:
+    /// what follows it is live. Only once the feed knows where it starts (`position`).
+    func subscribe(_ reply: Reply, filter: EventFilter, since: EventPosition?, until: EventPosition? = nil,
+                   snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
+        guard let live = feed.position else { preconditionFailure("a stream before the feed has started") }
+        var headers = EventLog.streamHeaders
+        headers.add("Event-Seq", live.description)
+        guard reply.responder.startStream(headers: headers) else { return }
+        let position = since ?? live
+        let subscriber = Subscriber(reply: reply, filter: Filter(filter), endsWith: endsWith?.description, until: until,
+                                    position: position, catchingUp: position < live)
+        let key = ObjectIdentifier(subscriber)
+        subscribers[key] = subscriber
+        reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
+        reply.onPeerEnded { [weak self] in
+            guard self?.subscribers.removeValue(forKey: key) != nil else { return }
+            reply.responder.finish()
+        }
+        subscriber.pending += Array("retry: \(EventLog.retryMilliseconds)\n\n".utf8)
+        if let snapshot { subscriber.pending += snapshot }
+        if subscriber.catchingUp {
+            catchUp(subscriber)
+        } else {
+            add([], to: subscriber, through: live)
+        }
+        markDirty(subscriber)
+        scheduleKeepAlive()
+    }
+
+    /// Ends every stream (shutdown) and the feed: clients resume on another replica with
+    /// Last-Event-ID.
+    func finishAll() {
+        feed.close()
+        keepAlive?.cancel()
+        keepAlive = nil
+        let all = Array(subscribers.values)
+        for subscriber in all { flush(subscriber) }
+        subscribers.removeAll()
+        dirty.removeAll()
+        for subscriber in all { subscriber.reply.responder.finish() }
+    }
+
+    private func scheduleKeepAlive() {
+        guard keepAlive == nil, !subscribers.isEmpty else { return }
+        keepAlive = scheduler.schedule(after: EventLog.keepAliveMilliseconds) { [weak self] in
+            guard let self else { return }
+            keepAlive = nil
+            for subscriber in Array(subscribers.values) {
+                subscriber.pending += EventLog.keepAliveComment
+                flush(subscriber)
+            }
+            scheduleKeepAlive()
+        }
+    }
+}

@@ -1,0 +1,210 @@
+import Foundation
+import Testing
+import TaskloopCluster
+@testable import TaskloopService
+import TaskloopTestSupport
+
+/// Event streams on cells: any replica streams every cell's events in one order, with opaque
+/// ids a stream resumes from on any replica, each later event once.
+extension CellServiceTests {
+    typealias Stream = EventStreamTests.Stream
+
+    /// A queue whose cell `service` owns.
+    static func queue(ownedBy service: ServiceHarness, _ prefix: String) -> String {
+        service.onLoop { application in
+            let host = application.cellHost!
+            return (0...).lazy.map { "\(prefix)\($0)" }.first { name in
+                if case .here = host.placement(of: host.cell(ofQueue: name)) { return true }
+                return false
+            }!
+        }
+    }
+
+    static func taskID(_ event: Stream.Event) -> String? { (event.data["task"] as? [String: Any])?["id"] as? String }
+
+    /// The stream's view of one task: its events' types and states, in the stream's order.
+    static func history(of id: String, in events: [Stream.Event]) -> [String] {
+        EventStreamTests.states(events.filter { taskID($0) == id })
+    }
+
+    static func ended(_ ids: [String], in events: [Stream.Event]) -> Bool {
+        let ended = Set(events.filter { EventStreamTests.states([$0]) == ["task.state:succeeded"] }.compactMap(taskID))
+        return ids.allSatisfy(ended.contains)
+    }
+
+    /// One order: ids are unique, rising (fixed-width text), and the data's `seq` is the id.
+    static func expectOneOrder(_ events: [Stream.Event], sourceLocation: SourceLocation = #_sourceLocation) {
+        let ids = events.compactMap(\.wireID)
+        #expect(ids.count == events.count && ids.allSatisfy { $0.count == 24 }, sourceLocation: sourceLocation)
+        #expect(zip(ids, ids.dropFirst()).allSatisfy { $0 < $1 }, "\(ids)", sourceLocation: sourceLocation)
+        #expect(events.allSatisfy { $0.data["seq"] as? String == $0.wireID }, sourceLocation: sourceLocation)
+    }
+
+    static let noopHistory = ["task.created:pending", "task.state:queued", "task.state:running", "task.state:succeeded"]
+
+    @Test func aStreamOnAnyReplicaFollowsEveryCellAndResumesOnAnotherExactlyOnce() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.cellReplica(url, name: "e0")
+        let second = try Self.cellReplica(url, name: "e1")
+        try Self.waitForEveryCell([first, second])
+        let client = try APIClient(ports: [first.port, second.port])
+        let mine = Self.queue(ownedBy: first, "ea"), theirs = Self.queue(ownedBy: second, "eb")
+        let stream = try Stream(port: first.port, "/events")
+        let head = stream.head
+        #expect(head.contains("200 OK") && head.contains("Content-Type: text/event-stream"), "\(head)")
+        let onlyTheirs = try Stream(port: first.port, "/events?queue=\(theirs)&types=task.state")
+        var ids: [String] = []
+        for queue in [mine, theirs, mine, theirs] {
+            ids.append(try #require(try client.submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String))
+        }
+        let events = try stream.waitUntil { Self.ended(ids, in: $0) }
+        for id in ids { #expect(Self.history(of: id, in: events) == Self.noopHistory, "\(id)") }
+        Self.expectOneOrder(events)
+        let filtered = try onlyTheirs.waitUntil { Self.ended([ids[1], ids[3]], in: $0) }
+        #expect(filtered.allSatisfy { $0.type == "task.state" && ($0.data["task"] as? [String: Any])?["queue"] as? String == theirs })
+        #expect(Self.history(of: ids[1], in: filtered) == Array(Self.noopHistory.dropFirst()))
+
+        // Gone, then back on the other replica from the last event it had: what it missed, once.
+        let last = try #require(events.last?.wireID)
+        var later: [String] = []
+        for queue in [theirs, mine, theirs] {
+            later.append(try #require(try client.submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String))
+        }
+        for id in later { _ = try client.waitForState(id, "succeeded") }
+        let resumed = try Stream(port: second.port, "/events", headers: ["Last-Event-ID": last])
+        let missed = try resumed.waitUntil { Self.ended(later, in: $0) }
+        Self.expectOneOrder(missed)
+        #expect(missed.allSatisfy { $0.wireID! > last })
+        #expect(Set(missed.compactMap(Self.taskID)) == Set(later))
+        for id in later { #expect(Self.history(of: id, in: missed) == Self.noopHistory, "\(id)") }
+        // The same events in the same order from the first replica, by `since`.
+        let again = try Stream(port: first.port, "/events?since=\(last)")
+        let same = try again.waitUntil { $0.count >= missed.count }
+        #expect(same.prefix(missed.count).map(\.wireID) == missed.map(\.wireID))
+
+        let malformed = try client.call("GET", "/events", headers: ["Last-Event-ID": "12"])
+        #expect(malformed.status == 400 && malformed.header("Content-Type")?.hasPrefix("application/problem+json") == true)
+        #expect(try client.call("GET", "/events?since=zz").status == 400)
+        #expect(try client.call("GET", "/events?until=1").status == 400)
+        #expect(try client.call("GET", "/events?types=nope").status == 400)
+        try second.stop()
+        try first.stop()
+    }
+
+    /// While a third replica joins, takes cells, and leaves again: a stream on a replica that
+    /// stays sees every task through; one on the joining replica ends as it leaves, and its
+    /// reader resumes on another replica; both see exactly the same events.
+    @Test func resumesStayExactlyOnceWhileCellsMove() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.cellReplica(url, name: "m0")
+        let second = try Self.cellReplica(url, name: "m1")
+        try Self.waitForEveryCell([first, second])
+        let client = try APIClient(ports: [first.port, second.port])
+        let stream = try Stream(port: first.port, "/events")
+        _ = stream.head
+        var ids: [String] = []
+        func submit(_ count: Int) throws {
+            for _ in 0..<count {
+                let queue = "m\(ids.count % 12)"
+                ids.append(try #require(try client.submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String))
+            }
+        }
+        try submit(12)
+        let start = try #require(try stream.waitUntil { Self.ended(ids, in: $0) }.last?.wireID)
+        let third = try Self.cellReplica(url, name: "m2")
+        let onThird = try Stream(port: third.port, "/events", headers: ["Last-Event-ID": start])
+        _ = onThird.head
+        try submit(24)
+        try Self.waitForEveryCell([first, second, third])
+        try submit(24)
+        try third.stop()
+        try submit(24)
+        let everything = try stream.waitUntil(timeout: 30) { Self.ended(ids, in: $0) }
+        Self.expectOneOrder(everything)
+        for id in ids {
+            let history = Self.history(of: id, in: everything)
+            #expect(history.first == "task.created:pending" && history.last == "task.state:succeeded"
+                    && history.filter { $0 == "task.state:succeeded" }.count == 1, "\(id): \(history)")
+        }
+        // What the third replica sent before it stopped, then the rest from another replica.
+        let before = Stream.parse(try onThird.connection.readUntilClosed(timeout: 10)).events
+        let resumeFrom = before.last?.wireID ?? start
+        let rest = try Stream(port: second.port, "/events", headers: ["Last-Event-ID": resumeFrom])
+        let after = try rest.waitUntil(timeout: 30) { $0.last?.wireID ?? "" >= everything.last!.wireID! }
+        let expected = everything.filter { $0.wireID! > start }.map(\.wireID)
+        #expect(!(before + after).contains { $0.type == "reset" }, "\((before + after).filter { $0.type == "reset" }.map(\.data))")
+        #expect((before + after).filter { ($0.wireID ?? "") <= everything.last!.wireID! }.map(\.wireID) == expected)
+        try second.stop()
+        try first.stop()
+    }
+
+    /// `GET /tasks/{id}/events` for a task of another replica's cell ends with the task's end;
+    /// lists' `Event-Seq` is a position to stream from; filters by task and workflow.
+    @Test func aTaskStreamOfAnotherReplicasCellEndsWithTheTask() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let first = try Self.cellReplica(url, name: "t0")
+        let second = try Self.cellReplica(url, name: "t1")
+        try Self.waitForEveryCell([first, second])
+        let client = try APIClient(ports: [first.port, second.port])
+        let theirs = Self.queue(ownedBy: second, "tb")
+        let listed = try client.call("GET", "/tasks?limit=1")
+        let seq = try #require(listed.header("Event-Seq"))
+        let id = try #require(try client.submit(#"{"kind":"sleep","params":{"duration_ms":500},"queue":"\#(theirs)"}"#)["id"] as? String)
+        let ownStream = try Stream(port: first.port, "/tasks/\(id)/events")
+        let whole = Stream.parse(try ownStream.connection.readUntilClosed(timeout: 10)).events
+        #expect(whole.first?.type == "task.snapshot" && (whole.first?.data["seq"] as? String)?.count == 24, "\(whole)")
+        #expect(EventStreamTests.states(whole).last == "task.state:succeeded", "\(EventStreamTests.states(whole))")
+        #expect(whole.dropFirst().allSatisfy { Self.taskID($0) == id })
+        // Ended already: the snapshot, and the end of the stream.
+        let ended = Stream.parse(try Stream(port: first.port, "/tasks/\(id)/events").connection.readUntilClosed(timeout: 10)).events
+        #expect(EventStreamTests.states(ended) == ["task.snapshot:succeeded"])
+        #expect(try client.call("GET", "/tasks/01ZZZZZZZZZZZZZZZZZZZZZZZZ/events").status == 404)
+        // From the list's position: the task from its creation.
+        let fromList = try Stream(port: second.port, "/events?task=\(id)&since=\(seq)")
+        #expect(EventStreamTests.states(try fromList.waitUntil { Self.ended([id], in: $0) }).first == "task.created:pending")
+
+        let workflowStream = try Stream(port: first.port, "/events?types=workflow.state,task.state")
+        _ = workflowStream.head
+        let workflow = try client.call("POST", "/workflows", json: #"{"tasks":[{"key":"a","kind":"noop","queue":"\#(theirs)"}]}"#)
+        let workflowID = try #require(workflow.json["id"] as? String)
+        let read = try client.call("GET", "/workflows/\(workflowID)")
+        #expect(read.header("Event-Seq")?.count == 24)
+        let byWorkflow = try Stream(port: second.port, "/events?workflow=\(workflowID)&since=\(seq)")
+        let workflowEvents = try byWorkflow.waitUntil { EventStreamTests.states($0).last == "workflow.state:succeeded" }
+        #expect(workflowEvents.allSatisfy { $0.type.hasPrefix("task.") || $0.type == "workflow.state" })
+        #expect(EventStreamTests.states(workflowEvents).filter { $0.hasPrefix("workflow.") }
+                == ["workflow.state:running", "workflow.state:succeeded"])
+        let typed = try workflowStream.waitUntil { EventStreamTests.states($0).last == "workflow.state:succeeded" }
+        #expect(typed.allSatisfy { $0.type == "task.state" || $0.type == "workflow.state" })
+        try second.stop()
+        try first.stop()
+    }
+
+    /// A resume from before the oldest event the history keeps starts with `reset`, then goes
+    /// on from the oldest kept, as a single server's does.
+    @Test func aResumeFromBeforeTheHistoryStartsWithReset() throws {
+        let cluster = try PostgresCluster.shared()
+        let url = try cluster.makeDatabase()
+        let service = try Self.cellReplica(url, name: "r0")
+        try Self.waitForEveryCell(service)
+        let client = try service.client()
+        var ids: [String] = []
+        for index in 0..<3 { ids.append(try #require(try client.submit(#"{"kind":"noop","queue":"r\#(index)"}"#)["id"] as? String)) }
+        let beginning = String(repeating: "0", count: 24)
+        let all = try Stream(port: service.port, "/events?since=\(beginning)").waitUntil { Self.ended(ids, in: $0) }
+        #expect(all.first?.type != "reset" && all.count >= 12)
+        // Dropped from the history as `--event-history-seconds` would drop them.
+        try cluster.sql("DELETE FROM taskloop.cell_events WHERE (transaction, index) IN "
+                        + "(SELECT transaction, index FROM taskloop.cell_events ORDER BY transaction, index LIMIT 3)", database: url)
+        // From one of those: what came after it may be gone too.
+        for since in [all[0].wireID!, all[2].wireID!] {
+            let resumed = try Stream(port: service.port, "/events", headers: ["Last-Event-ID": since])
+                .waitUntil { $0.count >= all.count - 2 }
+            #expect(resumed.first?.type == "reset" && resumed.first?.data["oldest"] as? String == all[3].wireID)
+            #expect(resumed.dropFirst().prefix(all.count - 3).map(\.wireID) == all.dropFirst(3).map(\.wireID))
+        }
+        let kept = try Stream(port: service.port, "/events?since=\(all[3].wireID!)").waitUntil { $0.count >= all.count - 4 }
+        #expect(kept.prefix(all.count - 4).map(\.wireID) == all.dropFirst(4).map(\.wireID))
+        try service.stop()
+    }
+}
