@@ -37,7 +37,7 @@ extension Engine {
 
     /// Workflows whose remote members' reports changed them, and the ids of those the reports
     /// left with nothing to keep, since the last call: a store writes the one and deletes the
-    /// other (no event says so: a report changes no task here).
+    /// other.
     func takeReportedWorkflows() -> (changed: [WorkflowRecord], spent: [TaskID]) {
         guard !reportedWorkflows.isEmpty || !spentWorkflows.isEmpty else { return ([], []) }
         defer {
@@ -120,6 +120,7 @@ extension Engine {
     private func memberChanged(_ message: CellMessage, of id: TaskID) {
         guard let workflow = workflows[id], let state = message.state,
               workflow.update(remote: message.dependency, state: state, fraction: message.fraction) else { return }
+        emit(.workflowReported(workflow, spent: workflow.isSpent))
         if workflow.isSpent {
             workflows.removeValue(forKey: id)
             spentWorkflows.append(id)

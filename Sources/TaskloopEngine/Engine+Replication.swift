@@ -92,6 +92,9 @@ public struct ChangeCollector {
                 forgottenQueues.append(name)
             case .messageSent(let message):
                 messages.append(message)
+            case .workflowReported:
+                // `take` has it from the engine, with the workflows the reports left spent.
+                break
             case .evicted(let record, let workflowEmptied):
                 // `take` skips it if it also changed in this turn.
                 evictedRecords.append(record)

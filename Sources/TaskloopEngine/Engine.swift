@@ -71,6 +71,10 @@ public enum EngineEvent {
     case messageSent(CellMessage)
     /// A task gained a watcher: a cell with tasks depending on it (`Engine.watchers(of:)`).
     case watched(TaskRecord)
+    /// A member in another cell reported an end, a retry or progress to its workflow's home
+    /// (Engine+CellWorkflows): the workflow changed, and no task of this cell did. `spent`:
+    /// the report left it nothing to keep, and the engine forgot it.
+    case workflowReported(WorkflowRecord, spent: Bool)
 }
 
 /// A reference to the engine that `deinit` clears, for timers and attempts that may outlive it.

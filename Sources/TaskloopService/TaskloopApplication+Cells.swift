@@ -535,6 +535,7 @@ final class ClusterEventRenderer {
     func render(_ events: [EngineEvent], at now: Int64) -> [ClusterEvents.Written] {
         var written: [ClusterEvents.Written] = []
         var workflowsTouched: [WorkflowRecord] = []
+        var spent: [WorkflowRecord] = []
         func add(_ event: StreamEvent) {
             written.append(ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
                                                  workflow: event.workflowID?.description, queue: event.queueName,
@@ -561,6 +562,10 @@ final class ClusterEventRenderer {
                 add(StreamEvent(seq: 0, kind: .taskState, time: now, task: task, state: task.state, batch: 0))
             case .evicted(let task, let workflowEmptied):
                 if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+            case .workflowReported(let workflow, let isSpent):
+                // A member of another cell changed it here, at its home: announced as if it were local.
+                if !workflowsTouched.contains(where: { $0 === workflow }) { workflowsTouched.append(workflow) }
+                if isSpent { spent.append(workflow) }
             case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
                 break
             }
@@ -569,6 +574,8 @@ final class ClusterEventRenderer {
             announced[ObjectIdentifier(workflow)] = workflow.state
             add(StreamEvent(seq: 0, kind: .workflowState, time: now, state: workflow.state, workflow: workflow, batch: 0))
         }
+        // Forgotten by the engine: nothing more will be said of it.
+        for workflow in spent { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
         return written
     }
 }

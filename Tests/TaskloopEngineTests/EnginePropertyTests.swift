@@ -40,7 +40,7 @@ import TaskloopTestSupport
                 switch event {
                 case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record),
                      .cancelRequested(let record), .leaseRenewed(let record), .releasedByRetry(let record), .watched(let record): record
-                case .workflowSubmitted, .queueChanged, .queueForgotten, .evicted, .messageSent: nil
+                case .workflowSubmitted, .queueChanged, .queueForgotten, .evicted, .messageSent, .workflowReported: nil
                 }
             }
             for rule in engine.invariantViolations(of: records) { fail("inside an observer: \(rule)") }

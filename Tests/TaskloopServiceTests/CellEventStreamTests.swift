@@ -208,3 +208,26 @@ extension CellServiceTests {
         try service.stop()
     }
 }
+
+extension CellServiceTests {
+    /// A workflow ends when a member in another cell reports its end to the workflow's home:
+    /// the home announces that as it announces its own members' changes.
+    @Test func aWorkflowEndedByAMemberOfAnotherCellIsAnnounced() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let service = try Self.cellReplica(url, name: "h0")
+        try Self.waitForEveryCell(service)
+        let client = try service.client()
+        let (home, member) = Self.queuesOfTwoCells(service)
+        let workflows = try Stream(port: service.port, "/events?types=workflow.state")
+        _ = workflows.head
+        let submitted = try client.call("POST", "/workflows", json: """
+            {"tasks":[{"key":"a","kind":"noop","queue":"\(home)"},
+             {"key":"b","kind":"sleep","params":{"duration_ms":200},"queue":"\(member)","dependencies":["a"]}]}
+            """)
+        let id = try #require(submitted.json["id"] as? String)
+        let events = try workflows.waitUntil { EventStreamTests.states($0).contains("workflow.state:succeeded") }
+        #expect(EventStreamTests.states(events) == ["workflow.state:running", "workflow.state:succeeded"])
+        #expect(events.allSatisfy { ($0.data["workflow"] as? [String: Any])?["id"] as? String == id })
+        try service.stop()
+    }
+}

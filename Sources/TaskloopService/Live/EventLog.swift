@@ -282,6 +282,9 @@ final class EventLog {
                 append(StreamEvent(seq: next(), kind: .taskState, time: now, task: task, state: task.state, batch: batch))
             case .evicted(let task, let workflowEmptied):
                 if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+            case .workflowReported:
+                // Cells only (`ClusterEventRenderer`).
+                break
             case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
                 break
             }
