@@ -147,7 +147,7 @@ extension TaskloopApplication {
                     guard let host else { return completion(.failure(PGError(message: "the replica is stopping"))) }
                     host.read(queries, completion)
                 }, clientBufferBytes: configuration.eventClientBufferBytes,
-                scheduler: scheduler)
+                historyMilliseconds: configuration.eventHistoryMilliseconds, scheduler: scheduler)
         } catch {
             // Everything else serves; the streams answer 503 meanwhile.
             logger.error("the event streams cannot follow the cluster's events: \(error)")

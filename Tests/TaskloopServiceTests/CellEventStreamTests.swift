@@ -231,3 +231,34 @@ extension CellServiceTests {
         try service.stop()
     }
 }
+
+extension CellServiceTests {
+    /// The history is kept by time (`--event-history-seconds`): older events are dropped, and
+    /// a resume from one of them starts with `reset`.
+    @Test func theHistoryIsKeptByTime() throws {
+        let cluster = try PostgresCluster.shared()
+        let url = try cluster.makeDatabase()
+        let service = try ServiceHarness(replicas: 1) { configuration in
+            var settings = SharedDatabaseSettings(url: url, replica: "k0")
+            settings.replication = .cells
+            settings.cells = Self.cellCount
+            configuration.sharedDatabase = settings
+            configuration.durability = .full
+            configuration.eventHistoryMilliseconds = 3_000
+        }
+        try Self.waitForEveryCell(service)
+        let client = try service.client()
+        let first = try #require(try client.submit(#"{"kind":"noop","queue":"k"}"#)["id"] as? String)
+        let early = try Stream(port: service.port, "/events?since=\(String(repeating: "0", count: 24))")
+            .waitUntil { Self.ended([first], in: $0) }
+        try pollUntil("the history past its time to be dropped", timeout: 20) {
+            try cluster.sql("SELECT count(*) FROM taskloop.cell_events", database: url).trimmingCharacters(in: .whitespacesAndNewlines) == "0"
+        }
+        let second = try #require(try client.submit(#"{"kind":"noop","queue":"k"}"#)["id"] as? String)
+        let resumed = try Stream(port: service.port, "/events", headers: ["Last-Event-ID": try #require(early.first?.wireID)])
+            .waitUntil { Self.ended([second], in: $0) }
+        #expect(resumed.first?.type == "reset" && resumed.first?.data["oldest"] as? String == resumed.dropFirst().first?.wireID)
+        #expect(Self.history(of: second, in: resumed) == Self.noopHistory)
+        try service.stop()
+    }
+}

@@ -119,6 +119,8 @@ final class ClusterEventStreams {
 
     /// The most events one read of the history takes; the next waits for the reader.
     static let historyReadLimit = 500
+    /// The most events one step of dropping the history past its time deletes.
+    static let trimLimit = 10_000
 
     private let feed: ClusterEventFeed
     private let read: Read
@@ -127,16 +129,40 @@ final class ClusterEventStreams {
     private var subscribers: [ObjectIdentifier: Subscriber] = [:]
     private var dirty: [Subscriber] = []
     private var keepAlive: ScheduledAction?
+    /// How long the history keeps an event (`--event-history-seconds`).
+    private let historyMilliseconds: Int64
+    private var trimming: ScheduledAction?
 
-    /// `read`: reads of the history (the cell host's reading connection).
+    /// `read`: reads of the history (the cell host's reading connection), and its trimming.
     init(loop: EventLoop, feed settings: ClusterEventFeed.Settings, read: @escaping Read, clientBufferBytes: Int,
-         scheduler: EngineScheduler) throws(UVError) {
+         historyMilliseconds: Int64, scheduler: EngineScheduler) throws(UVError) {
         feed = try ClusterEventFeed(loop: loop, settings: settings, from: .now)
         self.read = read
         self.clientBufferBytes = clientBufferBytes
+        self.historyMilliseconds = historyMilliseconds
         self.scheduler = scheduler
         feed.onEvents = { [weak self] events in self?.deliver(events) }
         feed.start()
+        scheduleTrim(after: Self.trimInterval(historyMilliseconds))
+    }
+
+    static func trimInterval(_ historyMilliseconds: Int64) -> UInt64 {
+        UInt64(max(1_000, min(60_000, historyMilliseconds / 4)))
+    }
+
+    /// Every replica drops the events past the history's time, in bounded steps, a step at
+    /// once after a full one: two replicas deleting the same rows wait for each other, and the
+    /// rows go once.
+    private func scheduleTrim(after delay: UInt64) {
+        trimming = scheduler.schedule(after: delay) { [weak self] in
+            guard let self else { return }
+            read([ClusterEvents.trim(before: scheduler.wallClock - historyMilliseconds, limit: Self.trimLimit)]) {
+                [weak self] result in
+                guard let self, trimming != nil else { return }
+                let full = (try? result.get())?.first?.affectedRows == Self.trimLimit
+                scheduleTrim(after: full ? 0 : Self.trimInterval(historyMilliseconds))
+            }
+        }
     }
 
     var subscriberCount: Int { subscribers.count }
@@ -302,6 +328,8 @@ final class ClusterEventStreams {
     /// Last-Event-ID.
     func finishAll() {
         feed.close()
+        trimming?.cancel()
+        trimming = nil
         keepAlive?.cancel()
         keepAlive = nil
         let all = Array(subscribers.values)
