@@ -529,53 +529,20 @@ extension TaskloopApplication {
 ///
 /// Threading: loop thread only.
 final class ClusterEventRenderer {
-    /// The state each workflow was last announced in: a workflow event only when it changes.
-    private var announced: [ObjectIdentifier: TaskState] = [:]
+    private var mapping = EventMapping()
 
     func render(_ events: [EngineEvent], at now: Int64) -> [ClusterEvents.Written] {
         var written: [ClusterEvents.Written] = []
-        var workflowsTouched: [WorkflowRecord] = []
-        var spent: [WorkflowRecord] = []
         func add(_ event: StreamEvent) {
             written.append(ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
                                                  workflow: event.workflowID?.description, queue: event.queueName,
                                                  data: event.render(seq: nil)))
         }
-        for event in events {
-            switch event {
-            case .submitted(let task):
-                add(StreamEvent(seq: 0, kind: .taskCreated, time: now, task: task, state: .pending, batch: 0))
-            case .stateChanged(let task, _, let to):
-                add(StreamEvent(seq: 0, kind: .taskState, time: now, task: task, state: to, batch: 0))
-                if let workflow = task.workflow, !workflowsTouched.contains(where: { $0 === workflow }) {
-                    workflowsTouched.append(workflow)
-                }
-            case .progressed(let task):
-                add(StreamEvent(seq: 0, kind: .taskProgress, time: now, task: task, state: task.state, batch: 0))
-            case .workflowSubmitted(let workflow):
-                announced[ObjectIdentifier(workflow)] = .running
-                add(StreamEvent(seq: 0, kind: .workflowState, time: now, state: .running, workflow: workflow, batch: 0))
-                workflowsTouched.append(workflow)
-            case .queueChanged(let queue):
-                add(StreamEvent(seq: 0, kind: .queueUpdated, time: now, queue: queue, batch: 0))
-            case .cancelRequested(let task):
-                add(StreamEvent(seq: 0, kind: .taskState, time: now, task: task, state: task.state, batch: 0))
-            case .evicted(let task, let workflowEmptied):
-                if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
-            case .workflowReported(let workflow, let isSpent):
-                // A member of another cell changed it here, at its home: announced as if it were local.
-                if !workflowsTouched.contains(where: { $0 === workflow }) { workflowsTouched.append(workflow) }
-                if isSpent { spent.append(workflow) }
-            case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
-                break
-            }
-        }
-        for workflow in workflowsTouched where announced[ObjectIdentifier(workflow)] != workflow.state {
-            announced[ObjectIdentifier(workflow)] = workflow.state
-            add(StreamEvent(seq: 0, kind: .workflowState, time: now, state: workflow.state, workflow: workflow, batch: 0))
-        }
-        // Forgotten by the engine: nothing more will be said of it.
-        for workflow in spent { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+        mapping.map(events) { kind, task, state, workflow, queue in
+            add(StreamEvent(seq: 0, kind: kind, time: now, task: task, state: state, workflow: workflow, queue: queue, batch: 0))
+        } progressed: { task in
+            add(StreamEvent(seq: 0, kind: .taskProgress, time: now, task: task, state: task.state, batch: 0))
+        } leftRunning: { _ in }
         return written
     }
 }

@@ -13,6 +13,62 @@ enum EventKind: String, CaseIterable {
     case queueUpdated = "queue.updated"
 }
 
+/// What one settled engine call shows on the event stream, in order: the single server numbers
+/// it (`EventLog.record`), a cell writes it with its commit (`ClusterEventRenderer`). After the
+/// call's own events, a `workflow.state` for each workflow whose state it changed.
+struct EventMapping {
+    /// The state each workflow's last `workflow.state` event announced.
+    private var announced: [ObjectIdentifier: TaskState] = [:]
+
+    /// `emit`: an event's kind and what it shows (a task in a state, a workflow in a state, or
+    /// a queue); `progressed`: a task's progress (a single server coalesces it);
+    /// `leftRunning`: a task moved to a state other than `running`, before its event.
+    @inline(__always)
+    mutating func map(_ events: [EngineEvent],
+                      emit: (EventKind, TaskRecord?, TaskState?, WorkflowRecord?, TaskQueue?) -> Void,
+                      progressed: (TaskRecord) -> Void, leftRunning: (TaskRecord) -> Void) {
+        var workflowsTouched: [WorkflowRecord] = []
+        var spent: [WorkflowRecord] = []
+        for event in events {
+            switch event {
+            case .submitted(let task):
+                emit(.taskCreated, task, .pending, nil, nil)
+            case .stateChanged(let task, _, let to):
+                if to != .running { leftRunning(task) }
+                emit(.taskState, task, to, nil, nil)
+                if let workflow = task.workflow, !workflowsTouched.contains(where: { $0 === workflow }) {
+                    workflowsTouched.append(workflow)
+                }
+            case .progressed(let task):
+                progressed(task)
+            case .workflowSubmitted(let workflow):
+                // Created running; where its tasks took it in the same call follows below.
+                announced[ObjectIdentifier(workflow)] = .running
+                emit(.workflowState, nil, .running, workflow, nil)
+                workflowsTouched.append(workflow)
+            case .workflowReported(let workflow, let isSpent):
+                // On cells: a member of another cell changed it at its home, as a local one would.
+                if !workflowsTouched.contains(where: { $0 === workflow }) { workflowsTouched.append(workflow) }
+                if isSpent { spent.append(workflow) }
+            case .queueChanged(let queue):
+                emit(.queueUpdated, nil, nil, nil, queue)
+            case .cancelRequested(let task):
+                emit(.taskState, task, task.state, nil, nil)
+            case .evicted(let task, let workflowEmptied):
+                if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+            case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
+                break
+            }
+        }
+        for workflow in workflowsTouched where announced[ObjectIdentifier(workflow)] != workflow.state {
+            announced[ObjectIdentifier(workflow)] = workflow.state
+            emit(.workflowState, nil, workflow.state, workflow, nil)
+        }
+        // Forgotten by its engine: nothing more is said of it.
+        for workflow in spent { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+    }
+}
+
 /// One numbered change. It keeps what the change showed (a task's `TaskMoment`, a workflow's
 /// state and progress) from when it was numbered; its `data` is rendered from that the first
 /// time a subscriber needs it and kept for the others: a server nobody listens to renders
@@ -217,8 +273,7 @@ final class EventLog {
     /// Per running task: when its last progress event was numbered, and whether a later one waits.
     private var lastProgress: [ObjectIdentifier: UInt64] = [:]
     private var heldProgress: [ObjectIdentifier: ScheduledAction] = [:]
-    /// The state each workflow's last `workflow.state` event announced.
-    private var announced: [ObjectIdentifier: TaskState] = [:]
+    private var mapping = EventMapping()
     /// With a store: the batch whose commit makes a change made now durable, or nil when it
     /// already is. Without a store (nil) events are published at once.
     var batchOfNextChange: (() -> Int?)?
@@ -255,44 +310,14 @@ final class EventLog {
         let batch = waitsFor ?? 0
         let before = lastAssigned
         let now = scheduler.wallClock
-        var workflowsTouched: [WorkflowRecord] = []
-        for event in events {
-            switch event {
-            case .submitted(let task):
-                append(StreamEvent(seq: next(), kind: .taskCreated, time: now, task: task, state: .pending, batch: batch))
-            case .stateChanged(let task, _, let to):
-                if to != .running {
-                    heldProgress.removeValue(forKey: ObjectIdentifier(task))?.cancel()
-                    lastProgress.removeValue(forKey: ObjectIdentifier(task))
-                }
-                append(StreamEvent(seq: next(), kind: .taskState, time: now, task: task, state: to, batch: batch))
-                if let workflow = task.workflow, !workflowsTouched.contains(where: { $0 === workflow }) {
-                    workflowsTouched.append(workflow)
-                }
-            case .progressed(let task):
-                progressed(task, now: now, batch: batch)
-            case .workflowSubmitted(let workflow):
-                // Created running; where its tasks took it in the same call follows below.
-                announced[ObjectIdentifier(workflow)] = .running
-                append(StreamEvent(seq: next(), kind: .workflowState, time: now, state: .running, workflow: workflow, batch: batch))
-                workflowsTouched.append(workflow)
-            case .queueChanged(let queue):
-                append(StreamEvent(seq: next(), kind: .queueUpdated, time: now, queue: queue, batch: batch))
-            case .cancelRequested(let task):
-                append(StreamEvent(seq: next(), kind: .taskState, time: now, task: task, state: task.state, batch: batch))
-            case .evicted(let task, let workflowEmptied):
-                if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
-            case .workflowReported:
-                // Cells only (`ClusterEventRenderer`).
-                break
-            case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
-                break
-            }
-        }
-        for workflow in workflowsTouched where announced[ObjectIdentifier(workflow)] != workflow.state {
-            announced[ObjectIdentifier(workflow)] = workflow.state
-            append(StreamEvent(seq: next(), kind: .workflowState, time: now, state: workflow.state, workflow: workflow,
+        mapping.map(events) { kind, task, state, workflow, queue in
+            append(StreamEvent(seq: next(), kind: kind, time: now, task: task, state: state, workflow: workflow, queue: queue,
                                batch: batch))
+        } progressed: { task in
+            progressed(task, now: now, batch: batch)
+        } leftRunning: { task in
+            heldProgress.removeValue(forKey: ObjectIdentifier(task))?.cancel()
+            lastProgress.removeValue(forKey: ObjectIdentifier(task))
         }
         if waitsFor == nil && lastAssigned != before { publish(through: lastAssigned) }
     }
