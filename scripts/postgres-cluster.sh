@@ -10,7 +10,8 @@
 #                                        crashes or is killed leaves nothing running)
 # Trust authentication on loopback only; fsync off (a throwaway cluster never outlives its
 # machine; POSTGRES_FSYNC=on keeps it, for benchmarks), synchronous_commit on. Run as root,
-# the server runs as the postgres user.
+# the server runs as the postgres user. POSTGRES_STATEMENTS=on loads pg_stat_statements (nested
+# statements too, those of functions), for benchmarks that show where the database's time goes.
 set -euo pipefail
 bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -x "$bin/initdb" ] || { echo "PostgreSQL is not installed (apt-get install postgresql)" >&2; exit 1; }
@@ -34,6 +35,9 @@ fsync = ${POSTGRES_FSYNC:-off}
 full_page_writes = ${POSTGRES_FSYNC:-off}
 max_connections = 200
 CONF
+    if [ "${POSTGRES_STATEMENTS:-off}" = on ]; then
+        printf '%s\n' "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track = all" >>"$dir/data/postgresql.conf"
+    fi
     "$0" restart "$dir"
     echo "postgres://postgres@127.0.0.1:$port/postgres"
     ;;

@@ -10,6 +10,11 @@
 # CPU seconds per thousand tasks of the replicas and of PostgreSQL.
 #   BENCH_DURATION  seconds of wrk per measurement (default 5)
 #   BENCH_ROUNDS    rounds (default 3); medians are reported
+#   BENCH_BASELINE  another build of the server (a copy of an earlier release binary): each setup
+#                   is measured with it too, right before this checkout's, in every round, and
+#                   reported beside it as "(baseline)": a comparison in the same conditions
+#   BENCH_STATEMENTS=1  also prints (to stderr), after each measurement, PostgreSQL's statements
+#                   that took the most time in it (pg_stat_statements, nested ones included)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -19,14 +24,18 @@ connections=12
 source Benchmarks/release-server.sh
 pg_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 chmod 755 "$work"
-database=$(POSTGRES_FSYNC=on bash scripts/postgres-cluster.sh start "$work/pg" "$pg_port")
+statements=${BENCH_STATEMENTS:-0}
+database=$(POSTGRES_FSYNC=on POSTGRES_STATEMENTS=$([ "$statements" = 1 ] && echo on || echo off) bash scripts/postgres-cluster.sh start "$work/pg" "$pg_port")
 # Stopped before the scratch dir it lives in goes (at_exit runs the last registered first).
 at_exit 'bash scripts/postgres-cluster.sh stop "$work/pg" 2>/dev/null'
+if [ "$statements" = 1 ]; then psql -q "$database" -c "CREATE EXTENSION pg_stat_statements"; fi
 common=(--port 0 --max-unfinished-tasks 10000000 --max-retained-tasks 100000 --log-level warning)
 
 urls=()
 pids=()
-start() { # sqlite | turns N | cells N, each on a database of its own
+start() { # BINARY sqlite | turns N | cells N, each on a database of its own
+    local binary=$1
+    shift
     urls=()
     pids=()
     if [ "$1" = sqlite ]; then
@@ -99,6 +108,7 @@ machine_cpu() { awk '/^cpu / {print ($2 + $3 + $4 + $7 + $8) / '"$(getconf CLK_T
 measure() { # script
     local each=$((connections / ${#urls[@]})) index=0 files=() wrks=()
     local before_replicas before_pg before_all
+    if [ "$statements" = 1 ]; then psql -qAt "$database" -c "SELECT pg_stat_statements_reset()" >/dev/null; fi
     before_replicas=$(cpu_of "${pids[@]}"); before_pg=$(cpu_of $(postgres_pids)); before_all=$(machine_cpu)
     for target in "${urls[@]}"; do
         files+=("$work/wrk-$index")
@@ -114,6 +124,13 @@ measure() { # script
     for file in "${files[@]}"; do
         if grep -q -e "Non-2xx" -e "unexpected answer" "$file"; then echo "$1: refused requests" >&2; cat "$file" >&2; exit 1; fi
     done
+    if [ "$statements" = 1 ]; then
+        {
+            echo "$1, ${#urls[@]} replica(s): calls, ms, rows, statement"
+            psql -qAt -F ' | ' "$database" -c "SELECT calls, round(total_exec_time), rows,
+                left(regexp_replace(query, '\s+', ' ', 'g'), 140) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15"
+        } >&2
+    fi
     local rate
     rate=$(cat "${files[@]}" | awk '/Requests\/sec/ {sum += $2} END {print sum}')
     echo "$rate $replicas $pg $all"
@@ -124,9 +141,16 @@ setups=${BENCH_SETUPS:-"sqlite 1,turns 1,turns 2,turns 3,cells 1,cells 2,cells 3
 lines=""
 for round in $(seq 1 "$rounds"); do
     IFS=, read -ra chosen <<<"$setups"
+    runs=()
     for setup in "${chosen[@]}"; do
-        set -- $setup
-        start "$1" "$2"
+        if [ -n "${BENCH_BASELINE:-}" ]; then runs+=("baseline $setup"); fi
+        runs+=("current $setup")
+    done
+    for run in "${runs[@]}"; do
+        set -- $run
+        variant=$1
+        shift
+        if [ "$variant" = baseline ]; then start "$BENCH_BASELINE" "$1" "$2"; else start "$binary" "$1" "$2"; fi
         count() { python3 -c "print(int(min(400_000, max(16_000, float('${1%% *}') * $duration * 1.5)) // 16_000 * 16_000))"; }
         if [ "$1" = cells ]; then
             submits=$(measure Benchmarks/replicas/submit-spread.lua)
@@ -138,7 +162,7 @@ for round in $(seq 1 "$rounds"); do
             cycles=$(measure Benchmarks/leases/lease.lua)
         fi
         stop_all
-        lines="$lines$round $1 $2 $submits $cycles"$'\n'
+        lines="$lines$round $1 $2 $variant $submits $cycles"$'\n'
     done
 done
 printf '%s' "$lines" | python3 -c '
@@ -146,13 +170,13 @@ import collections, statistics, sys
 rows = collections.defaultdict(list)
 for line in sys.stdin:
     f = line.split()
-    if f: rows[(f[1], int(f[2]))].append(list(map(float, f[3:])))
+    if f: rows[(f[1], int(f[2]), f[3])].append(list(map(float, f[4:])))
 median = statistics.median
 reference = None
 blank = ""
 singles = {}
 duration = float(sys.argv[1])
-for key in sorted(rows, key=lambda k: (k[0] != "sqlite", k[0] != "turns", k[1])):
+for key in sorted(rows, key=lambda k: (k[0] != "sqlite", k[0] != "turns", k[1], k[2] != "baseline")):
     r = rows[key]
     submits, cycles = median(x[0] for x in r), median(x[4] / 2 for x in r)
     def shares(base):
@@ -162,11 +186,12 @@ for key in sorted(rows, key=lambda k: (k[0] != "sqlite", k[0] != "turns", k[1]))
         tasks = rate * duration / 1000 or 1
         return f"{median(x[base + 1] for x in r) / tasks:.3f} + {median(x[base + 2] for x in r) / tasks:.3f} s"
     if reference is None: reference = (submits, cycles)
-    singles.setdefault(key[0], (submits, cycles))
-    single = singles[key[0]]
+    singles.setdefault((key[0], key[2]), (submits, cycles))
+    single = singles[(key[0], key[2])]
     name = "SQLite, one server" if key[0] == "sqlite" else f"{key[0]}, {key[1]} replica" + ("s" if key[1] > 1 else "")
-    print(f"  {name:20} POST /tasks {submits:7.0f}/s ({submits / reference[0]:.2f}x SQLite, {submits / single[0]:.2f}x one; "
+    name += " (baseline)" if key[2] == "baseline" else ""
+    print(f"  {name:29} POST /tasks {submits:7.0f}/s ({submits / reference[0]:.2f}x SQLite, {submits / single[0]:.2f}x one; "
           f"CPU {shares(0)}; per 1k tasks replicas + PostgreSQL {per_thousand(0, submits)})")
-    print(f"  {blank:20} lease+complete {cycles:7.0f}/s ({cycles / reference[1]:.2f}x SQLite, {cycles / single[1]:.2f}x one; "
+    print(f"  {blank:29} lease+complete {cycles:7.0f}/s ({cycles / reference[1]:.2f}x SQLite, {cycles / single[1]:.2f}x one; "
           f"CPU {shares(4)}; per 1k cycles {per_thousand(4, cycles)})")
 ' "$duration"
