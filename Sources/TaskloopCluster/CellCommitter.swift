@@ -28,26 +28,15 @@ public final class CellCommitter {
         case unknown
     }
 
-    /// One cell's part of a commit.
-    public struct Part {
-        public var cell: Cell
-        public var epoch: UInt64
-        public var writes: [PGQuery]
-
-        public init(cell: Cell, epoch: UInt64, writes: [PGQuery]) {
-            self.cell = cell
-            self.epoch = epoch
-            self.writes = writes
-        }
-    }
-
     private final class Commit {
-        let parts: [Part]
+        let cells: [(cell: Cell, epoch: UInt64)]
+        let writes: [PGQuery]
         let completion: (Outcome) -> Void
         var token = ""
 
-        init(parts: [Part], completion: @escaping (Outcome) -> Void) {
-            self.parts = parts
+        init(cells: [(cell: Cell, epoch: UInt64)], writes: [PGQuery], completion: @escaping (Outcome) -> Void) {
+            self.cells = cells
+            self.writes = writes
             self.completion = completion
         }
     }
@@ -79,13 +68,14 @@ public final class CellCommitter {
 
     /// Commits `writes` for `cell` under `epoch` (or the newer epoch a resolution moved it to).
     public func commit(_ cell: Cell, epoch: UInt64, writes: [PGQuery], _ completion: @escaping (Outcome) -> Void) {
-        commit([Part(cell: cell, epoch: epoch, writes: writes)], completion)
+        commit([(cell, epoch)], writes: writes, completion)
     }
 
-    /// Commits the parts of several cells in one transaction: all of them or none.
-    public func commit(_ parts: [Part], _ completion: @escaping (Outcome) -> Void) {
-        precondition(!parts.isEmpty && Set(parts.map(\.cell)).count == parts.count, "one part a cell")
-        let commit = Commit(parts: parts, completion: completion)
+    /// Commits `writes`, which change these cells only, in one transaction fenced by each
+    /// cell's epoch (or the newer one a resolution moved it to): all of them or none.
+    public func commit(_ cells: [(cell: Cell, epoch: UInt64)], writes: [PGQuery], _ completion: @escaping (Outcome) -> Void) {
+        precondition(!cells.isEmpty && Set(cells.map(\.cell)).count == cells.count, "each cell once")
+        let commit = Commit(cells: cells, writes: writes, completion: completion)
         guard !isClosed else { return completion(.failed("the committer is closed")) }
         guard connected, !resolving else {
             waiting.append(commit)
@@ -99,9 +89,9 @@ public final class CellCommitter {
         sequence += 1
         commit.token = "\(identity.incarnation):\(sequence)"
         inFlight.append(commit)
-        let fence = ClusterSchema.fenceCommit(commit.parts.map { ($0.cell, max($0.epoch, epochs[$0.cell] ?? 0)) }, by: identity,
+        let fence = ClusterSchema.fenceCommit(commit.cells.map { ($0.cell, max($0.epoch, epochs[$0.cell] ?? 0)) }, by: identity,
                                               token: commit.token)
-        connection.execute([fence] + commit.parts.flatMap(\.writes)) { [weak self, weak commit] result in
+        connection.execute([fence] + commit.writes) { [weak self, weak commit] result in
             guard let self, let commit else { return }
             switch result {
             case .success:
@@ -159,7 +149,7 @@ public final class CellCommitter {
     /// Finds out which commits of the lost connection went through (see the type's comment).
     private func resolve() {
         resolving = true
-        let cells = Set(inFlight.flatMap { $0.parts.map(\.cell) }).sorted()
+        let cells = Set(inFlight.flatMap { $0.cells.map(\.cell) }).sorted()
         connection.execute([ClusterSchema.refence(cells, by: identity)]) { [weak self] result in
             guard let self else { return }
             guard case .success(let results) = result else { return }  // Lost again: resolved on the next connection.
@@ -177,7 +167,7 @@ public final class CellCommitter {
             // the last one that went through (-1: none did).
             var through: [Cell: Int] = [:]
             for (cell, row) in rows {
-                let writers = inFlight.filter { $0.parts.contains { $0.cell == cell } }
+                let writers = inFlight.filter { $0.cells.contains { $0.cell == cell } }
                 through[cell] = row.token.flatMap { token in writers.firstIndex { $0.token == token } } ?? -1
             }
             var seen: [Cell: Int] = [:]
@@ -185,10 +175,10 @@ public final class CellCommitter {
             inFlight = []
             for commit in commits {
                 var outcome = Outcome.unknown
-                for part in commit.parts {
-                    let place = seen[part.cell, default: 0]
-                    seen[part.cell] = place + 1
-                    if let last = through[part.cell], outcome == .unknown {
+                for (cell, _) in commit.cells {
+                    let place = seen[cell, default: 0]
+                    seen[cell] = place + 1
+                    if let last = through[cell], outcome == .unknown {
                         outcome = place <= last ? .committed : .failed("not committed: the connection was lost before the commit")
                     }
                 }

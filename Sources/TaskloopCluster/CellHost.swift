@@ -206,9 +206,16 @@ public final class CellHost {
         let hosted: HostedCell
         let generation: Int
         let held: HeldStartsMark
-        let part: CellCommitter.Part
-        let messagedCells: [Cell]
-        let wroteEvents: Bool
+        let epoch: UInt64
+        let batch: StoreBatch
+        let events: [ClusterEvents.Written]
+        /// The messages this commit deletes, applied by the cell's engine.
+        let applied: [Int64]
+        /// Statements the service wrote for the cell (`write(_:in:)`), in this commit with it.
+        let extra: [PGQuery]
+
+        var cell: Cell { hosted.cell }
+        var messagedCells: [Cell] { Set(batch.messages.map(\.to)).sorted().map(Cell.init) }
     }
 
     /// Every cell changed since the last commit commits in one transaction: one flush for all.
@@ -217,37 +224,39 @@ public final class CellHost {
     private func commitDirtyCells() {
         guard !isCommitting else { return }
         var parts: [PendingPart] = []
-        var eventsWritten = 0
         for cell in cells.keys.sorted() {
             guard let hosted = cells[cell], hosted.dirty, let engine = hosted.engine else { continue }
             hosted.dirty = false
-            let batch = hosted.builder.take(from: engine)
-            var writes = CellSchema.writes(of: batch, cell: cell.index) + hosted.writes
-            hosted.writes = []
-            let wroteEvents = !hosted.events.isEmpty
-            if wroteEvents {
-                writes += ClusterEvents.insert(hosted.events, cell: cell, firstIndex: eventsWritten)
-                eventsWritten += hosted.events.count
-                hosted.events = []
-            }
-            var byCell: [UInt16: [[UInt8]]] = [:]
-            for message in batch.messages { byCell[message.to, default: []].append(message.encoded) }
-            for (to, bodies) in byCell.sorted(by: { $0.key < $1.key }) {
-                writes += ClusterMessages.send(bodies, to: Cell(to), from: cell)
-            }
-            if !hosted.applied.isEmpty {
-                writes.append(ClusterMessages.acknowledge(hosted.applied, of: cell))
-                hosted.applied = []
-            }
             hosted.commitsInFlight += 1
-            parts.append(PendingPart(hosted: hosted, generation: hosted.generation, held: engine.markHeldStarts(),
-                                     part: CellCommitter.Part(cell: cell, epoch: hosted.epoch, writes: writes),
-                                     messagedCells: byCell.keys.sorted().map(Cell.init), wroteEvents: wroteEvents))
+            parts.append(PendingPart(hosted: hosted, generation: hosted.generation, held: engine.markHeldStarts(), epoch: hosted.epoch,
+                                     batch: hosted.builder.take(from: engine), events: hosted.events, applied: hosted.applied,
+                                     extra: hosted.writes))
+            hosted.events = []
+            hosted.applied = []
+            hosted.writes = []
         }
         guard !parts.isEmpty else { return }
         sent += 1
         isCommitting = true
         send(parts, number: sent)
+    }
+
+    /// What a commit of these parts writes: the cells' records, their events (numbered across
+    /// the transaction), the messages each sends and the deletion of those it applied. Rows of
+    /// every cell share statements: a statement costs the database more than a row does.
+    private static func writes(of parts: [PendingPart]) -> [PGQuery] {
+        var writes = CellSchema.writes(of: parts.map { ($0.batch, $0.cell.index) })
+        writes += ClusterEvents.insert(parts.flatMap { part in part.events.map { (part.cell, $0) } })
+        for part in parts {
+            var byCell: [UInt16: [[UInt8]]] = [:]
+            for message in part.batch.messages { byCell[message.to, default: []].append(message.encoded) }
+            for (to, bodies) in byCell.sorted(by: { $0.key < $1.key }) {
+                writes += ClusterMessages.send(bodies, to: Cell(to), from: part.cell)
+            }
+            if !part.applied.isEmpty { writes.append(ClusterMessages.acknowledge(part.applied, of: part.cell)) }
+            writes += part.extra
+        }
+        return writes
     }
 
     /// A commit's outcome is known (and its part resent if that was needed): the next may go.
@@ -257,7 +266,7 @@ public final class CellHost {
     }
 
     private func send(_ parts: [PendingPart], number: Int) {
-        committer.commit(parts.map(\.part)) { [weak self] outcome in
+        committer.commit(parts.map { ($0.cell, $0.epoch) }, writes: Self.writes(of: parts)) { [weak self] outcome in
             guard let self else { return }
             switch outcome {
             case .committed:
@@ -267,21 +276,21 @@ public final class CellHost {
                 commitEnded()
             case .deposed(let lost):
                 // Those cells are another replica's now; the others' writes stand on their own.
-                let lost = Set(lost.isEmpty ? parts.map(\.part.cell) : lost)
-                let gone = parts.filter { lost.contains($0.part.cell) }, kept = parts.filter { !lost.contains($0.part.cell) }
+                let lost = Set(lost.isEmpty ? parts.map(\.cell) : lost)
+                let gone = parts.filter { lost.contains($0.cell) }, kept = parts.filter { !lost.contains($0.cell) }
                 for part in gone { settle(part, outcome) }
                 let current = kept.filter { isCurrent($0) }
                 for part in kept where !isCurrent(part) { settle(part, .failed("closed meanwhile")) }
                 if current.isEmpty {
-                    answered(number, failed: Set(parts.map(\.part.cell)))
+                    answered(number, failed: Set(parts.map(\.cell)))
                     commitEnded()
                 } else {
-                    failedCommits.append((number, Set(gone.map(\.part.cell))))
+                    failedCommits.append((number, Set(gone.map(\.cell))))
                     send(current, number: number)
                 }
             case .failed, .unknown:
                 for part in parts { settle(part, outcome) }
-                answered(number, failed: Set(parts.map(\.part.cell)))
+                answered(number, failed: Set(parts.map(\.cell)))
                 commitEnded()
             }
         }
@@ -312,11 +321,11 @@ public final class CellHost {
     private func announce(_ parts: [PendingPart]) {
         for part in parts {
             announcedCells.formUnion(part.messagedCells)
-            if part.wroteEvents { announcesEvents = true }
+            if !part.events.isEmpty { announcesEvents = true }
         }
         guard !announcing, !announcedCells.isEmpty || announcesEvents, !isClosed else { return }
         var queries = ClusterMessages.notify(announcedCells.sorted())
-        if announcesEvents { queries.append(ClusterEvents.notify(cell: parts.first?.part.cell ?? Cell(0))) }
+        if announcesEvents { queries.append(ClusterEvents.notify(cell: parts.first?.cell ?? Cell(0))) }
         announcedCells = []
         announcesEvents = false
         announcing = true

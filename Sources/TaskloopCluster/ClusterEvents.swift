@@ -84,11 +84,17 @@ public enum ClusterEvents {
     /// `firstIndex`: where these events start among the transaction's (a commit of several
     /// cells numbers them all in one line).
     public static func insert(_ events: [Written], cell: Cell, firstIndex: Int = 0) -> [PGQuery] {
+        insert(events.map { (cell, $0) }, firstIndex: firstIndex)
+    }
+
+    /// The statements that write the events of a commit of several cells, numbered in the
+    /// order given, in statements of many rows whatever cell each is of.
+    public static func insert(_ events: [(cell: Cell, event: Written)], firstIndex: Int = 0) -> [PGQuery] {
         stride(from: 0, to: events.count, by: 500).map { chunk in
             let rows = events[chunk..<min(chunk + 500, events.count)]
             var values: [PGValue] = []
             values.reserveCapacity(rows.count * 8)
-            for (offset, event) in rows.enumerated() {
+            for (offset, (cell, event)) in rows.enumerated() {
                 values += [.int(firstIndex + chunk + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
                            .optional(event.workflow), .optional(event.queue), .bytes(event.data)]
             }

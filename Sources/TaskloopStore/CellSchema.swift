@@ -72,18 +72,25 @@ public enum CellSchema {
     /// The statements that write `batch`, a settled batch of `cell`'s engine. Webhooks and
     /// their deliveries are not a cell's (the batch must carry none).
     public static func writes(of batch: StoreBatch, cell: UInt16) -> [PGQuery] {
-        precondition(batch.webhooks.isEmpty && batch.deletedWebhooks.isEmpty && batch.deliveries.isEmpty
-                     && batch.deletedDeliveries.isEmpty, "webhooks are not a cell's records")
-        let cellValue = PGValue.int(Int(cell))
+        writes(of: [(batch, cell)])
+    }
+
+    /// The statements that write the settled batches of several cells, in one commit. Their
+    /// tasks go in statements of many rows whatever cell they are of: a statement costs the
+    /// database more than its rows do, and a busy commit holds a task or two of many cells.
+    public static func writes(of batches: [(batch: StoreBatch, cell: UInt16)]) -> [PGQuery] {
         var queries: [PGQuery] = []
         var writer = RecordWriter()
-        // Many rows a statement: a busy commit writes hundreds, and a statement per row costs
-        // the database more than the rows do.
-        for chunk in stride(from: 0, to: batch.tasks.count, by: 1_000) {
-            let rows = batch.tasks[chunk..<min(chunk + 1_000, batch.tasks.count)]
+        let tasks = batches.flatMap { batch, cell in
+            precondition(batch.webhooks.isEmpty && batch.deletedWebhooks.isEmpty && batch.deliveries.isEmpty
+                         && batch.deletedDeliveries.isEmpty, "webhooks are not a cell's records")
+            return batch.tasks.map { (task: $0, cell: PGValue.int(Int(cell))) }
+        }
+        for chunk in stride(from: 0, to: tasks.count, by: 1_000) {
+            let rows = tasks[chunk..<min(chunk + 1_000, tasks.count)]
             var values: [PGValue] = []
             values.reserveCapacity(rows.count * 11)
-            for task in rows {
+            for (task, cellValue) in rows {
                 values += [.text(task.id.description), cellValue, .int(Int64(task.sequence)), .text(task.queue),
                            .text(task.state.rawValue), .text(task.kind), .optional(task.name?.lowercased()),
                            task.dependencies.isEmpty ? .null : .text("{" + task.dependencies.map(\.description).joined(separator: ",") + "}"),
@@ -96,21 +103,24 @@ public enum CellSchema {
                     + " ON CONFLICT (id) DO UPDATE SET state = excluded.state, finished_at = excluded.finished_at, "
                     + "record = excluded.record", values))
         }
-        for key in batch.evictedTasks { queries.append(PGQuery(deleteTask, [.text(key.id.description)])) }
-        for workflow in batch.workflows {
-            queries.append(PGQuery(upsertWorkflow, [.text(workflow.id.description), cellValue, .bytes(writer.record(of: workflow))]))
+        for (batch, cell) in batches {
+            let cellValue = PGValue.int(Int(cell))
+            for key in batch.evictedTasks { queries.append(PGQuery(deleteTask, [.text(key.id.description)])) }
+            for workflow in batch.workflows {
+                queries.append(PGQuery(upsertWorkflow, [.text(workflow.id.description), cellValue, .bytes(writer.record(of: workflow))]))
+            }
+            for id in batch.evictedWorkflows { queries.append(PGQuery(deleteWorkflow, [.text(id.description)])) }
+            for queue in batch.queues {
+                queries.append(PGQuery(upsertQueue, [.text(queue.name), cellValue, .int(queue.maxConcurrency), .bool(queue.paused),
+                                                     .text(queue.dispatch.rawValue)]))
+            }
+            for name in batch.forgottenQueues { queries.append(PGQuery(deleteQueue, [.text(name)])) }
+            for key in batch.idempotencyKeys {
+                queries.append(PGQuery(upsertKey, [.text(key.key), cellValue, .bytes(key.requestHash), .int(key.status),
+                                                   .text(key.resource), .int(key.expiresAt)]))
+            }
+            for key in batch.expiredIdempotencyKeys { queries.append(PGQuery(deleteKey, [.text(key)])) }
         }
-        for id in batch.evictedWorkflows { queries.append(PGQuery(deleteWorkflow, [.text(id.description)])) }
-        for queue in batch.queues {
-            queries.append(PGQuery(upsertQueue, [.text(queue.name), cellValue, .int(queue.maxConcurrency), .bool(queue.paused),
-                                                 .text(queue.dispatch.rawValue)]))
-        }
-        for name in batch.forgottenQueues { queries.append(PGQuery(deleteQueue, [.text(name)])) }
-        for key in batch.idempotencyKeys {
-            queries.append(PGQuery(upsertKey, [.text(key.key), cellValue, .bytes(key.requestHash), .int(key.status),
-                                               .text(key.resource), .int(key.expiresAt)]))
-        }
-        for key in batch.expiredIdempotencyKeys { queries.append(PGQuery(deleteKey, [.text(key)])) }
         return queries
     }
 

@@ -72,4 +72,40 @@ import TaskloopTestSupport
         #expect(again.idempotencyKeys.isEmpty)
         try cluster.finish()
     }
+
+    /// A commit of several cells writes all their tasks in one statement (a statement costs the
+    /// database more than its rows), and each cell's next owner still loads its own.
+    @Test func theTasksOfSeveralCellsGoInOneStatement() throws {
+        let cluster = try CellKeeperTests.Cluster()
+        let epochs = try cluster.startOwningEverything()
+        let a = ReplicaIdentity(name: "a", incarnation: "a")
+        let writer = try cluster.connection(), reader = try cluster.connection()
+        let batches = (3...5).map { cell in
+            var batch = StoreBatch()
+            batch.tasks = (1...2).map { Self.task(UInt64(cell * 10 + $0), cell: UInt16(cell), queue: "q\(cell)") }
+            batch.queues = [QueueSnapshot(name: "q\(cell)", maxConcurrency: cell, paused: false)]
+            return (batch: batch, cell: UInt16(cell))
+        }
+        let writes = CellSchema.writes(of: batches)
+        let taskStatements = writes.filter { query in
+            if case .text(let sql) = query.statement { return sql.hasPrefix("INSERT INTO taskloop.cell_tasks") }
+            return false
+        }
+        #expect(taskStatements.count == 1)
+        let fence = ClusterSchema.fenceCommit(batches.map { (Cell($0.cell), epochs[Cell($0.cell)]!) }, by: a, token: "t1")
+        #expect(try cluster.execute(writer, [fence] + writes) == nil)
+        for (batch, cell) in batches {
+            let loaded = Locked<Result<StoredState, PGError>?>(nil)
+            cluster.thread.run {
+                cluster.connections[reader].execute(CellSchema.load(cell: cell)) { result in
+                    loaded.withLock { $0 = result.flatMap { results in Result { try CellSchema.loaded(results) }.mapError { PGError(message: "\($0)") } } }
+                }
+            }
+            try pollUntil("the load") { loaded.value != nil }
+            let state = try loaded.value!.get()
+            #expect(state.tasks == batch.tasks)
+            #expect(state.queues == batch.queues)
+        }
+        try cluster.finish()
+    }
 }
