@@ -96,17 +96,22 @@ public enum ClusterSchema {
                 CREATE OR REPLACE FUNCTION taskloop.fence_commits(p_cells int[], p_epochs bigint[], p_owner text,
                     p_incarnation text, p_token text) RETURNS void LANGUAGE plpgsql AS $$
                 DECLARE
+                    marked int;
                     lost int[];
                 BEGIN
-                    -- In the cells' order, as every statement that locks several of them: no deadlock.
-                    PERFORM 1 FROM taskloop.cells WHERE cell = ANY(p_cells) ORDER BY cell FOR UPDATE;
-                    SELECT array_agg(f.cell ORDER BY f.cell) INTO lost FROM unnest(p_cells, p_epochs) AS f(cell, epoch)
-                    WHERE NOT EXISTS (SELECT 1 FROM taskloop.cells c WHERE c.cell = f.cell AND c.owner = p_owner
-                        AND c.incarnation = p_incarnation AND c.epoch = f.epoch);
-                    IF lost IS NOT NULL THEN
+                    -- One statement locks the rows (in the cells' order, as every statement that
+                    -- locks several of them: no deadlock), checks and marks them: it runs in every
+                    -- commit. Only a commit that finds a cell lost looks further.
+                    UPDATE taskloop.cells SET commit_token = p_token
+                    WHERE cell = ANY(p_cells) AND cell IN (SELECT cell FROM taskloop.cells WHERE cell = ANY(p_cells) ORDER BY cell FOR UPDATE)
+                        AND owner = p_owner AND incarnation = p_incarnation AND (cell, epoch) IN (SELECT * FROM unnest(p_cells, p_epochs));
+                    GET DIAGNOSTICS marked = ROW_COUNT;
+                    IF marked < cardinality(p_cells) THEN
+                        SELECT array_agg(f.cell ORDER BY f.cell) INTO lost FROM unnest(p_cells, p_epochs) AS f(cell, epoch)
+                        WHERE NOT EXISTS (SELECT 1 FROM taskloop.cells c WHERE c.cell = f.cell AND c.owner = p_owner
+                            AND c.incarnation = p_incarnation AND c.epoch = f.epoch);
                         RAISE EXCEPTION 'cells % are no longer held by %', lost, p_owner USING ERRCODE = '\(ClusterSchema.deposedState)';
                     END IF;
-                    UPDATE taskloop.cells SET commit_token = p_token WHERE cell = ANY(p_cells);
                 END $$
                 """),
         ] + ClusterEvents.setUp + ClusterMessages.setUp + CellSchema.setUp),

@@ -279,4 +279,44 @@ import TaskloopTestSupport
         #expect(try PostgresCluster.shared().sql("SELECT string_agg(x::text, ',' ORDER BY x) FROM written", database: cluster.url).trimmingCharacters(in: .whitespacesAndNewlines) == "1,2")
         try cluster.finish()
     }
+
+    /// A commit of several cells fails, writing nothing, once any of them is claimed away, by a
+    /// claim under way as it began too (the commit waits for it, then sees the new epoch), and
+    /// the failure names the cells lost.
+    @Test func aCommitOfSeveralCellsFailsWholeAndNamesTheCellsItLost() throws {
+        let cluster = try Cluster()
+        let epochs = try cluster.startOwningEverything()
+        let a = ReplicaIdentity(name: "a", incarnation: "a")
+        try PostgresCluster.shared().sql("CREATE TABLE written (x int)", database: cluster.url)
+        let writer = try cluster.connection(), claimer = try cluster.connection()
+        let cells = [Cell(1), Cell(2), Cell(3)]
+        let commit = [ClusterSchema.fenceCommit(cells.map { ($0, epochs[$0]!) }, by: a, token: "t1"),
+                      PGQuery("INSERT INTO written VALUES (1)")]
+        #expect(try cluster.execute(claimer, [PGQuery("BEGIN"), PGQuery("UPDATE taskloop.cells SET epoch = epoch + 1 WHERE cell = 2")]) == nil)
+        let outcome = Locked<PGError??>(nil)
+        cluster.thread.run {
+            cluster.connections[writer].execute(commit) { result in
+                var failure: PGError?
+                if case .failure(let error) = result { failure = error }
+                outcome.withLock { $0 = .some(failure) }
+            }
+        }
+        try pollUntil("the commit to wait for the claim") {
+            (try? PostgresCluster.shared().sql("""
+                SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+                    AND query LIKE '%fence_commits%'
+                """, database: cluster.url).trimmingCharacters(in: .whitespacesAndNewlines)) == "1"
+        }
+        #expect(outcome.value == nil)
+        #expect(try cluster.execute(claimer, [PGQuery("COMMIT")]) == nil)
+        try pollUntil("the commit's answer") { outcome.value != nil }
+        let error = try #require(outcome.value ?? nil, "a commit of a cell claimed away went through")
+        #expect(error.sqlState == ClusterSchema.deposedState)
+        #expect(ClusterSchema.deposedCells(in: error.message) == [Cell(2)])
+        #expect(try PostgresCluster.shared().sql("SELECT count(*) FROM written", database: cluster.url)
+            .trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        #expect(try PostgresCluster.shared().sql("SELECT count(*) FROM taskloop.cells WHERE commit_token = 't1'", database: cluster.url)
+            .trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        try cluster.finish()
+    }
 }
