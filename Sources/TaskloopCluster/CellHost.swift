@@ -235,7 +235,16 @@ public final class CellHost {
             hosted.applied = []
             hosted.writes = []
         }
-        guard !parts.isEmpty else { return }
+        guard !parts.isEmpty else {
+            // The changes answers waited for went with a stopped engine (`stopEngine`), and no
+            // other is left to commit: they are answered now, not at some later change's commit.
+            if waiting.contains(where: { $0.target > sent }) {
+                sent += 1
+                completed.insert(sent)
+                releaseWaiters()
+            }
+            return
+        }
         sent += 1
         isCommitting = true
         send(parts, number: sent)
@@ -343,6 +352,11 @@ public final class CellHost {
             failedCommits.append((number, failed))
         }
         completed.insert(number)
+        releaseWaiters()
+    }
+
+    /// Answers those whose changes are all committed (or lost) by now.
+    private func releaseWaiters() {
         while completed.remove(answeredThrough + 1) != nil { answeredThrough += 1 }
         var index = 0
         while index < waiting.count {
@@ -550,6 +564,13 @@ public final class CellHost {
     private func stopEngine(of hosted: HostedCell) {
         guard let engine = hosted.engine else { return }
         hosted.engine = nil
+        if hosted.dirty {
+            // Changes not sent yet go with the engine: those who wait for them (for this cell's,
+            // or for every cell's) hear so now, not "committed" from the commit they waited for.
+            let lost = waiting.filter { $0.target > sent && ($0.cell == nil || $0.cell == hosted.cell) }
+            waiting.removeAll { $0.target > sent && ($0.cell == nil || $0.cell == hosted.cell) }
+            for entry in lost { entry.action(false) }
+        }
         engine.dropHeldStarts()
         hosted.dirty = false
         hosted.events = []

@@ -322,3 +322,65 @@ extension CellServiceTests {
         try thread.waitForExit(timeout: 10)
     }
 }
+
+extension CellServiceTests {
+    /// A change whose cell closes before it is committed (here the replica's renewals and its
+    /// commit wait on a row lock, so it gives its cells up) is answered at once as not made:
+    /// not left waiting for a commit that cannot hold it, nor called committed by another.
+    @Test func aChangeLostWithItsClosedCellIsAnsweredAsNotMade() throws {
+        // A PostgreSQL of its own: the row lock taken here must hold back no other suite.
+        let postgres = try PostgresCluster.start()
+        defer { try? postgres.stop() }
+        let url = try postgres.makeDatabase()
+        let service = try ServiceHarness(replicas: 1) { configuration in
+            var settings = SharedDatabaseSettings(url: url, replica: "z0")
+            settings.replication = .cells
+            settings.cells = Self.cellCount
+            settings.leaseMilliseconds = 2_000
+            configuration.sharedDatabase = settings
+            configuration.durability = .full
+        }
+        try Self.waitForEveryCell(service)
+        let layout = CellLayout(count: Self.cellCount)
+        let other = try #require((0..<100).map { "other\($0)" }.first { layout.cell(ofQueue: $0) != layout.cell(ofQueue: "held") })
+        func count(_ condition: String) -> String? {
+            try? postgres.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND \(condition)",
+                              database: url).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        // Another session holds the row of the cell of queue `held`.
+        let locker = Process()
+        locker.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
+        locker.arguments = [url, "-qAt", "-v", "ON_ERROR_STOP=1"]
+        let input = Pipe()
+        locker.standardInput = input
+        locker.standardOutput = FileHandle.nullDevice
+        try locker.run()
+        input.fileHandleForWriting.write(Data("BEGIN;\nSELECT 1 FROM taskloop.cells WHERE cell = \(layout.cell(ofQueue: "held").index) FOR UPDATE;\n".utf8))
+        try pollUntil("the row lock") { count("state = 'idle in transaction' AND query LIKE '%FOR UPDATE%'") == "1" }
+
+        let answers = Locked<[String: Int]>([:])
+        func submit(to queue: String) throws -> Thread {
+            let client = try service.client()
+            let thread = Thread {
+                let status = (try? client.call("POST", "/tasks", json: #"{"kind":"noop","queue":"\#(queue)"}"#, timeout: 60))?.status ?? 0
+                answers.withLock { $0[queue] = status }
+            }
+            thread.start()
+            return thread
+        }
+        // A change to that cell: its commit waits for the lock.
+        _ = try submit(to: "held")
+        try pollUntil("the commit to wait for the lock") { count("wait_event_type = 'Lock' AND query LIKE '%fence_commits%'") == "1" }
+        // A change to another cell, for the next commit; the renewals wait for the lock too,
+        // so the replica closes its cells before that commit is sent.
+        _ = try submit(to: other)
+        try pollUntil("the answer to the change its cell lost", timeout: 20) { answers.value[other] != nil }
+        #expect(answers.value[other] == 503)
+        #expect(answers.value["held"] == nil, "the commit that waits for the lock was not answered")
+
+        input.fileHandleForWriting.write(Data("COMMIT;\n".utf8))
+        try input.fileHandleForWriting.close()
+        locker.waitUntilExit()
+        try pollUntil("the answer to the change whose commit waited", timeout: 20) { answers.value["held"] != nil }
+    }
+}
