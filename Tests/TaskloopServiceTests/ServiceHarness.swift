@@ -156,16 +156,30 @@ final class APIClient: @unchecked Sendable {
               headers extra: [String: String] = [:], timeout: Double = 5) throws -> RawResponse {
         let index = next
         next = (next + 1) % connections.count
+        return try call(method, path, json: json, contentType: contentType, headers: extra, timeout: timeout, at: index)
+    }
+
+    private func call(_ method: String, _ path: String, json: String?, contentType: String, headers extra: [String: String],
+                      timeout: Double, at index: Int) throws -> RawResponse {
         var request = "\(method) \(path) HTTP/1.1\r\n"
         if extra.keys.contains(where: { $0.lowercased() == "host" }) == false { request += "Host: localhost:\(ports[index])\r\n" }
         for (name, value) in extra { request += "\(name): \(value)\r\n" }
         let body = Array((json ?? "").utf8)
         if json != nil { request += "Content-Type: \(contentType)\r\nContent-Length: \(body.count)\r\n" }
         request += "\r\n"
+        let reused = connections[index] != nil
         let connection = try connections[index] ?? RawClient(port: ports[index])
         connections[index] = connection
-        try connection.send(Array(request.utf8) + body)
-        let response = try connection.readResponse(timeout: timeout, head: method == "HEAD")
+        let response: RawResponse
+        do {
+            try connection.send(Array(request.utf8) + body)
+            response = try connection.readResponse(timeout: timeout, head: method == "HEAD")
+        } catch let error as ClientError where reused && error.endedUnanswered {
+            // A kept-alive connection the server closed while it sat idle (its idle timeout)
+            // took nothing in: the request goes again on a new one, as HTTP clients do.
+            connections[index] = nil
+            return try call(method, path, json: json, contentType: contentType, headers: extra, timeout: timeout, at: index)
+        }
         if response.header("Connection")?.lowercased() == "close" { connections[index] = nil }
         return response
     }

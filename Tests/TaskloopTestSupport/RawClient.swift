@@ -235,6 +235,16 @@ public enum ClientError: Error, CustomStringConvertible {
     case closed(partial: [UInt8])
     case malformed(String)
 
+    /// The peer ended the connection before a byte of the answer: a reset, a broken pipe, or a
+    /// close with nothing sent.
+    public var endedUnanswered: Bool {
+        switch self {
+        case .closed(let partial): partial.isEmpty
+        case .system(_, let code): code == ECONNRESET || code == EPIPE
+        case .timeout, .malformed: false
+        }
+    }
+
     public var description: String {
         switch self {
         case .system(let call, let code): "\(call): \(String(cString: strerror(code)))"
