@@ -103,8 +103,15 @@ public struct WatchModel: Sendable {
     public private(set) var tasks: [WatchedTask] = []
     private var positions: [String: Int] = [:]
     private var keysByTaskID: [String: String] = [:]
-    /// The number of the last event taken, or of the snapshot loaded.
-    public private(set) var lastSeq: UInt64 = 0
+    /// The id of the last event taken, or the position of the snapshot loaded.
+    public private(set) var lastSeq = "0"
+
+    /// Whether event id `later` comes after `earlier`. Ids are the server's to make (openapi.yaml's
+    /// `EventID`): decimal numbers on a single server, positions of 24 hex digits on cells, each
+    /// of one width or growing, so a longer id is later and ids of one length order as text.
+    static func comesAfter(_ later: String, _ earlier: String) -> Bool {
+        later.utf8.count != earlier.utf8.count ? later.utf8.count > earlier.utf8.count : later > earlier
+    }
 
     public init() {}
 
@@ -127,7 +134,7 @@ public struct WatchModel: Sendable {
     }
 
     /// Loads a workflow object (`GET /workflows/{id}`), as of event `seq` (its `Event-Seq`).
-    public mutating func load(workflow object: JSONObject, seq: UInt64) -> [Change] {
+    public mutating func load(workflow object: JSONObject, seq: String) -> [Change] {
         guard let id = object["id"]?.stringValue, let state = object["state"]?.stringValue else { return [] }
         subject = .workflow(id)
         workflow = WatchedWorkflow(id: id, name: object["name"]?.stringValue, state: state,
@@ -152,7 +159,7 @@ public struct WatchModel: Sendable {
     public mutating func apply(_ event: ServerSentEvent) -> Update {
         if event.type == "reset" { return .reset }
         guard let data = (try? JSONParser.parse(event.data))?.objectValue,
-              let seq = data["seq"]?.intValue.map({ UInt64(max(0, $0)) }) else { return .unchanged }
+              let seq = data["seq"].flatMap({ $0.stringValue ?? $0.intValue.map(String.init) }) else { return .unchanged }
         let time = data["time"]?.stringValue.flatMap(Timestamp.milliseconds)
         switch event.type {
         case "task.snapshot":
@@ -164,11 +171,11 @@ public struct WatchModel: Sendable {
             lastSeq = seq
             return upsert(object).map { .changed([.task($0, at: nil)]) } ?? .unchanged
         case "task.created", "task.state", "task.progress":
-            guard seq > lastSeq, let object = data["task"]?.objectValue else { return .unchanged }
+            guard Self.comesAfter(seq, lastSeq), let object = data["task"]?.objectValue else { return .unchanged }
             lastSeq = seq
             return upsert(object).map { .changed([.task($0, at: time)]) } ?? .unchanged
         case "workflow.state":
-            guard seq > lastSeq, let object = data["workflow"]?.objectValue, let state = object["state"]?.stringValue,
+            guard Self.comesAfter(seq, lastSeq), let object = data["workflow"]?.objectValue, let state = object["state"]?.stringValue,
                   var updated = workflow, object["id"]?.stringValue == updated.id else { return .unchanged }
             lastSeq = seq
             updated.state = state

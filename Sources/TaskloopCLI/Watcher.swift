@@ -87,7 +87,8 @@ final class Watcher {
                 return refusedOrLost(response)
             }
             // Without it, no stream could start where this answer ends.
-            guard let seq = response.header("Event-Seq").flatMap({ UInt64($0) }) else {
+            guard let seq = response.header("Event-Seq"), !seq.isEmpty,
+                  seq.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) else {
                 return session.failUnreadable("the answer to GET /workflows/\(id) has no Event-Seq")
             }
             let changes = state.model.load(workflow: object, seq: seq)
@@ -100,7 +101,7 @@ final class Watcher {
     private func openWorkflowStream(resuming: Bool) {
         followsWorkflow = true
         parser.restart()
-        let headers = resuming ? [HTTPHeaderField("Last-Event-ID", String(state.model.lastSeq))] : []
+        let headers = resuming ? [HTTPHeaderField("Last-Event-ID", state.model.lastSeq)] : []
         call = session.server.stream("/events?workflow=\(encodedID)&since=\(state.model.lastSeq)", headers: headers,
                                      onOpen: { [unowned self] _ in opened() },
                                      onChunk: { [unowned self] in received($0) }) { [unowned self] reply in

@@ -20,7 +20,7 @@ import TaskloopJSON
         let object = try #require(try JSONParser.parse(
             #"{"id":"W","name":"thumbnails","state":"running","progress":{"fraction":0.5},"created_at":"2026-11-24T19:55:29.000Z","#
                 + #""tasks":[\#(tasks.joined(separator: ","))],"keys":{"download":"A","resize":"B","publish":"C"}}"#).objectValue)
-        _ = model.load(workflow: object, seq: 1)
+        _ = model.load(workflow: object, seq: "1")
         return model
     }
 

@@ -27,10 +27,28 @@ import TaskloopJSON
         return try #require(try JSONParser.parse(text).objectValue)
     }
 
+    /// Ids are the server's: numbers on a single server, positions of 24 hex digits on cells;
+    /// either way, what came before the snapshot is dropped and what came after is taken.
+    @Test func idsOfEitherFormAreOrdered() {
+        #expect(WatchModel.comesAfter("10", "9") && !WatchModel.comesAfter("9", "10") && !WatchModel.comesAfter("10", "10"))
+        var model = WatchModel()
+        let snapshot = #"{"seq":"00000000000003e800000005","type":"task.snapshot","time":"2026-11-24T19:55:33.837Z","task":"#
+            + Self.task("A", "running") + "}"
+        #expect(model.apply(ServerSentEvent(id: nil, type: "task.snapshot", data: snapshot)) == .changed([.task(0, at: nil)]))
+        #expect(model.lastSeq == "00000000000003e800000005")
+        func progress(_ seq: String) -> ServerSentEvent {
+            ServerSentEvent(id: seq, type: "task.progress", data: #"{"seq":"\#(seq)","type":"task.progress","time":"2026-11-24T19:55:33.837Z","task":"#
+                                + Self.task("A", "running", fraction: 0.5) + "}")
+        }
+        #expect(model.apply(progress("00000000000003e700000009")) == .unchanged)
+        #expect(model.apply(progress("00000000000003e900000000")) != .unchanged)
+        #expect(model.lastSeq == "00000000000003e900000000")
+    }
+
     @Test func aTaskStreamStartsFromItsSnapshotAndIgnoresWhatCameBefore() {
         var model = WatchModel()
         #expect(model.apply(Self.event("task.snapshot", seq: 10, "task", Self.task("A", "running"), id: false)) == .changed([.task(0, at: nil)]))
-        #expect(model.subject == .task("A") && model.lastSeq == 10 && model.outcome == nil)
+        #expect(model.subject == .task("A") && model.lastSeq == "10" && model.outcome == nil)
         // An event numbered before the snapshot is already in it.
         #expect(model.apply(Self.event("task.progress", seq: 9, "task", Self.task("A", "running", fraction: 0.1))) == .unchanged)
         let at = Timestamp.milliseconds("2026-11-24T19:55:33.837Z")
@@ -48,9 +66,9 @@ import TaskloopJSON
     @Test func aWorkflowIsLoadedThenKeptCurrentAndResetAsksForAFetch() throws {
         var model = WatchModel()
         let changes = model.load(workflow: try Self.workflow("running", tasks: [Self.task("A", "running"), Self.task("B", "pending", started: nil)]),
-                                 seq: 40)
+                                 seq: "40")
         #expect(changes == [.task(0, at: nil), .task(1, at: nil), .workflow(at: nil)])
-        #expect(model.tasks.map(\.label) == ["download", "publish"] && model.lastSeq == 40)
+        #expect(model.tasks.map(\.label) == ["download", "publish"] && model.lastSeq == "40")
         #expect(model.workflowFraction == 0)
         _ = model.apply(Self.event("task.state", seq: 41, "task", Self.task("A", "succeeded", fraction: 1)))
         _ = model.apply(Self.event("task.progress", seq: 42, "task", Self.task("B", "running", fraction: 0.5)))
