@@ -46,6 +46,8 @@ test: deps
 	TASKLOOP_TEST_DURABILITY=memory $(SWIFT) test --skip-build --filter TaskloopServiceTests
 	# And through three replicas sharing a throwaway PostgreSQL: every call goes to the next one.
 	TASKLOOP_TEST_REPLICAS=3 $(SWIFT) test --skip-build --filter TaskloopServiceTests
+	# And through three replicas on cells: each serves its own cells and forwards the rest.
+	TASKLOOP_TEST_REPLICAS=3 TASKLOOP_TEST_REPLICATION=cells $(SWIFT) test --skip-build --filter TaskloopServiceTests
 	bash scripts/check-openapi.sh
 	bash scripts/check-ui.sh
 	bash scripts/check-container.sh

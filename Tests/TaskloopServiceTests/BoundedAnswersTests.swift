@@ -62,7 +62,7 @@ import TaskloopTestSupport
     /// Resuming from the start of a long history with a 64 KiB client buffer: before, the whole
     /// history was copied into the reader's buffer at once, and the reader was disconnected
     /// for holding too much, for ever. Now it is written as the reader takes it.
-    @Test func aResumeIsWrittenAtTheReadersPace() throws {
+    @Test(.numbersEventsAsOneServer) func aResumeIsWrittenAtTheReadersPace() throws {
         let service = try ServiceHarness { $0.eventClientBufferBytes = 65_536 }
         let client = try service.client()
         let pad = String(repeating: "h", count: 1_000)
@@ -76,7 +76,7 @@ import TaskloopTestSupport
         try service.stop()
     }
 
-    @Test func theHistoryIsBoundedInBytes() throws {
+    @Test(.numbersEventsAsOneServer) func theHistoryIsBoundedInBytes() throws {
         let service = try ServiceHarness { $0.eventBufferBytes = 1 << 20 }
         let client = try service.client()
         // A stream renders every event as it is published.

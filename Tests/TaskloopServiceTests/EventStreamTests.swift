@@ -7,7 +7,7 @@ import TaskloopTestSupport
 /// `GET /events` and `GET /tasks/{id}/events` over real sockets: order, filters, resume with
 /// `Last-Event-ID` and `reset`, coalesced progress, a reader that falls behind, and numbers that
 /// go on after a restart.
-@Suite struct EventStreamTests {
+@Suite(.numbersEventsAsOneServer) struct EventStreamTests {
     /// An event stream read over HTTP/1.0, whose body is the stream itself (no chunk framing).
     final class Stream {
         let connection: RawClient

@@ -240,6 +240,14 @@ extension ServiceHarness {
 }
 
 extension Trait where Self == ConditionTrait {
+    /// For tests that count on a single server's event numbers (1, 2, 3 ...): on cells an
+    /// event's id is its position in the cluster's history, and `CellEventStreamTests` holds
+    /// the streams there to the same rules.
+    static var numbersEventsAsOneServer: Self {
+        .disabled(if: ServiceHarness.replicaCount > 1 && ServiceHarness.replication == .cells,
+                  "event ids are positions on cells (CellEventStreamTests)")
+    }
+
     /// For suites that choose their own configuration (the binary with its own flags, their own
     /// durability or database): the later stages of `make test` would run them again unchanged.
     static var inTheDefaultStageOnly: Self {
