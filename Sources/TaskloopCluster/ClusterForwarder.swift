@@ -117,6 +117,8 @@ public final class ClusterForwarder {
         var outbound = HTTPClientRequest(method: request.method.description, url: url, headers: fields(of: request),
                                          body: request.body.isEmpty ? nil : request.body)
         outbound.followRedirects = false
+        // What the client did not send, curl must not make up.
+        outbound.omittedFields = Self.fieldsCurlWrites.filter { Self.values(of: $0, in: request).isEmpty }.sorted()
         outbound.connectTimeoutMilliseconds = settings.connectTimeoutMilliseconds
         outbound.timeoutMilliseconds = settings.requestTimeoutMilliseconds
         let exchange = Exchange(loop: client.loop, limit: settings.maxResponseBytes, completion: completion)
@@ -149,13 +151,16 @@ public final class ClusterForwarder {
         client.close()
     }
 
+    /// The values of field `name` that are forwarded: a line break in a value would start a
+    /// field of the client's making.
+    private static func values(of name: String, in request: HTTPRequest) -> [String] {
+        request.headers.values(for: name).filter { !$0.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 } }
+    }
+
     private func fields(of request: HTTPRequest) -> [HTTPHeaderField] {
         var fields: [HTTPHeaderField] = []
         for name in Self.requestFields {
-            // A line break in a value would start a field of the client's making.
-            let values = request.headers.values(for: name).filter { !$0.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 } }
-            for value in values { fields.append(HTTPHeaderField(name, value)) }
-            if values.isEmpty && Self.fieldsCurlWrites.contains(name) { fields.append(HTTPHeaderField(name, "")) }
+            for value in Self.values(of: name, in: request) { fields.append(HTTPHeaderField(name, value)) }
         }
         fields.append(HTTPHeaderField(Self.forwardedByField, (Self.forwardedBy(request) + [replica]).joined(separator: ", ")))
         return fields

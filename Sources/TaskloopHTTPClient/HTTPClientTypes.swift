@@ -12,6 +12,9 @@ public struct HTTPClientRequest: Sendable {
     public var timeoutMilliseconds: UInt64?
     /// Body bytes kept in the response; the rest is counted and hashed, not stored.
     public var maxKeptBodyBytes = 1 << 20
+    /// Fields libcurl writes on its own (`Accept`, `User-Agent`, `Content-Type`) that this
+    /// request goes without. A field of `headers` with an empty value is sent, empty.
+    public var omittedFields: [String] = []
 
     public init(method: String, url: HTTPURL, headers: [HTTPHeaderField] = [], body: [UInt8]? = nil) {
         self.method = method

@@ -128,8 +128,11 @@ public final class HTTPTransfer {
         }
         curl_slist_free_all(headerList)
         headerList = nil
+        // curl drops "Name:" (it removes a field of its own so); "Name;" is the field, empty.
         // "Expect:" keeps curl from waiting for 100-continue before sending a body.
-        for line in request.headers.map({ "\($0.name): \($0.value)" }) + ["Expect:"] {
+        let lines = request.headers.map { $0.value.isEmpty ? "\($0.name);" : "\($0.name): \($0.value)" }
+            + request.omittedFields.map { "\($0):" } + ["Expect:"]
+        for line in lines {
             headerList = curl_slist_append(headerList, line)
         }
         try Curl.set(easy, CURLOPT_HTTPHEADER, pointer: headerList)

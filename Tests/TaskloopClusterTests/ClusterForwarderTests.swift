@@ -164,6 +164,22 @@ import TaskloopTestSupport
         try owner.stop()
     }
 
+    /// A field the client sent empty arrives empty, not dropped: the owner refuses an empty
+    /// Idempotency-Key as malformed, where without it a retry would create a second task.
+    @Test func anEmptyFieldArrivesEmpty() throws {
+        let owner = try Owner { _, responder in responder.respond(HTTPResponse(status: .noContent)) }
+        let forwarder = try Forwarder()
+        var request = try HTTPRequest(method: .POST, target: "/tasks")
+        request.headers = ["Idempotency-Key": "", "Content-Type": "", "Host": "taskloop.example.com"]
+        _ = try forwarder.forward(request, to: owner.address)
+        let arrived = try #require(owner.received.value.first)
+        #expect(arrived.headers.values(for: "Idempotency-Key") == [""])
+        #expect(arrived.headers.values(for: "Content-Type") == [""])
+        #expect(arrived.headers.values(for: "User-Agent").isEmpty && arrived.headers.values(for: "Accept").isEmpty)
+        try forwarder.close()
+        try owner.stop()
+    }
+
     /// The owner's status, body and end-to-end fields come back; its CORS fields (this replica
     /// adds its own), its framing and its other fields do not; a redirect comes back as it is,
     /// not followed.
