@@ -311,9 +311,17 @@ public final class PGConnection {
                 if batch.error == nil, let error = wrapped.error { batch.error = error }
             case .sync:
                 guard let result else { continue }
-                let status = PQresultStatus(result)
+                guard PQresultStatus(result) == PGRES_PIPELINE_SYNC else {
+                    // The batch's implicit transaction failed as it committed (a deferred
+                    // constraint or trigger, a serialization failure): an error of no query,
+                    // before the sync.
+                    let wrapped = PGResult(result)
+                    if batch.error == nil {
+                        batch.error = wrapped.error ?? PGError(message: "an unexpected result at the end of a batch")
+                    }
+                    continue
+                }
                 PQclear(result)
-                precondition(status == PGRES_PIPELINE_SYNC, "a batch ends with its sync")
                 expectedHead += 1
                 batchesHead += 1
                 compact()

@@ -114,6 +114,28 @@ import TaskloopTestSupport
         try harness.finish()
     }
 
+    /// A batch is one implicit transaction: a deferred trigger that raises as it commits fails
+    /// the batch (its error belongs to no query), nothing of it stays, and the connection goes on.
+    @Test func aBatchWhoseCommitFailsFailsAndTheConnectionGoesOn() throws {
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let connection = try harness.connect(database)
+        _ = try harness.execute(connection, [
+            PGQuery("CREATE TABLE guarded (x int)"),
+            PGQuery("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$"),
+            PGQuery("""
+                CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON guarded DEFERRABLE INITIALLY DEFERRED
+                    FOR EACH ROW EXECUTE FUNCTION refuse()
+                """),
+        ]).get()
+        let failed = try harness.execute(connection, [PGQuery("INSERT INTO guarded VALUES (1)"), PGQuery("SELECT 'inserted'")])
+        guard case .failure(let error) = failed else { Issue.record("the batch succeeded: \(failed)"); return }
+        #expect(error.message.contains("refused at commit") && !error.isConnectionLost)
+        #expect(try harness.execute(connection, [PGQuery("DROP TRIGGER refuse ON guarded"), PGQuery("SELECT count(*) FROM guarded")])
+            .get() == " | 0")
+        try harness.finish()
+    }
+
     @Test func manyBatchesInFlightCompleteInOrder() throws {
         let database = try PostgresCluster.shared().makeDatabase()
         let harness = try Harness()
