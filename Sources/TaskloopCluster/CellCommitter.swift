@@ -121,6 +121,11 @@ public final class CellCommitter {
             guard case .success = result else {
                 connection.onClosed = nil
                 connection.close()
+                // Nothing of these was sent: they fail now instead of waiting for a database
+                // that may stay away (their clients are answered 503 and may try again).
+                let unsent = waiting
+                waiting = []
+                for commit in unsent { commit.completion(.failed("the database cannot be reached")) }
                 return retryLater()
             }
             connecting = false

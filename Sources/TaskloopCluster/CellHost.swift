@@ -83,6 +83,8 @@ public final class CellHost {
     /// The cluster moved to a newer protocol (given): every cell was handed over, and this
     /// replica left the cluster for good.
     public var onSuperseded: ((Int) -> Void)?
+    /// Another process took this replica's name over (`CellKeeper.onReplaced`).
+    public var onReplaced: (() -> Void)?
 
     /// Commits answered, and those among them that did not commit.
     public private(set) var commitCount = 0
@@ -126,6 +128,7 @@ public final class CellHost {
         }
         keeper.onClose = { [weak self] cell, _ in self?.close(cell) }
         keeper.onSuperseded = { [weak self] version in self?.onSuperseded?(version) }
+        keeper.onReplaced = { [weak self] in self?.onReplaced?() }
     }
 
     /// Connects the reader, then joins the cluster; `completion` runs once the keeper has the

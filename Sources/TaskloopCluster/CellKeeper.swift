@@ -59,6 +59,9 @@ public final class CellKeeper {
     /// The cluster moved to a newer protocol (given): this replica handed its cells over and
     /// left it, and owns nothing from now on.
     public var onSuperseded: ((Int) -> Void)?
+    /// Another process took this replica's name over; this one has closed its cells and renews
+    /// no more.
+    public var onReplaced: (() -> Void)?
     /// The cluster's protocol, as the last renewal read it.
     public private(set) var clusterProtocol = 0
 
@@ -88,9 +91,14 @@ public final class CellKeeper {
     /// Until when the last confirmed renewal keeps this replica's cells (`now()` time).
     public var keptUntil: UInt64? { ownership?.keptUntil }
 
+    /// Whether a renewal confirmed in time keeps this replica in the cluster now: false while
+    /// the database cannot be reached (or this replica's name was taken over).
+    public var isRenewed: Bool { keptUntil.map { $0 > Self.now() } ?? false }
+
     /// Connects, creates or checks the tables, registers this replica (taking the name over
     /// from a previous process of it), and starts renewing. The layout is the cluster's.
     public func start(_ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        let sentAt = Self.now()
         connect(takingTheNameOver: true) { [weak self] result in
             guard let self else { return }
             switch result {
@@ -98,6 +106,7 @@ public final class CellKeeper {
                 completion(.failure(error))
             case .success(let layout):
                 ownership = CellOwnership(me: settings.identity, layout: layout, settings: settings.ownership)
+                ownership?.registered(sentAt: sentAt)
                 tick()
                 completion(.success(layout))
             }
@@ -257,6 +266,11 @@ public final class CellKeeper {
             } else if ownership?.isSuperseded == true {
                 leaveSuperseded()
             }
+        }
+        if ownership?.isReplaced == true && !isAbandoned {
+            // The members row is the newer process's now: left as it is.
+            closeEverything()
+            onReplaced?()
         }
     }
 

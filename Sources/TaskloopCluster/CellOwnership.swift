@@ -135,11 +135,20 @@ public struct CellOwnership: Sendable {
     /// The cluster moved to a newer protocol: this replica stops as in a graceful stop, and
     /// never claims again.
     public private(set) var isSuperseded = false
+    /// Another process registered under this replica's name: this one closed its cells and is
+    /// done (the name, and the cells it held, are the newer process's to take).
+    public private(set) var isReplaced = false
 
     public init(me: ReplicaIdentity, layout: CellLayout, settings: Settings) {
         self.me = me
         self.layout = layout
         self.settings = settings
+    }
+
+    /// The registration sent at `sentAt` set this replica's row to expire a lease later, as a
+    /// renewal does: it keeps the replica (with no cells yet) until the first renewal's answer.
+    public mutating func registered(sentAt: UInt64) {
+        keptUntil = max(keptUntil ?? 0, sentAt + settings.leaseMilliseconds - settings.marginMilliseconds)
     }
 
     /// Stopping, and nothing is left to give up.
@@ -198,6 +207,7 @@ public struct CellOwnership: Sendable {
         renewsAgain = false
         guard answer.isRegistered else {
             keptUntil = nil
+            isReplaced = true
             return closeAll(.replaced)
         }
         keptUntil = max(keptUntil ?? 0, sentAt + settings.leaseMilliseconds - settings.marginMilliseconds)

@@ -146,6 +146,18 @@ import Testing
         let actions = ownership.renewed(sentAt: 2_500, now: 2_500, RenewalAnswer(isRegistered: false, live: ["a"], cells: []))
         #expect(actions == Self.layout.cells.map { .close($0, .replaced) })
         #expect(ownership.keptUntil == nil)
+        #expect(ownership.isReplaced, "the keeper stops: the name is the other process's")
+    }
+
+    /// The registration wrote the row's expiry as a renewal does: a replica that has just
+    /// joined counts as renewed until its first renewal's answer, never past what its sending
+    /// time allows.
+    @Test func theRegistrationKeepsTheReplicaUntilTheFirstRenewal() {
+        var ownership = CellOwnership(me: Self.a, layout: Self.layout, settings: Self.settings)
+        #expect(ownership.keptUntil == nil)
+        ownership.registered(sentAt: 100)
+        #expect(ownership.keptUntil == 100 + 10_000 - 1_000)
+        #expect(!ownership.isReplaced)
     }
 
     @Test func aGracefulStopDrainsAndReleasesEverythingAndClaimsNothing() {
