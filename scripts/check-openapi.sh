@@ -7,9 +7,8 @@
 # vanish after being created. scripts/schemathesis.toml narrows two checks for the operations
 # where they are wrong about this API, and says why.
 # Then it runs the same again through three replicas sharing a throwaway PostgreSQL
-# (scripts/postgres-cluster.sh), behind a round-robin proxy (scripts/round-robin-proxy.py), on
-# turns and on cells: a resource made on one replica is read, changed and deleted through the
-# others.
+# (scripts/postgres-cluster.sh), behind a round-robin proxy (scripts/round-robin-proxy.py): a
+# resource made on one replica is read, changed and deleted through the others.
 # SCHEMATHESIS_EXAMPLES (default 40) and SCHEMATHESIS_SEED (default 1) tune both runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,27 +50,23 @@ kill -TERM "$server"
 wait "$server"
 echo "openapi.yaml: valid, and the running server conforms to it under every check"
 
-# Three replicas on one PostgreSQL, each new connection to the next (see the proxy), once for
-# each way replicas share the database. Each cluster lives in a directory the postgres user
-# can reach; it is stopped and removed at exit, once the replicas have ended, however the
-# script ends.
+# Three replicas on one PostgreSQL, each new connection to the next (see the proxy). The
+# cluster lives in a directory the postgres user can reach; it is stopped and removed at exit,
+# once the replicas have ended, however the script ends.
 tmp=$(mktemp -d)
 chmod 755 "$tmp"
 at_exit 'for pg in "$tmp"/pg-*; do [ ! -f "$pg/data/postmaster.pid" ] || scripts/postgres-cluster.sh stop "$pg"; done; rm -rf "$tmp"'
-for replication in turns cells; do
-    pg_port=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    database_url=$(scripts/postgres-cluster.sh start "$tmp/pg-$replication" "$pg_port")
-    replicas=() replica_urls=()
-    for name in r0 r1 r2; do
-        serve_in_background "$BIN" "${SERVER_FLAGS[@]}" --database-url "$database_url" --replica-name "$name" \
-            --replication "$replication"
-        replicas+=("$server") replica_urls+=("$url")
-    done
-    serve_in_background "$VENV/bin/python" scripts/round-robin-proxy.py "${replica_urls[@]}"
-    proxy=$server
-    run_schemathesis "$url" ".build/schemathesis-report-$replication"
-    kill -TERM "$proxy" "${replicas[@]}"
-    for pid in "$proxy" "${replicas[@]}"; do wait "$pid"; done
-    scripts/postgres-cluster.sh stop "$tmp/pg-$replication"
-    echo "openapi.yaml: three replicas on $replication on one PostgreSQL, behind a round-robin proxy, conform to it too"
+pg_port=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+database_url=$(scripts/postgres-cluster.sh start "$tmp/pg-replicas" "$pg_port")
+replicas=() replica_urls=()
+for name in r0 r1 r2; do
+    serve_in_background "$BIN" "${SERVER_FLAGS[@]}" --database-url "$database_url" --replica-name "$name"
+    replicas+=("$server") replica_urls+=("$url")
 done
+serve_in_background "$VENV/bin/python" scripts/round-robin-proxy.py "${replica_urls[@]}"
+proxy=$server
+run_schemathesis "$url" ".build/schemathesis-report-replicas"
+kill -TERM "$proxy" "${replicas[@]}"
+for pid in "$proxy" "${replicas[@]}"; do wait "$pid"; done
+scripts/postgres-cluster.sh stop "$tmp/pg-replicas"
+echo "openapi.yaml: three replicas on one PostgreSQL, behind a round-robin proxy, conform to it too"

@@ -1,6 +1,7 @@
 import Glibc
 import TaskloopLoop
 import TaskloopPostgres
+import TaskloopStore
 
 /// One replica's hold on its cells in the shared database: it registers the replica, renews,
 /// claims and releases as `CellOwnership` decides, on a connection of its own, and tells the
@@ -175,12 +176,41 @@ public final class CellKeeper {
                 if let refusal = Self.refusal(ofSchema: version) {
                     return connection.execute([PGQuery("ROLLBACK")]) { _ in completion(.failure(refusal)) }
                 }
-                connection.execute(ClusterSchema.migrate(from: version)) { [weak self] result in
-                    guard let self else { return }
-                    if case .failure(let error) = result { return completion(.failure(error)) }
-                    register(takingTheNameOver: takingTheNameOver, completion)
+                if version == 0, results[results.count - 2].bool(0, 0) == true {
+                    return refuseUnfinishedTurnTasks(then: { [weak self] in
+                        self?.finishMigration(from: version, takingTheNameOver, completion)
+                    }, failed: { completion(.failure($0)) })
                 }
+                finishMigration(from: version, takingTheNameOver, completion)
             }
+        }
+    }
+
+    /// The cluster is being made on a database where v2 replicas took turns: only once every
+    /// task they kept has finished.
+    private func refuseUnfinishedTurnTasks(then: @escaping () -> Void, failed: @escaping (PGError) -> Void) {
+        connection.execute([ClusterSchema.turnTasks]) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure(let error):
+                failed(error)
+            case .success(let results):
+                let unfinished = CellSchema.unfinishedTasks(results[0])
+                guard unfinished > 0 else { return then() }
+                let refusal = PGError(message: "the database holds \(unfinished) unfinished tasks of v2 replicas, which took turns "
+                    + "(taskloop.tasks); cells do not take them over: let v2 replicas finish or cancel them first, or start on "
+                    + "a database of its own")
+                connection.execute([PGQuery("ROLLBACK")]) { _ in failed(refusal) }
+            }
+        }
+    }
+
+    private func finishMigration(from version: Int, _ takingTheNameOver: Bool,
+                                 _ completion: @escaping (Result<CellLayout, PGError>) -> Void) {
+        connection.execute(ClusterSchema.migrate(from: version)) { [weak self] result in
+            guard let self else { return }
+            if case .failure(let error) = result { return completion(.failure(error)) }
+            register(takingTheNameOver: takingTheNameOver, completion)
         }
     }
 

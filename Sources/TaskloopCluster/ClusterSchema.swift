@@ -133,9 +133,17 @@ public enum ClusterSchema {
                     + "protocol int NOT NULL, schema int NOT NULL)"),
             PGQuery("INSERT INTO taskloop.cluster VALUES (1, $1, $2, 0) ON CONFLICT (id) DO NOTHING",
                     [.int(settings.cells), .int(settings.protocolVersion)]),
+            turnTablesExist,
             schemaState,
         ]
     }
+
+    /// Replicas of v2 took turns and kept their tasks in `taskloop.tasks` beside `taskloop.state`;
+    /// cells never read those tables. A cluster is not made over unfinished tasks of theirs
+    /// (they would be lost to every client): v2 replicas finish them first.
+    static let turnTablesExist = PGQuery("SELECT to_regclass('taskloop.state') IS NOT NULL AND to_regclass('taskloop.tasks') IS NOT NULL")
+    static let turnTasks = PGQuery("SELECT record FROM taskloop.tasks", binaryResults: true)
+
 
     /// The migrations after `version` up to this replica's, the version's update and the commit.
     static func migrate(from version: Int) -> [PGQuery] {

@@ -24,11 +24,7 @@ extension Engine {
             if !record.cancelRequested {
                 record.cancelRequested = true
                 emit(.cancelRequested(record))
-                // An attempt another replica runs is stopped there, within its own grace (which
-                // only that replica knows); if that replica is gone, taking its attempts over ends it.
-                if record.runner == nil {
-                    armCancelGrace(on: record, after: record.run?.stopGraceMilliseconds ?? configuration.cancelGraceMilliseconds)
-                }
+                armCancelGrace(on: record, after: record.run?.stopGraceMilliseconds ?? configuration.cancelGraceMilliseconds)
                 record.run?.requestStop()
             }
             return record.state == .cancelled ? .cancelled : .cancelRequested
@@ -39,7 +35,7 @@ extension Engine {
 
     /// Finishes a task whose cancellation was requested after `grace`, confirmed or not.
     func armCancelGrace(on record: TaskRecord, after grace: UInt64) {
-        record.graceTimer = timer(after: grace) { [link, weak record] in
+        record.graceTimer = scheduler.schedule(after: grace) { [link, weak record] in
             guard let engine = link.engine, let record, record.state == .running else { return }
             engine.settling {
                 engine.finish(record, as: .cancelled, error: TaskError(

@@ -254,7 +254,7 @@ extension Engine {
         let delay = UInt64(max(0, lease.expiresAt - scheduler.wallClock))
         // Strong captures (a weak one gives the record a side table, and slows every retain of
         // it): ending the lease cancels the timer, which lets the closure go.
-        lease.expiry = timer(after: delay) { [link, record, lease] in
+        lease.expiry = scheduler.schedule(after: delay) { [link, record, lease] in
             guard let engine = link.engine, record.lease === lease, let run = record.run else { return }
             engine.settling {
                 let queue = record.queue

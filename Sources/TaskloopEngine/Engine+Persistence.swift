@@ -15,7 +15,6 @@ extension Engine {
                 LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds,
                               expiresAt: $0.expiresAt)
             },
-            runner: record.state == .running && record.lease == nil ? record.runner ?? configuration.replica : nil,
             releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings)
     }
 
@@ -140,6 +139,22 @@ extension Engine {
         return record
     }
 
+    func copy(_ saved: TaskSnapshot, into record: TaskRecord) {
+        record.state = saved.state
+        record.cancelRequested = saved.cancelRequested
+        record.attempt = saved.attempt
+        record.retry = saved.retry
+        record.startedAt = saved.startedAt
+        record.finishedAt = saved.finishedAt
+        record.result = saved.result
+        record.error = saved.error
+        record.progress = saved.progress
+        record.notBefore = saved.notBefore
+        record.releasedBy = saved.releasedBy
+        if !saved.watchers.isEmpty { watchersByTask[saved.id] = saved.watchers }
+        record.reopenings = saved.reopenings
+    }
+
     /// A workflow as kept, over the tasks of it the table holds (nothing left to keep: nil, not made).
     @discardableResult
     func makeWorkflow(from saved: WorkflowSnapshot) -> WorkflowRecord? {
@@ -162,12 +177,12 @@ extension Engine {
     /// Tasks running now, in every queue.
     public var runningCount: Int { queues.values.reduce(0) { $0 + $1.counts[.running] } }
 
-    /// Attempts whose work is in this process: not another replica's, not a worker's under a
-    /// lease, not an `external` task's (its worker reports from outside).
+    /// Attempts whose work is in this process: not a worker's under a lease, not an `external`
+    /// task's (its worker reports from outside).
     public var runningHereCount: Int {
         tasks.entries.count { record in
             guard let record, record.state == .running else { return false }
-            return record.runner == nil && record.lease == nil && !record.executor.runsOutsideTheProcess
+            return record.lease == nil && !record.executor.runsOutsideTheProcess
         }
     }
 

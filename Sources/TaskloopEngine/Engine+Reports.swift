@@ -72,7 +72,7 @@ extension Engine {
 
     /// Makes `record` (pending for a retry's backoff) ready after `delay`.
     func scheduleRetry(_ record: TaskRecord, after delay: UInt64) {
-        record.attemptTimer = timer(after: delay) { [link, weak record] in
+        record.attemptTimer = scheduler.schedule(after: delay) { [link, weak record] in
             guard let engine = link.engine, let record, record.state == .pending else { return }
             engine.settling {
                 record.attemptTimer = nil

@@ -48,7 +48,7 @@ extension Engine {
         guard retentionTimer == nil, let oldest = oldestRetained() else { return }
         let due = oldest.finishedAtMonotonic + Int64(configuration.retentionMilliseconds)
         let now = Int64(scheduler.now)
-        retentionTimer = timer(after: due > now ? UInt64(due - now) : 0) { [link] in
+        retentionTimer = scheduler.schedule(after: due > now ? UInt64(due - now) : 0) { [link] in
             guard let engine = link.engine else { return }
             engine.settling { engine.sweepRetained() }
         }

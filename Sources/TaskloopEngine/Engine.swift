@@ -19,9 +19,6 @@ public struct EngineConfiguration: Sendable {
     /// grow memory and metric series without end; a queue that holds no task and has default
     /// settings is forgotten when it comes to that (or when its last task is evicted).
     public var maxQueues = 1_000
-    /// This replica's name when several replicas share one database (docs/SCALING.md): it marks
-    /// the attempts this process runs. Nil for a server on its own.
-    public var replica: String?
     /// Work starts only after the commit that started it: an attempt whose start has effects
     /// (`TaskExecutor.startHasEffects`) is made (`running`, its timers armed), but its executor
     /// is called once the journal says the change is durable (`Engine+HeldStarts`). Without it
@@ -149,9 +146,6 @@ public final class Engine {
     var heldStarts = Deque<TaskRun>()
     var startsHeld: UInt64 = 0
     var startsTaken: UInt64 = 0
-    /// With several replicas: when this one may change the shared state (Engine+Replication).
-    public var gate: EngineGate?
-    var absorbing = false
     /// The cell this engine holds, or nil (`EngineConfiguration.cells`).
     public let cell: UInt16?
     /// Stand-ins for the dependencies in other cells that tasks here name (Engine+Cells).
@@ -288,7 +282,6 @@ public final class Engine {
         if hadFraction && cell != nil { reportToHome(record) }
         let run = TaskRun(link: link, record: record)
         record.run = run
-        record.runner = nil
         if let timeout = record.timeoutMilliseconds { armTimeout(timeout, for: run, on: record, after: timeout) }
         if let lease = record.lease {
             // The worker runs it; the engine keeps the lease's clock.
@@ -303,7 +296,7 @@ public final class Engine {
 
     /// Ends attempt `run` with `timeout` after `delay`.
     func armTimeout(_ timeout: UInt64, for run: TaskRun, on record: TaskRecord, after delay: UInt64) {
-        record.attemptTimer = timer(after: delay) { [link, weak run] in
+        record.attemptTimer = scheduler.schedule(after: delay) { [link, weak run] in
             guard let engine = link.engine, let run, run.isCurrent else { return }
             engine.settling {
                 // Fail first, then stop: an executor may confirm the stop from inside the

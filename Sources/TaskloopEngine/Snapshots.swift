@@ -29,8 +29,6 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var notBefore: Int64?
     /// A running task's lease, token included: a worker keeps it across a restart.
     public var lease: LeaseSnapshot?
-    /// The replica running the attempt (server dispatch, several replicas); nil otherwise.
-    public var runner: String?
     /// See `TaskRecord.releasedBy`.
     public var releasedBy: [TaskID]
     /// See `Engine.watchers(of:)`.
@@ -44,7 +42,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         retry: RetryPolicy, metadata: JSONValue?, workflow: TaskID?, createdAt: Int64, state: TaskState,
         cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
-        runner: String? = nil, releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0
+        releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0
     ) {
         self.id = id
         self.sequence = sequence
@@ -70,7 +68,6 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.progress = progress
         self.notBefore = notBefore
         self.lease = lease
-        self.runner = runner
         self.releasedBy = releasedBy
         self.watchers = watchers
         self.reopenings = reopenings

@@ -21,10 +21,6 @@ public protocol TaskExecutor: AnyObject {
     /// (the server is not serving yet).
     func stopInterrupted(_ id: TaskID)
 
-    /// With several replicas: another replica took a report on `run`, an attempt this process
-    /// runs (a worker's progress on an `external` task reached a replica other than this one).
-    func reportedElsewhere(_ run: TaskRun)
-
     /// The work is done by someone outside this process, who reports it (`external`): a
     /// shutdown neither waits for it nor stops it, and a restart finds it still running.
     var runsOutsideTheProcess: Bool { get }
@@ -42,8 +38,6 @@ extension TaskExecutor {
 
     /// Work that lives only in this process died with it: nothing to stop.
     public func stopInterrupted(_ id: TaskID) {}
-
-    public func reportedElsewhere(_ run: TaskRun) {}
 }
 
 /// One attempt of one task, as its executor sees it.
@@ -81,29 +75,22 @@ public final class TaskRun {
     @discardableResult
     public func progress(fraction: Double? = nil, message: String? = nil, details: JSONValue? = nil) -> Bool {
         guard let engine = link.engine else { return false }
-        if let gate = engine.gate, !gate.isOpen {
-            gate.defer { _ = engine.attemptProgressed(self, fraction: fraction, message: message, details: details) }
-            return isCurrent
-        }
         return engine.attemptProgressed(self, fraction: fraction, message: message, details: details)
     }
 
     public func succeed(_ result: JSONValue? = nil) {
         guard let engine = link.engine else { return }
-        if let gate = engine.gate, !gate.isOpen { return gate.defer { engine.attemptSucceeded(self, result: result) } }
         engine.attemptSucceeded(self, result: result)
     }
 
     public func fail(_ error: TaskError) {
         guard let engine = link.engine else { return }
-        if let gate = engine.gate, !gate.isOpen { return gate.defer { engine.attemptFailed(self, error: error) } }
         engine.attemptFailed(self, error: error)
     }
 
     /// Confirms that the work stopped after `onCancel`.
     public func cancelled() {
         guard let engine = link.engine else { return }
-        if let gate = engine.gate, !gate.isOpen { return gate.defer { engine.attemptCancelled(self) } }
         engine.attemptCancelled(self)
     }
 

@@ -39,9 +39,6 @@ public final class TaskRecord {
     public internal(set) var notBefore: Int64?
     /// While a worker holds the running attempt (a queue dispatched to workers).
     public internal(set) var lease: Lease?
-    /// The replica running the attempt when it is another one (several replicas on one
-    /// database); nil when this process runs it or nothing runs.
-    public internal(set) var runner: String?
     /// Dependencies that released this task and were then brought back by an explicit retry:
     /// they no longer hold it up. With the rest of the record it says which dependencies a
     /// task waits on, so a replica can rebuild the waits from records alone. With cells, also

@@ -108,21 +108,11 @@ public struct SharedDatabaseSettings: Sendable {
     /// How long PostgreSQL lets a statement, a lock wait or a replica idle inside a
     /// transaction last, and about how long a silent connection is kept (`PGTimeouts`).
     public var timeoutSeconds = 5
-    public var replication = Replication.turns
     /// The cell count of a cluster this replica creates (`--cells`); a cluster keeps its own.
     public var cells = 256
     /// Where other replicas forward requests for this replica's cells (`host:port`); nil: the
     /// address the server is bound to.
     public var advertiseAddress: String?
-
-    /// How replicas share the work (`--replication`). Cells are being built (issue 25): until
-    /// they serve every route, turns stay the default.
-    public enum Replication: String, Sendable, CaseIterable {
-        /// Every replica holds every task; changes take one global turn.
-        case turns
-        /// Each cell has one owner, which serves it; the others forward to it.
-        case cells
-    }
 
     public init(url: String, replica: String) {
         self.url = url

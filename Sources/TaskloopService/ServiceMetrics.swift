@@ -37,23 +37,6 @@ final class ServiceMetrics {
     private var droppedLogLinesCounted = 0
     private var leaseCollectors: [String: LeaseCollectors] = [:]
     private let leaseLatency: ValueHistogram
-    /// With replicas: this replica's turns and catch-ups, and whether it can reach the database.
-    private var replica: ReplicaCollectors?
-
-    private final class ReplicaCollectors {
-        let turns: Counter, catchUps: Counter, takeovers: Counter
-        let turnTime: ValueHistogram
-        let databaseUp: Gauge
-        var counted = SharedState.Counts()
-        init(turns: Counter, catchUps: Counter, takeovers: Counter, turnTime: ValueHistogram, databaseUp: Gauge) {
-            self.turns = turns
-            self.catchUps = catchUps
-            self.takeovers = takeovers
-            self.turnTime = turnTime
-            self.databaseUp = databaseUp
-        }
-    }
-
     /// Two label values (kind and state): a struct, not a joined string, so a lookup on the
     /// per-task path allocates nothing.
     private struct LabelPair: Hashable {
@@ -139,24 +122,7 @@ final class ServiceMetrics {
         }
     }
 
-    /// The replica's series, from the first scrape on (at zero) when it has a shared database.
-    func replicaSeries() {
-        guard replica == nil else { return }
-        replica = ReplicaCollectors(
-            turns: registry.makeCounter(descriptor: Self.name("replica_turns", "total", "Turns this replica committed on the shared database.")),
-            catchUps: registry.makeCounter(descriptor: Self.name(
-                "replica_catch_ups", "total", "Reads of what other replicas committed, outside this replica's turns.")),
-            takeovers: registry.makeCounter(descriptor: Self.name(
-                "replica_takeovers", "total", "Replicas found gone whose attempts this replica interrupted.")),
-            turnTime: registry.makeValueHistogram(
-                descriptor: Self.name("replica_turn", "seconds",
-                                      "Time from asking for a turn (waiting for the turn lock included) to its commit."),
-                buckets: Self.latencyBuckets),
-            databaseUp: registry.makeGauge(descriptor: Self.name(
-                "replica_database_up", "", "1 while this replica serves from the shared database, 0 while it cannot reach it.")))
-    }
-
-    /// The series of a replica on cells (`--replication cells`).
+    /// The series of a replica on a cluster (`--database-url`).
     func cellSeries() {
         guard cells == nil else { return }
         cells = CellCollectors(
@@ -165,7 +131,9 @@ final class ServiceMetrics {
             failedCommits: registry.makeCounter(descriptor: Self.name(
                 "cell_commits_failed", "total", "Commits of this replica's cells that did not commit (the cell loaded again, or moved).")),
             forwarded: registry.makeCounter(descriptor: Self.name(
-                "requests_forwarded", "total", "Requests forwarded to the replica that owns their cell.")))
+                "requests_forwarded", "total", "Requests forwarded to the replica that owns their cell.")),
+            databaseUp: registry.makeGauge(descriptor: Self.name(
+                "replica_database_up", "", "1 while this replica's lease in the database is renewed, 0 while it cannot reach it.")))
     }
 
     /// A request went to its cell's owner.
@@ -174,22 +142,20 @@ final class ServiceMetrics {
     }
 
     /// A turn of this replica committed after `seconds`.
-    func turnCommitted(seconds: Double) {
-        replica?.turnTime.record(seconds)
-    }
-
     final class CellCollectors {
         let served: Gauge
         let commits: Counter
         let failedCommits: Counter
         let forwarded: Counter
+        let databaseUp: Gauge
         var counted = (commits: 0, failed: 0)
 
-        init(served: Gauge, commits: Counter, failedCommits: Counter, forwarded: Counter) {
+        init(served: Gauge, commits: Counter, failedCommits: Counter, forwarded: Counter, databaseUp: Gauge) {
             self.served = served
             self.commits = commits
             self.failedCommits = failedCommits
             self.forwarded = forwarded
+            self.databaseUp = databaseUp
         }
     }
 
@@ -336,20 +302,13 @@ final class ServiceMetrics {
     /// The text exposition, with the state gauges brought up to date first. `queues`: those of
     /// the engines here (with cells, of the cells this replica owns).
     func render(queues: [String: TaskQueue], connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
-                webhooks: Webhooks, droppedLogLines dropped: Int, shared: SharedState? = nil, cellHost: CellHost? = nil) -> [UInt8] {
+                webhooks: Webhooks, droppedLogLines dropped: Int, cellHost: CellHost? = nil) -> [UInt8] {
         if let cellHost, let cells {
             cells.served.set(Double(cellHost.openEngines.count))
             cells.commits.increment(by: Int64(cellHost.commitCount - cells.counted.commits))
             cells.failedCommits.increment(by: Int64(cellHost.failedCommitCount - cells.counted.failed))
             cells.counted = (cellHost.commitCount, cellHost.failedCommitCount)
-        }
-        if let shared, let replica {
-            let counts = shared.counts
-            replica.turns.increment(by: Int64(counts.turns - replica.counted.turns))
-            replica.catchUps.increment(by: Int64(counts.catchUps - replica.counted.catchUps))
-            replica.takeovers.increment(by: Int64(counts.takeovers - replica.counted.takeovers))
-            replica.counted = counts
-            replica.databaseUp.set(Double(shared.isFailing ? 0 : 1))
+            cells.databaseUp.set(Double(cellHost.keeper.isRenewed ? 1 : 0))
         }
         for (name, queue) in queues {
             let gauges = taskGauges[name] ?? TaskState.allCases.map { state in

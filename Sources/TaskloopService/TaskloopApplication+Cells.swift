@@ -8,7 +8,7 @@ import TaskloopLoop
 import TaskloopPostgres
 import TaskloopStore
 
-/// The service on cells (`--replication cells`, docs/SCALING.md): this replica serves the
+/// The service on cells (`--database-url`, docs/SCALING.md): this replica serves the
 /// cells it owns, each with an engine of its own that `CellHost` opens, commits and closes;
 /// requests for another replica's cell are forwarded to it, and requests for a cell that is
 /// moving wait for its new owner.
@@ -112,7 +112,14 @@ extension TaskloopApplication {
             let detail = "The cluster was upgraded to protocol \(version); this replica runs protocol "
                 + "\(ClusterSchema.protocolVersion), has handed its cells over and serves no more: run the new version."
             logger.error("\(detail)")
-            supersededProblem = APIProblem(.serviceUnavailable, detail: detail, code: "replica_superseded")
+            retiredProblem = APIProblem(.serviceUnavailable, detail: detail, code: "replica_superseded")
+        }
+        host.onReplaced = { [unowned self] in
+            let name = settings.replica
+            let detail = "Another process took over the replica name \(name) (--replica-name); this one has closed its cells "
+                + "and serves no more."
+            logger.error("another process took over the replica name \(name); this process serves no more")
+            retiredProblem = APIProblem(.serviceUnavailable, detail: detail, code: "replica_replaced")
         }
         // Keys are the cluster's (see `checkIdempotencyKey`): an expired one goes from the
         // table whichever cell wrote it, unless it was used again meanwhile.
@@ -408,7 +415,7 @@ extension TaskloopApplication {
     func serveInCell(_ route: Route, _ request: HTTPRequest, _ reply: Reply, waitedMilliseconds: UInt64 = 0,
                      keyChecked: Bool = false) {
         guard let host = cellHost else { return reply.send(Self.cellMoving.response()) }
-        if let supersededProblem { return reply.send(supersededProblem.response()) }
+        if let retiredProblem { return reply.send(retiredProblem.response()) }
         if let handler = cellReads[route.index] {
             do {
                 try handler(request, reply)
@@ -424,7 +431,14 @@ extension TaskloopApplication {
             guard reply.engine != nil else { return reply.send(Self.cellMoving.response()) }
             return run(route, request, reply)
         }
-        switch host.placement(of: cell) {
+        let placement = host.placement(of: cell)
+        if case .here = placement {
+        } else if !host.keeper.isRenewed {
+            // Cut off from the database, this replica cannot know who owns the cell now: the
+            // client hears why, and a load balancer (by the health check) looks elsewhere.
+            return reply.send(Self.sharedDatabaseUnavailable.response())
+        }
+        switch placement {
         case .here where !keyChecked && needsKeyLookup(route, request):
             checkIdempotencyKey(request, host) { [weak self] in
                 self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds, keyChecked: true)

@@ -34,19 +34,19 @@ public final class TaskloopApplication {
     public let loop: EventLoop
     public let configuration: ServiceConfiguration
     let logger: Logger
-    /// The engine of a single server, or of replicas taking turns; nil with cells, where each
-    /// cell this replica owns has its own (`cellHost`), and a request gets its cell's engine
-    /// in `Reply.engine`.
+    /// The engine of a single server; nil on a cluster, where each cell this replica owns has
+    /// its own (`cellHost`), and a request gets its cell's engine in `Reply.engine`.
     private(set) var engine: Engine!
-    /// With `--replication cells`: the cells this replica owns, their engines and commits.
+    /// With `--database-url`: the cells this replica owns, their engines and commits.
     var cellHost: CellHost?
     /// With cells: sends requests for other replicas' cells to their owners.
     var forwarder: ClusterForwarder?
     /// With cells: the routes answered from the cells' records instead of an engine, by index.
     var cellReads: [Int: ServiceHandler] = [:]
-    /// Set once the cluster moved to a newer protocol and this replica left it: what it answers
-    /// for every cell and for its health from then on.
-    var supersededProblem: APIProblem?
+    /// Set once this replica is out of the cluster for good (the cluster moved to a newer
+    /// protocol, or another process took its name over): what it answers for every cell and
+    /// for its health from then on.
+    var retiredProblem: APIProblem?
     /// With cells: the cluster's webhooks table, and where deliveries are written.
     var cellWebhooks: CellWebhookJournal?
     /// With cells: the event streams, which follow every cell's events.
@@ -77,11 +77,10 @@ public final class TaskloopApplication {
     /// Each request is logged at debug; known once, at start.
     private let logsRequests: Bool
     var metrics: ServiceMetrics!
-    /// Where changes become durable, unless `durability` is `memory`: the embedded store
-    /// (`sqlite`) or the database replicas share (`shared`).
+    /// Where a single server's changes become durable, unless `durability` is `memory`: the
+    /// embedded store (on a cluster, `cellHost` commits each cell's changes).
     private(set) var durable: Journal?
     private(set) var sqlite: DurableState?
-    private(set) var shared: SharedState?
     var idempotency: IdempotencyKeys!
 
     public init(loop: EventLoop, configuration: ServiceConfiguration, logger: Logger = Logger(label: "taskloop")) {
@@ -160,12 +159,11 @@ public final class TaskloopApplication {
             extra["exec"] = ExecRefusingExecutor()
         }
         var engineConfiguration = configuration.engine
-        engineConfiguration.replica = configuration.sharedDatabase?.replica
         // With a store too: a crash then never leaves a program running (or a request sent) for
         // a task the disk holds as queued, and waiting for the group commit was within the noise
         // of Benchmarks/service's exec and http bursts.
         engineConfiguration.startsAfterCommit = configuration.sharedDatabase != nil || configuration.durability != .memory
-        if let settings = configuration.sharedDatabase, settings.replication == .cells {
+        if let settings = configuration.sharedDatabase {
             return try startCells(settings, engine: engineConfiguration, executors: extra, scheduler: scheduler)
         }
         let engine = Engine(configuration: engineConfiguration, scheduler: scheduler, extraExecutors: extra)
@@ -173,16 +171,9 @@ public final class TaskloopApplication {
         waiters = TaskWaiters(scheduler: scheduler) { [unowned self] id in taskResponse(id) }
         leaseCalls = LeaseCalls(scheduler: scheduler) { [unowned self] in metrics }
         var restored = StoredState()
-        var sharedEvents: [SharedEvent] = []
-        var deliveryOwners: [String: String] = [:]
-        if configuration.durability != .memory || configuration.sharedDatabase != nil {
+        if configuration.durability != .memory {
             do {
-                if let settings = configuration.sharedDatabase {
-                    let loaded = try openShared(settings, engine: engine, scheduler: scheduler)
-                    (restored, sharedEvents, deliveryOwners) = (loaded.state, loaded.events, loaded.deliveryOwners)
-                } else {
-                    restored = try openStore(engine: engine, scheduler: scheduler)
-                }
+                restored = try openStore(engine: engine, scheduler: scheduler)
             } catch {
                 httpClient.close()
                 scheduler.close()
@@ -199,17 +190,15 @@ public final class TaskloopApplication {
         self.idempotency = idempotency
         engine.addObserver { [unowned self] events in settled(events) }
         // Numbered after the store has the batch (the observer above it), so each event knows
-        // the commit it waits for. With replicas, the newest events come from the database.
-        let eventLog = EventLog(after: sharedEvents.first.map { $0.seq - 1 } ?? restored.eventSequence,
+        // the commit it waits for.
+        let eventLog = EventLog(after: restored.eventSequence,
                                 capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
                                 clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
-        eventLog.absorb(sharedEvents)
         self.eventLog = eventLog
         let webhooks = Webhooks(client: httpClient, scheduler: scheduler, settings: configuration.webhooks, durable: durable,
                                 logger: logger)
         self.webhooks = webhooks
-        webhooks.restore(restored.webhooks, restored.deliveries, owners: deliveryOwners,
-                         replica: configuration.sharedDatabase?.replica)
+        webhooks.restore(restored.webhooks, restored.deliveries)
         eventLog.onNumbered = { [unowned webhooks] event in webhooks.numbered(event) }
         if let durable {
             eventLog.batchOfNextChange = { [unowned durable] in durable.pendingBatch }
@@ -219,32 +208,10 @@ public final class TaskloopApplication {
             }
             durable.eventSequence = { [unowned eventLog] in eventLog.lastAssigned }
         }
-        if let shared {
-            shared.eventsOfBatch = { [unowned eventLog] number in eventLog.sharedEvents(ofBatch: number) }
-            let replica = shared.journal.settings.replica
-            shared.onAbsorbed = { [unowned idempotency, unowned eventLog, unowned webhooks] delta in
-                idempotency.absorb(delta.idempotencyKeys, expired: delta.expiredIdempotencyKeys)
-                webhooks.absorb(delta, replica: replica)
-                eventLog.absorb(delta.events)
-            }
-            shared.onReplicaGone = { [unowned webhooks] name in webhooks.takeOver(from: name) }
-            shared.onStartOver = { [unowned self] loaded in startOver(from: loaded) }
-            // A progress event coalesced for later is numbered in a turn, as every event is.
-            eventLog.changesInTurn = { [unowned shared] change in
-                if shared.isOpen { change() } else { shared.defer(change) }
-            }
-        }
-        // Another replica's changes come with their events, numbered where they were made.
-        engine.addObserver { [unowned eventLog, unowned engine] events in
-            if !engine.isAbsorbing { eventLog.record(events) }
-        }
+        engine.addObserver { [unowned eventLog] events in eventLog.record(events) }
         eventWrites = try LoopCheck(loop: loop) { [unowned eventLog] in eventLog.flushPending() }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
-        if let shared {
-            metrics.replicaSeries()
-            shared.onTurnCommitted = { [unowned self] seconds in metrics.turnCommitted(seconds: seconds) }
-        }
         installRoutes(routes)
         let server = makeServer()
         do {
@@ -311,11 +278,7 @@ public final class TaskloopApplication {
             leaseCalls.answerAll()
             eventLog.finishAll()
             _ = scheduler.schedule(after: grace) { [weak self] in
-                if let shared = self?.shared, let engine = self?.engine {
-                    shared.defer { engine.suspendForShutdown() }
-                } else if self?.durable != nil {
-                    self?.engine.suspendForShutdown()
-                }
+                if self?.durable != nil { self?.engine.suspendForShutdown() }
                 self?.execExecutor?.killAll()
                 _ = self?.scheduler?.schedule(after: 500) { [weak self] in self?.execExecutor?.abandonOutput() }
             }
@@ -383,71 +346,6 @@ public final class TaskloopApplication {
         return loaded
     }
 
-    /// Joins the replicas on the shared database: connects, migrates, registers, and fills the
-    /// engine with everything the database holds (what other replicas run stays theirs). The
-    /// loop runs for it before the server listens. Returns the rest of what was loaded.
-    private func openShared(_ settings: SharedDatabaseSettings, engine: Engine,
-                            scheduler: LoopScheduler) throws -> PostgresJournal.Loaded {
-        var journalSettings = PostgresJournal.Settings(url: settings.url, replica: settings.replica)
-        journalSettings.leaseMilliseconds = settings.leaseMilliseconds
-        journalSettings.timeouts = PGTimeouts(seconds: settings.timeoutSeconds)
-        journalSettings.loadedEvents = configuration.eventBufferSize
-        journalSettings.eventHistoryMilliseconds = configuration.eventHistoryMilliseconds
-        let journal = PostgresJournal(loop: loop, settings: journalSettings)
-        var outcome: Result<PostgresJournal.Loaded, PGError>?
-        journal.open { outcome = $0 }
-        loop.run { outcome != nil }
-        let loaded: PostgresJournal.Loaded
-        switch outcome! {
-        case .success(let value): loaded = value
-        case .failure(let error):
-            journal.close {}
-            loop.run { true }
-            throw SharedDatabaseError(reason: "the shared database at \(Self.redacted(settings.url)) cannot be used: \(error)")
-        }
-        var everything = SharedChanges()
-        everything.tasks = loaded.state.tasks
-        everything.workflows = loaded.state.workflows
-        everything.queues = loaded.state.queues
-        engine.absorb(everything)
-        let shared = SharedState(journal: journal, engine: engine, loop: loop, scheduler: scheduler, logger: logger, turn: loaded.turn)
-        engine.gate = shared
-        engine.addObserver { events in shared.record(events) }
-        self.shared = shared
-        durable = shared
-        shared.start()
-        logger.info("joined the replicas on \(Self.redacted(settings.url))", metadata: [
-            "replica": "\(settings.replica)", "tasks": "\(loaded.state.tasks.count)", "turn": "\(loaded.turn)",
-        ])
-        var rest = loaded
-        rest.state.tasks = []
-        return rest
-    }
-
-    /// The database's state replaces this replica's (its connection failed, or other replicas
-    /// took it for gone): tasks, keys and events as committed; what was not committed goes.
-    private func startOver(from loaded: PostgresJournal.Loaded) {
-        // What the database does not hold goes first: tasks a failed turn made here are newer
-        // than those other replicas committed meanwhile, which the engine files in id order
-        // after what it holds.
-        var gone = SharedChanges()
-        let kept = Set(loaded.state.tasks.map(\.id))
-        gone.evictedTasks = engine.allTaskKeys.filter { !kept.contains($0.id) }
-        let keptWorkflows = Set(loaded.state.workflows.map(\.id))
-        gone.evictedWorkflows = engine.allWorkflowIDs.filter { !keptWorkflows.contains($0) }
-        engine.absorb(gone)
-        var everything = SharedChanges()
-        everything.tasks = loaded.state.tasks
-        everything.workflows = loaded.state.workflows
-        everything.queues = loaded.state.queues
-        engine.absorb(everything)
-        idempotency.absorb(loaded.state.idempotencyKeys, expired: [])
-        webhooks.replaceAll(loaded.state.webhooks, loaded.state.deliveries, owners: loaded.deliveryOwners,
-                            replica: configuration.sharedDatabase?.replica ?? "")
-        eventLog.discardUnpublished()
-        eventLog.absorb(loaded.events)
-    }
-
     /// A database connection string without its password, for logs and errors, in each form
     /// libpq reads: `postgres://user:pw@host`, `...?password=pw` and `host=h password='p w'`.
     static func redacted(_ connection: String) -> String {
@@ -468,15 +366,6 @@ public final class TaskloopApplication {
               durable == nil || engine.runningHereCount == 0,
               let completion = stopCompletion else { return }
         stopCompletion = nil
-        if let shared {
-            // The last turn hands back what still ran; then the replica leaves the database.
-            self.shared = nil
-            shared.close { [unowned self] in
-                durable = nil
-                finishClosing(completion)
-            }
-            return
-        }
         finishClosing(completion)
     }
 
@@ -499,7 +388,7 @@ public final class TaskloopApplication {
         forwarder = nil
         httpClient?.close()
         httpClient = nil
-        // What the last turns changed is written before the process may end; the store's threads
+        // What the last changes were is written before the process may end; the store's threads
         // end before anything they point at goes away (a port in use crashed the exit now and
         // then when they outlived the application).
         idempotency?.close()
@@ -563,17 +452,6 @@ public final class TaskloopApplication {
             return serveInCell(route, request, reply)
         }
         reply.engine = engine
-        if let shared, route.usesState, !shared.isOpen {
-            guard !shared.isFailing else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
-            let refuse = { reply.send(Self.sharedDatabaseUnavailable.response()) }
-            let request = request
-            if request.method == .GET || request.method == .HEAD {
-                shared.whenCaughtUp({ [unowned self] in run(route, request, reply) }, refuse: refuse)
-            } else {
-                shared.inNextTurn({ [unowned self] in run(route, request, reply) }, refuse: refuse)
-            }
-            return
-        }
         run(route, request, reply)
     }
 
@@ -611,8 +489,7 @@ public final class TaskloopApplication {
                 ])
             }
             if to.isTerminal {
-                // Each replica counts what it finished; another replica's ends wake waiters here.
-                if engine?.isAbsorbing != true { metrics.taskFinished(task) }
+                metrics.taskFinished(task)
                 waiters.finished(task.id)
             }
         }
@@ -627,7 +504,7 @@ public final class TaskloopApplication {
         metrics.render(queues: queuesHere, connections: server?.openConnections ?? 0, longPolls: waiters.count,
                        transfers: activeTransfers, eventStreams: eventLog.subscriberCount + (clusterStreams?.subscriberCount ?? 0),
                        webhooks: webhooks,
-                       droppedLogLines: configuration.logSink?.dropped ?? 0, shared: shared, cellHost: cellHost)
+                       droppedLogLines: configuration.logSink?.dropped ?? 0, cellHost: cellHost)
     }
 
     /// The queues of the engines here (with cells, of the cells this replica serves).
@@ -692,10 +569,8 @@ struct Reply {
               !(durable.isFailing && (method == .GET || method == .HEAD)) else {
             return deliver(response)
         }
-        // Refused by the store the application has: the disk, or the replicas' database.
-        let refusal = application.shared == nil ? TaskloopApplication.storageUnavailable : TaskloopApplication.sharedDatabaseUnavailable
         durable.whenDurable { committed in
-            deliver(committed ? response : refusal.response())
+            deliver(committed ? response : TaskloopApplication.storageUnavailable.response())
         }
     }
 

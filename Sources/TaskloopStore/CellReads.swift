@@ -65,7 +65,7 @@ public enum CellReads {
     /// The page `tasks` read: at most `limit` tasks, and the cursor of the next page, nil on the
     /// last, as `Engine.listTasks` gives them.
     public static func page(_ result: PGResult, limit: Int) throws -> (tasks: [TaskSnapshot], next: TaskID?) {
-        var tasks = try PostgresJournal.tasks(result)
+        var tasks = try PostgresRows.tasks(result)
         guard tasks.count > limit else { return (tasks, nil) }
         tasks.removeLast(tasks.count - limit)
         return (tasks, tasks.last?.id)
@@ -94,8 +94,8 @@ public enum CellReads {
 
     /// The workflow `workflow(_:)` read, nil where no cell has it.
     public static func workflow(_ results: [PGResult]) throws -> (workflow: WorkflowSnapshot, tasks: [TaskSnapshot])? {
-        guard let workflow = try PostgresJournal.workflows(results[1]).first else { return nil }
-        return (workflow, try PostgresJournal.tasks(results[2]))
+        guard let workflow = try PostgresRows.workflows(results[1]).first else { return nil }
+        return (workflow, try PostgresRows.tasks(results[2]))
     }
 
     /// One task as its cell last committed it; `task(_ result:)` reads it.
@@ -105,7 +105,7 @@ public enum CellReads {
 
     /// The task `task(_:)` read, nil where no cell has it.
     public static func task(_ result: PGResult) throws -> TaskSnapshot? {
-        try PostgresJournal.tasks(result).first
+        try PostgresRows.tasks(result).first
     }
 
     /// The queues every cell keeps: the settings of those that differ from a new queue's, the
@@ -136,7 +136,7 @@ public enum CellReads {
     /// The queues `queues` read, by name: each with settings or a task.
     public static func queueRows(_ results: [PGResult]) -> [String: QueueRow] {
         var rows: [String: QueueRow] = [:]
-        for settings in PostgresJournal.queues(results[1]) { rows[settings.name, default: QueueRow()].settings = settings }
+        for settings in PostgresRows.queues(results[1]) { rows[settings.name, default: QueueRow()].settings = settings }
         let counts = results[2]
         for row in 0..<counts.rowCount {
             guard let queue = counts.text(row, 0), let state = counts.text(row, 1).flatMap(TaskState.init(rawValue:)),

@@ -146,7 +146,7 @@ public enum CellSchema {
                 + "WHERE key = $1 AND expires_at > $2", [.text(key), .int(now)], binaryResults: true)
     }
 
-    public static func keys(of result: PGResult) -> [IdempotencyRecord] { PostgresJournal.keys(result) }
+    public static func keys(of result: PGResult) -> [IdempotencyRecord] { PostgresRows.keys(result) }
 
     /// Deletes `keys` that have expired by `now`; one used again since stays.
     public static func deleteExpiredKeys(_ keys: [String], at now: Int64) -> PGQuery {
@@ -165,10 +165,22 @@ public enum CellSchema {
 
     public static func loaded(_ results: [PGResult]) throws -> StoredState {
         var state = StoredState()
-        state.tasks = try PostgresJournal.tasks(results[1])
-        state.workflows = try PostgresJournal.workflows(results[2])
-        state.queues = PostgresJournal.queues(results[3])
-        state.idempotencyKeys = PostgresJournal.keys(results[4])
+        state.tasks = try PostgresRows.tasks(results[1])
+        state.workflows = try PostgresRows.workflows(results[2])
+        state.queues = PostgresRows.queues(results[3])
+        state.idempotencyKeys = PostgresRows.keys(results[4])
         return state
+    }
+
+    /// How many of the records in `rows` (one column, a task's record) are of unfinished tasks;
+    /// a record that cannot be read counts as one.
+    public static func unfinishedTasks(_ rows: PGResult) -> Int {
+        (0..<rows.rowCount).count { row in
+            let bytes = rows.bytes(row, 0) ?? []
+            let task = try? bytes.withUnsafeBytes { (buffer) throws(RecordDecodingError) in
+                try RecordCodec.decodeTask(buffer, sequence: 0)
+            }
+            return task.map { !$0.state.isTerminal } ?? true
+        }
     }
 }

@@ -43,6 +43,7 @@ enum RecordCodec {
         static let progressUpdatedAt = TaskFields(rawValue: 1 << 13)
         static let notBefore = TaskFields(rawValue: 1 << 14)
         static let lease = TaskFields(rawValue: 1 << 15)
+        /// Written by replicas that took turns (v2): the replica running the attempt. Read past.
         static let runner = TaskFields(rawValue: 1 << 16)
         static let releasedBy = TaskFields(rawValue: 1 << 17)
         /// Cells waiting for the task's end (a cluster's dependencies across cells).
@@ -70,7 +71,6 @@ enum RecordCodec {
         if task.progress.updatedAt != nil { fields.insert(.progressUpdatedAt) }
         if task.notBefore != nil { fields.insert(.notBefore) }
         if task.lease != nil { fields.insert(.lease) }
-        if task.runner != nil { fields.insert(.runner) }
         if !task.releasedBy.isEmpty { fields.insert(.releasedBy) }
         if !task.watchers.isEmpty { fields.insert(.watchers) }
         if task.reopenings != 0 { fields.insert(.reopenings) }
@@ -115,7 +115,6 @@ enum RecordCodec {
             output.unsigned(lease.milliseconds)
             output.signed(lease.expiresAt)
         }
-        if let runner = task.runner { output.string(runner) }
         if !task.releasedBy.isEmpty {
             output.unsigned(UInt64(task.releasedBy.count))
             for id in task.releasedBy { output.id(id) }
@@ -172,7 +171,7 @@ enum RecordCodec {
             lease = LeaseSnapshot(token: try input.string(), worker: try input.string(), grantedAt: try input.signed(),
                                   milliseconds: try input.unsigned(), expiresAt: try input.signed())
         }
-        let runner = fields.contains(.runner) ? try input.string() : nil
+        if fields.contains(.runner) { _ = try input.string() }
         var releasedBy: [TaskID] = []
         if fields.contains(.releasedBy) {
             for _ in 0..<(try input.count(ofAtLeast: 16)) { releasedBy.append(try input.id()) }
@@ -196,7 +195,7 @@ enum RecordCodec {
             retry: retry, metadata: metadata, workflow: workflow, createdAt: createdAt, state: state,
             cancelRequested: fields.contains(.cancelRequested), attempt: attempt, startedAt: startedAt,
             finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease,
-            runner: runner, releasedBy: releasedBy, watchers: watchers, reopenings: reopenings)
+            releasedBy: releasedBy, watchers: watchers, reopenings: reopenings)
     }
 
     /// Which optional fields a workflow record holds.

@@ -27,33 +27,6 @@ public struct SharedEvent: Sendable, Equatable {
     }
 }
 
-/// What other replicas committed since a turn: the engine's part, the service's records, the
-/// events, and the replicas whose leases ran out.
-public struct SharedDelta: Sendable {
-    /// The last turn committed (what the delta brings this replica up to).
-    public var turn: UInt64 = 0
-    /// The event stream's last number.
-    public var eventSequence: UInt64 = 0
-    public var changes = SharedChanges()
-    public var idempotencyKeys: [IdempotencyRecord] = []
-    public var expiredIdempotencyKeys: [String] = []
-    public var webhooks: [WebhookRecord] = []
-    public var deletedWebhooks: [String] = []
-    /// Each delivery with the replica that attempts it.
-    public var deliveries: [(record: DeliveryRecord, owner: String)] = []
-    public var deletedDeliveries: [String] = []
-    public var events: [SharedEvent] = []
-    /// Replicas whose lease expired: their attempts are this turn's to interrupt.
-    public var goneReplicas: [String] = []
-
-    public init() {}
-
-    public var isEmpty: Bool {
-        changes.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty && webhooks.isEmpty
-            && deletedWebhooks.isEmpty && deliveries.isEmpty && deletedDeliveries.isEmpty && events.isEmpty
-    }
-}
-
 /// Binary forms of the webhook records for the shared database (the SQLite store keeps them in
 /// columns of their own, a delivery's earlier attempts in this form too).
 public enum SharedRecordCodec {

@@ -142,13 +142,10 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Seconds a replica that stops renewing its lease is waited for before the others take over what it ran, 1...600. [env: TASKLOOP_REPLICA_LEASE_SECONDS]")
     var replicaLeaseSeconds: Double = Environment.double("REPLICA_LEASE_SECONDS") ?? 10
 
-    @Option(help: "How replicas on --database-url share the work: turns (every replica holds every task) or cells (each cell of queues has one owner; being built, issue 25). [env: TASKLOOP_REPLICATION]")
-    var replication: String = Environment.string("REPLICATION") ?? "turns"
-
-    @Option(help: "Cells of a cluster this replica creates (--replication cells), 1...65536; a cluster keeps the count it was created with. [env: TASKLOOP_CELLS]")
+    @Option(help: "Cells of a cluster this replica creates (--database-url), 1...65536; a cluster keeps the count it was created with. [env: TASKLOOP_CELLS]")
     var cells: Int = Environment.int("CELLS") ?? 256
 
-    @Option(help: "host:port where other replicas reach this one (--replication cells). Default: the address it listens on. [env: TASKLOOP_ADVERTISE_ADDRESS]")
+    @Option(help: "host:port where other replicas reach this one (--database-url). Default: the address it listens on. [env: TASKLOOP_ADVERTISE_ADDRESS]")
     var advertiseAddress: String? = Environment.string("ADVERTISE_ADDRESS")
 
     @Option(help: "Seconds PostgreSQL lets a statement, a lock wait, or a replica idle inside a transaction (frozen: SIGSTOP, a paused VM) last before ending it; a connection that stays silent is given up after about twice this (TCP keepalives), 1...3600. [env: TASKLOOP_DATABASE_TIMEOUT_SECONDS]")
@@ -248,9 +245,6 @@ struct Taskloop: ParsableCommand {
                 throw ValidationError("--replica-name must be 1 to 64 visible ASCII characters")
             }
         }
-        guard SharedDatabaseSettings.Replication(rawValue: replication) != nil else {
-            throw ValidationError("--replication must be turns or cells")
-        }
         guard (1...65_536).contains(cells) else { throw ValidationError("--cells must be 1...65536") }
         if let advertiseAddress {
             guard let colon = advertiseAddress.lastIndex(of: ":"), colon != advertiseAddress.startIndex,
@@ -258,10 +252,10 @@ struct Taskloop: ParsableCommand {
                 throw ValidationError("--advertise-address must be host:port")
             }
         }
-        // Other replicas forward requests to the address a replica on cells advertises: one
-        // that listens on every address has none they could use unless it is told.
-        if replication == "cells", advertiseAddress == nil, ["0.0.0.0", "::", "[::]"].contains(host) {
-            throw ValidationError("--advertise-address is required with --replication cells on \(host): "
+        // Other replicas forward requests to the address a replica advertises: one that listens
+        // on every address has none they could use unless it is told.
+        if databaseURL != nil, advertiseAddress == nil, ["0.0.0.0", "::", "[::]"].contains(host) {
+            throw ValidationError("--advertise-address is required with --database-url on \(host): "
                                   + "the address other replicas reach this one at")
         }
         guard (1...600).contains(replicaLeaseSeconds) else { throw ValidationError("--replica-lease-seconds must be 1...600") }
@@ -359,7 +353,6 @@ struct Taskloop: ParsableCommand {
             var settings = SharedDatabaseSettings(url: databaseURL, replica: replicaName ?? Self.defaultReplicaName())
             settings.leaseMilliseconds = UInt64(replicaLeaseSeconds * 1_000)
             settings.timeoutSeconds = databaseTimeoutSeconds
-            settings.replication = SharedDatabaseSettings.Replication(rawValue: replication)!
             settings.cells = cells
             settings.advertiseAddress = advertiseAddress
             configuration.sharedDatabase = settings

@@ -5,6 +5,8 @@ import TaskloopLoopTestSupport
 import TaskloopPostgres
 import TaskloopTestSupport
 @testable import TaskloopCluster
+import TaskloopEngine
+@testable import TaskloopStore
 
 /// CellKeeper against a real PostgreSQL: replicas share the cells, give them up gracefully,
 /// and take a crashed or replaced replica's cells only once its lease and the margin are over.
@@ -251,6 +253,36 @@ import TaskloopTestSupport
         let refused = try cluster.attemptStart("c")
         #expect(refused.contains("the cluster's tables are of schema \(ClusterSchema.schemaVersion + 1), newer than this replica's"),
                 "\(refused)")
+        try cluster.finish()
+    }
+
+    /// A database where v2 replicas took turns: no cluster is made over unfinished tasks of
+    /// theirs (cells would never serve them); once every one has finished, it is.
+    @Test func noClusterIsMadeOverUnfinishedTasksOfReplicasThatTookTurns() throws {
+        let cluster = try Cluster()
+        let postgres = try PostgresCluster.shared()
+        func record(_ state: TaskState) -> String {
+            let task = TaskSnapshot(
+                id: TaskID(high: 1, low: 1), sequence: 1, kind: "noop", params: .object([:]), name: nil, queue: "default",
+                priority: 0, dependencies: [], onDependencyFailure: .cancel, timeoutMilliseconds: nil, retry: RetryPolicy(),
+                metadata: nil, workflow: nil, createdAt: 1_795_000_000_000, state: state, cancelRequested: false,
+                attempt: 1, startedAt: nil, finishedAt: state.isTerminal ? 1_795_000_000_001 : nil, result: nil, error: nil,
+                progress: TaskProgress(), notBefore: nil)
+            var writer = RecordWriter()
+            return "\\x" + writer.record(of: task).map { String(format: "%02x", $0) }.joined()
+        }
+        _ = try postgres.sql("""
+            CREATE SCHEMA taskloop;
+            CREATE TABLE taskloop.state (turn bigint NOT NULL, event_seq bigint NOT NULL);
+            CREATE TABLE taskloop.tasks (sequence bigint PRIMARY KEY, id text NOT NULL UNIQUE, turn bigint NOT NULL, record bytea NOT NULL);
+            INSERT INTO taskloop.tasks VALUES (1, 'a', 1, '\(record(.succeeded))'), (2, 'b', 1, '\(record(.queued))');
+            """, database: cluster.url)
+        let refused = try cluster.attemptStart("a")
+        #expect(refused.contains("the database holds 1 unfinished tasks of v2 replicas"), "\(refused)")
+        #expect(try postgres.sql("SELECT to_regclass('taskloop.cluster') IS NULL", database: cluster.url).hasPrefix("t"),
+                "nothing of the cluster was made")
+        _ = try postgres.sql("UPDATE taskloop.tasks SET record = '\(record(.cancelled))' WHERE sequence = 2", database: cluster.url)
+        try cluster.start("b")
         try cluster.finish()
     }
 

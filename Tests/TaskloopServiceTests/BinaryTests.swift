@@ -160,11 +160,10 @@ import TaskloopTestSupport
     }
 
     @Test func refusesBadCellFlags() throws {
-        for (arguments, message) in [(["--replication", "shards"], "--replication must be turns or cells"),
-                                     (["--cells", "0"], "--cells must be 1...65536"),
+        for (arguments, message) in [(["--cells", "0"], "--cells must be 1...65536"),
                                      (["--advertise-address", "nowhere"], "--advertise-address must be host:port"),
-                                     (["--replication", "cells", "--host", "0.0.0.0"],
-                                      "--advertise-address is required with --replication cells on 0.0.0.0")] {
+                                     (["--database-url", "postgres://127.0.0.1:1/none", "--host", "0.0.0.0"],
+                                      "--advertise-address is required with --database-url on 0.0.0.0")] {
             let binary = try RunningBinary(arguments: arguments)
             _ = try binary.waitForLine(containing: message)
             #expect(try binary.waitForExit() != 0)
@@ -206,7 +205,7 @@ import TaskloopTestSupport
                      "--header-timeout-seconds", "--body-timeout-seconds", "--idle-timeout-seconds", "--max-connections",
                      "--max-queues", "--log-buffer-bytes", "--durability", "--data-dir",
                      "--idempotency-ttl-seconds", "--database-url", "--replica-name", "--replica-lease-seconds",
-                     "--database-timeout-seconds", "--replication", "--cells", "--advertise-address"] {
+                     "--database-timeout-seconds", "--cells", "--advertise-address"] {
             #expect(binary.printed.contains(flag), "--help lists \(flag)")
         }
     }

@@ -240,7 +240,6 @@ extension CellServiceTests {
         let url = try cluster.makeDatabase()
         let service = try ServiceHarness(replicas: 1) { configuration in
             var settings = SharedDatabaseSettings(url: url, replica: "k0")
-            settings.replication = .cells
             settings.cells = Self.cellCount
             configuration.sharedDatabase = settings
             configuration.durability = .full

@@ -11,7 +11,7 @@ import TaskloopTestSupport
 
     /// A replica of the binary on cells; its client and port.
     static func replica(_ name: String, _ url: String, extra: [String] = []) throws -> (RunningBinary, APIClient, Int) {
-        let binary = try RunningBinary(arguments: ["--port", "0", "--database-url", url, "--replica-name", name, "--replication", "cells",
+        let binary = try RunningBinary(arguments: ["--port", "0", "--database-url", url, "--replica-name", name,
                                                    "--cells", "\(cells)", "--replica-lease-seconds", "\(leaseSeconds)",
                                                    "--allow-exec", "--log-level", "warning"] + extra,
                                        environment: ["PGAPPNAME": name])

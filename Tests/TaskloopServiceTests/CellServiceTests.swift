@@ -6,7 +6,7 @@ import TaskloopLoopTestSupport
 @testable import TaskloopService
 import TaskloopTestSupport
 
-/// The service on cells (`--replication cells`): each cell's engine commits to PostgreSQL under
+/// The service on cells (`--database-url`): each cell's engine commits to PostgreSQL under
 /// its epoch, and a replica that starts again on the same database serves what was committed.
 @Suite(.serialized, .inTheDefaultStageOnly)
 struct CellServiceTests {
@@ -15,7 +15,6 @@ struct CellServiceTests {
     static func cellReplica(_ url: String, name: String) throws -> ServiceHarness {
         try ServiceHarness(replicas: 1) { configuration in
             var settings = SharedDatabaseSettings(url: url, replica: name)
-            settings.replication = .cells
             settings.cells = cellCount
             configuration.sharedDatabase = settings
             configuration.durability = .full
@@ -334,7 +333,6 @@ extension CellServiceTests {
         let url = try postgres.makeDatabase()
         let service = try ServiceHarness(replicas: 1) { configuration in
             var settings = SharedDatabaseSettings(url: url, replica: "z0")
-            settings.replication = .cells
             settings.cells = Self.cellCount
             settings.leaseMilliseconds = 2_000
             configuration.sharedDatabase = settings

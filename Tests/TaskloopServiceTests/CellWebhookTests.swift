@@ -13,7 +13,6 @@ struct CellWebhookTests {
         throws -> ServiceHarness {
         try ServiceHarness(replicas: 1) { configuration in
             var settings = SharedDatabaseSettings(url: url, replica: name)
-            settings.replication = .cells
             settings.cells = CellServiceTests.cellCount
             configuration.sharedDatabase = settings
             configuration.durability = .full

@@ -99,7 +99,7 @@ import TaskloopTestSupport
         let empty = Date()
         #expect(try Self.lease(client, "gpu", #"{"worker":"w","wait_s":0.3}"#).isEmpty)
         #expect(Date().timeIntervalSince(empty) >= 0.29)
-        // Counted by the replica that owns the queue (on cells; every replica on turns).
+        // Counted by the replica that owns the queue.
         let metrics = try service.allMetrics()
         #expect(metrics.contains(#"taskloop_leases_granted_total{queue="gpu"} 1"#))
         #expect(metrics.contains("taskloop_lease_latency_seconds_count 1"))

@@ -6,16 +6,21 @@ import TaskloopTestSupport
 /// Several replicas on one PostgreSQL (a throwaway cluster), each a whole service on a loop of
 /// its own: they behave as one service.
 @Suite(.inTheDefaultStageOnly) struct ReplicaTests {
-    /// `count` replicas sharing a database (a new one unless given).
+    /// `count` replicas sharing a database (a new one unless given), once their cells have
+    /// spread over them.
     static func replicas(_ count: Int, on database: String? = nil,
                          configure: @escaping (inout ServiceConfiguration) -> Void = { _ in }) throws -> [ServiceHarness] {
         let url = try database ?? PostgresCluster.shared().makeDatabase()
-        return try (0..<count).map { index in
-            try ServiceHarness { configuration in
-                configuration.sharedDatabase = SharedDatabaseSettings(url: url, replica: "r\(index)")
+        let replicas = try (0..<count).map { index in
+            try ServiceHarness(replicas: 1) { configuration in
+                var settings = SharedDatabaseSettings(url: url, replica: "r\(index)")
+                settings.cells = 16
+                configuration.sharedDatabase = settings
                 configure(&configuration)
             }
         }
+        try CellServiceTests.waitForEveryCell(replicas)
+        return replicas
     }
 
     @Test func aTaskSubmittedOnOneReplicaIsSeenWaitedForAndCancelledOnTheOthers() throws {
@@ -33,17 +38,15 @@ import TaskloopTestSupport
         let long = try clients[0].submit(#"{"kind":"sleep","params":{"duration_ms":60000}}"#)
         let longID = try #require(long["id"] as? String)
         _ = try clients[0].waitForState(longID, "running")
+        // The owner of its cell stops the sleep at once, whichever replica the call reached.
         let cancel = try clients[1].call("DELETE", "/tasks/\(longID)")
-        #expect(cancel.status == 202 && cancel.json["cancel_requested"] as? Bool == true)
-        // The replica running it hears of the cancellation and stops the sleep.
+        #expect(cancel.status == 200 && cancel.json["state"] as? String == "cancelled", "\(cancel.status) \(cancel.text)")
         let cancelled = try clients[2].call("GET", "/tasks/\(longID)?wait=10", timeout: 15)
         #expect(cancelled.json["state"] as? String == "cancelled")
-        // Each replica counts its own turns and catch-ups; the one that took the submissions
-        // committed turns, and its turns' times are in the histogram.
-        let metrics = try clients[0].call("GET", "/metrics").text
-        let turns = metrics.split(separator: "\n").first { $0.hasPrefix("taskloop_replica_turns_total ") }
-        #expect((turns?.split(separator: " ").last.flatMap { Double($0) } ?? 0) >= 2, "\(turns ?? "no turns line")")
-        #expect(metrics.contains("taskloop_replica_turn_seconds_count") && metrics.contains("taskloop_replica_database_up 1"))
+        // Each replica counts the commits of its own cells, and says it reaches the database.
+        let commits = try replicas.compactMap { try $0.metric("taskloop_cell_commits_total") }.reduce(0, +)
+        #expect(commits >= 2, "\(commits) commits")
+        for client in clients { #expect(try client.call("GET", "/metrics").text.contains("taskloop_replica_database_up 1")) }
         for replica in replicas { try replica.stop() }
     }
 
@@ -122,11 +125,11 @@ import TaskloopTestSupport
         for replica in replicas { try replica.stop() }
     }
 
-    /// Work starts only after the commit that started it: a turn that starts an `exec` task and
-    /// then fails at COMMIT (a deferred trigger raises there) has spawned no program; once the
-    /// replica has started over from the database (where the task is still queued), the task
+    /// Work starts only after the commit that started it: a change that starts an `exec` task
+    /// and then fails at COMMIT (a deferred trigger raises there) has spawned no program; once
+    /// the cell has loaded again from the database (where the task is still queued), the task
     /// runs once.
-    @Test func aTurnThatFailsToCommitHasStartedNoProgram() throws {
+    @Test func aCommitThatFailsHasStartedNoProgram() throws {
         let url = try PostgresCluster.shared().makeDatabase()
         let replicas = try Self.replicas(2, on: url) { $0.allowExec = true }
         let clients = try replicas.map { try $0.client() }
@@ -139,15 +142,15 @@ import TaskloopTestSupport
         try PostgresCluster.shared().sql("""
             CREATE FUNCTION public.refuse_commit() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN RAISE EXCEPTION 'the test refuses this commit'; END $$;
-            CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT OR UPDATE ON taskloop.tasks
+            CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT OR UPDATE ON taskloop.cell_tasks
                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.refuse_commit();
             """, database: url)
-        // The turn unpauses the queue and starts the task, then cannot commit.
+        // The change unpauses the queue and starts the task, then cannot commit.
         let refused = try clients[0].call("PATCH", "/queues/held", json: #"{"paused":false}"#)
         #expect(refused.status == 503, "\(refused.text)")
         #expect(refused.json["code"] as? String == "database_unavailable", "the database refused it, not a disk: \(refused.text)")
-        try PostgresCluster.shared().sql("DROP TRIGGER refuse_commit ON taskloop.tasks", database: url)
-        // Started over: the replica holds what the database holds.
+        try PostgresCluster.shared().sql("DROP TRIGGER refuse_commit ON taskloop.cell_tasks", database: url)
+        // Loaded again: the cell holds what the database holds.
         try pollUntil("the replica to serve again", timeout: 30, every: 20_000) {
             let task = try clients[0].call("GET", "/tasks/\(id)")
             return task.status == 200 && task.json["state"] as? String == "queued"
@@ -168,58 +171,37 @@ import TaskloopTestSupport
         let proxy = try PostgresProxy(forwardingTo: url)
         defer { proxy.stop() }
         let replicas = try Self.replicas(1, on: proxy.url(through: url))
-        let client = try replicas[0].client()
-        // Answered once its turn has committed: nothing is under way when the cut is armed.
-        _ = try client.submit(#"{"kind":"noop","name":"before"}"#)
-        proxy.cutNextCommit()
-        let answer = try client.call("POST", "/tasks", json: #"{"kind":"noop","name":"cut"}"#, timeout: 30)
-        #expect(proxy.cuts.value == 1, "the COMMIT's answer was cut")
-        #expect(answer.status == 201, "\(answer.status) \(answer.text)")
-        #expect(try PostgresCluster.shared().sql("SELECT count(*) FROM taskloop.tasks", database: url) == "2\n")
-        // The replica started over from the database, where the task is, once.
+        let port = replicas[0].port
+        // Answered once its commit is known: nothing is under way when the answers are held.
+        _ = try APIClient(port: port).submit(#"{"kind":"noop","name":"before"}"#)
+        func kept() throws -> String {
+            try PostgresCluster.shared().sql("SELECT count(*) FROM taskloop.cell_tasks", database: url)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        proxy.freeze(toServer: false, toClient: true)
+        let answer = Locked<RawResponse?>(nil)
+        let submitter = Thread {
+            let response = try? APIClient(port: port).call("POST", "/tasks", json: #"{"kind":"noop","name":"cut"}"#, timeout: 30)
+            answer.withLock { $0 = response }
+        }
+        submitter.start()
+        // The commit lands (the noop's end may land with it); its answer never comes back.
+        try pollUntil("the commit to land") { try kept() == "2" }
+        #expect(answer.value == nil, "nobody is answered before the outcome is known")
+        proxy.cutConnections()
+        proxy.freeze(toServer: false, toClient: false)
+        try pollUntil("the answer", timeout: 30) { answer.value != nil }
+        let response = try #require(answer.value)
+        #expect(response.status == 201, "\(response.status) \(response.text)")
+        #expect(try kept() == "2")
+        // The cell is served again from what the database holds: the task, once.
         var listed: [[String: Any]] = []
         try pollUntil("the replica to serve again", timeout: 30, every: 20_000) {
-            let page = try client.call("GET", "/tasks")
+            let page = try APIClient(port: port).call("GET", "/tasks")
             listed = page.json["tasks"] as? [[String: Any]] ?? []
             return page.status == 200
         }
-        #expect(listed.filter { $0["name"] as? String == "cut" }.map { $0["id"] as? String } == [answer.json["id"] as? String])
+        #expect(listed.filter { $0["name"] as? String == "cut" }.map { $0["id"] as? String } == [response.json["id"] as? String])
         for replica in replicas { try replica.stop() }
-    }
-
-    /// History is kept by time (`--event-history-seconds`): events older than it leave the
-    /// database (and the horizon moves past their turns), newer ones stay, and a replica that
-    /// starts afterwards resumes a stream from within the window, or says `reset` from before it.
-    @Test func eventsOlderThanTheHistoryAreDroppedAndNewerOnesResumeOnAnotherReplica() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let cluster = try PostgresCluster.shared()
-        let first = try Self.replicas(1, on: url)[0]
-        let client = try first.client()
-        for _ in 0..<2 { _ = try client.submit(#"{"kind":"noop","name":"old"}"#) }
-        let lastOld = try #require(Int(try cluster.sql("SELECT max(seq) FROM taskloop.events", database: url)
-            .trimmingCharacters(in: .whitespacesAndNewlines)))
-        // Made an hour and a minute ago, as far as the history can tell.
-        try cluster.sql("UPDATE taskloop.events SET time = time - 3660000", database: url)
-        for _ in 0..<2 { _ = try client.submit(#"{"kind":"noop","name":"new"}"#) }
-        // Each turn may drop what is past the window (at most one a second drops nothing new).
-        try pollUntil("the old events to be dropped", timeout: 15, every: 100_000) {
-            _ = try client.submit(#"{"kind":"noop","name":"tick"}"#)
-            return try cluster.sql("SELECT count(*) FROM taskloop.events WHERE seq <= \(lastOld)", database: url) == "0\n"
-        }
-        #expect(try cluster.sql("SELECT min(seq) FROM taskloop.events", database: url) == "\(lastOld + 1)\n", "newer events stay")
-        #expect(Int(try cluster.sql("SELECT horizon FROM taskloop.state", database: url)
-            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0 > 1, "the horizon moved past the dropped turns")
-
-        let second = try ServiceHarness { $0.sharedDatabase = SharedDatabaseSettings(url: url, replica: "r1") }
-        let within = try EventStreamTests.Stream(port: second.port, "/events?types=task.created", headers: ["Last-Event-ID": "\(lastOld)"])
-        let created = try within.waitFor(3).prefix(3)
-        #expect(created.map { ($0.data["task"] as? [String: Any])?["name"] as? String } == ["new", "new", "tick"])
-        #expect(created.allSatisfy { ($0.id ?? 0) > UInt64(lastOld) })
-        let before = try EventStreamTests.Stream(port: second.port, "/events", headers: ["Last-Event-ID": "1"])
-        let replayed = try before.waitFor(2)
-        #expect(replayed[0].type == "reset" && replayed[0].data["oldest"] as? Int == lastOld + 1)
-        #expect(replayed[1].id == UInt64(lastOld + 1))
-        try second.stop()
-        try first.stop()
     }
 }

@@ -23,9 +23,6 @@ final class ServiceHarness: @unchecked Sendable {
     static let defaultDurability: Durability = ProcessInfo.processInfo.environment["TASKLOOP_TEST_DURABILITY"]
         .flatMap(Durability.init(rawValue:)) ?? .full
     static let replicaCount = ProcessInfo.processInfo.environment["TASKLOOP_TEST_REPLICAS"].flatMap { Int($0) } ?? 1
-    /// How those replicas share the database (`TASKLOOP_TEST_REPLICATION=cells`; turns otherwise).
-    static let replication = ProcessInfo.processInfo.environment["TASKLOOP_TEST_REPLICATION"]
-        .flatMap(SharedDatabaseSettings.Replication.init(rawValue:)) ?? .turns
 
     let loop: EventLoop
     let port: Int
@@ -63,7 +60,6 @@ final class ServiceHarness: @unchecked Sendable {
             && configuration.dataDirectory == dataDirectory
         if replicated {
             var shared = SharedDatabaseSettings(url: try PostgresCluster.shared().makeDatabase(), replica: "r0")
-            shared.replication = Self.replication
             shared.cells = 16
             configuration.sharedDatabase = shared
         }
@@ -86,7 +82,7 @@ final class ServiceHarness: @unchecked Sendable {
                 }
             }
             // Tests start once no cell moves: a request for a moving cell may wait or be refused.
-            if shared.replication == .cells { try CellServiceTests.waitForEveryCell([self] + peers) }
+            try CellServiceTests.waitForEveryCell([self] + peers)
         }
     }
 
@@ -244,7 +240,7 @@ extension Trait where Self == ConditionTrait {
     /// event's id is its position in the cluster's history, and `CellEventStreamTests` holds
     /// the streams there to the same rules.
     static var numbersEventsAsOneServer: Self {
-        .disabled(if: ServiceHarness.replicaCount > 1 && ServiceHarness.replication == .cells,
+        .disabled(if: ServiceHarness.replicaCount > 1,
                   "event ids are positions on cells (CellEventStreamTests)")
     }
 

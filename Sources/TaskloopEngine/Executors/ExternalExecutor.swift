@@ -60,11 +60,6 @@ public final class ExternalExecutor: TaskExecutor {
         }
     }
 
-    /// A heartbeat that reached another replica counts as one here.
-    public func reportedElsewhere(_ run: TaskRun) {
-        if heartbeats[run.taskID] != nil { armHeartbeat(run) }
-    }
-
     private func armHeartbeat(_ run: TaskRun) {
         heartbeats.removeValue(forKey: run.taskID)?.cancel()
         guard let timeout = (try? Self.heartbeatTimeout(run.params)) ?? nil else { return }

@@ -75,11 +75,11 @@ extension TaskloopApplication {
             Route(.GET, "/healthz", [200], isPublic: true, usesState: false) { [unowned self] _, reply in
                 if isDraining {
                     reply.send(APIProblem(.serviceUnavailable, detail: "The server is shutting down.").response())
-                } else if shared?.isFailing == true {
+                } else if let cellHost, !cellHost.keeper.isRenewed {
                     // A load balancer sends the work to a replica that can reach the database.
                     reply.send(Self.sharedDatabaseUnavailable.response())
-                } else if let supersededProblem {
-                    reply.send(supersededProblem.response())
+                } else if let retiredProblem {
+                    reply.send(retiredProblem.response())
                 } else {
                     reply.send(.json(.ok, Array(#"{"status":"ok","process_isolation":"\#(processIsolation)"}"#.utf8)))
                 }

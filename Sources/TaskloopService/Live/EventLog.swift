@@ -117,7 +117,7 @@ final class StreamEvent {
         if queue != nil { _ = data }
     }
 
-    /// An event another replica numbered and rendered (several replicas on one database).
+    /// An event of the cluster's history, rendered where it was made (a replica on cells).
     init(shared event: SharedEvent, kind: EventKind) {
         seq = event.seq
         self.kind = kind
@@ -142,11 +142,6 @@ final class StreamEvent {
     /// A task's terminal state: a task's own stream ends with it.
     let endsTask: Bool
 
-    /// As the shared database keeps it (rendered now).
-    var shared: SharedEvent {
-        SharedEvent(seq: seq, type: kind.rawValue, time: time, task: taskID, workflow: workflowID, queue: queueName,
-                    endsTask: endsTask, data: data)
-    }
 
     /// The event's JSON, `{seq, type, time, task | workflow | queue}`: the stream's `data:` line
     /// and a webhook's `data`.
@@ -280,9 +275,6 @@ final class EventLog {
     /// Told each event as it is numbered, before it is published (webhooks keep their
     /// deliveries in the same batch as the change).
     var onNumbered: ((StreamEvent) -> Void)?
-    /// With replicas: runs a change that numbers an event in a turn (a coalesced progress event
-    /// numbered later). Nil: at once.
-    var changesInTurn: ((@escaping () -> Void) -> Void)?
 
     /// A resume writes this much of the ring at a time, then waits for the reader to take it.
     static let replayChunkBytes = 256 * 1024
@@ -322,31 +314,6 @@ final class EventLog {
         if waitsFor == nil && lastAssigned != before { publish(through: lastAssigned) }
     }
 
-    // MARK: several replicas
-
-    /// The events numbered for batch `number`, not yet published, as the shared database keeps
-    /// them.
-    func sharedEvents(ofBatch number: Int) -> [SharedEvent] {
-        unpublished.filter { $0.batch == number }.map(\.shared)
-    }
-
-    /// Events other replicas committed: published at once, in their order.
-    func absorb(_ events: [SharedEvent]) {
-        for event in events where event.seq > lastAssigned {
-            guard let kind = EventKind(rawValue: event.type) else { continue }
-            unpublished.append(StreamEvent(shared: event, kind: kind))
-            lastAssigned = event.seq
-        }
-        publish(through: lastAssigned)
-    }
-
-    /// Numbers given to changes that were never committed go back (the shared database's turn
-    /// failed; the replica takes its state from the database again).
-    func discardUnpublished() {
-        unpublished.removeAll()
-        lastAssigned = lastPublished
-    }
-
     /// With a store: batch `number` (and every one before it) has committed.
     func committed(through number: Int) {
         var last: UInt64?
@@ -373,9 +340,7 @@ final class EventLog {
         let monotonic = scheduler.now
         if let last = lastProgress[key], monotonic &- last < Self.progressIntervalMilliseconds {
             heldProgress[key] = scheduler.schedule(after: last + Self.progressIntervalMilliseconds - monotonic) { [weak self] in
-                guard let self else { return }
-                guard let changesInTurn else { return numberHeldProgress(of: task, key: key) }
-                changesInTurn { [weak self] in self?.numberHeldProgress(of: task, key: key) }
+                self?.numberHeldProgress(of: task, key: key)
             }
             return
         }

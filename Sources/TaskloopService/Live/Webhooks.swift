@@ -39,8 +39,6 @@ final class Webhooks {
         fileprivate(set) var finished = Deque<DeliveryRecord>()
         /// Their entries in the log, all told.
         private var finishedEntries = 0
-        /// With replicas: unfinished deliveries other replicas attempt, and which one.
-        fileprivate var others: [String: (record: DeliveryRecord, owner: String)] = [:]
 
         fileprivate init(record: WebhookRecord, url: HTTPURL, key: [UInt8]) {
             self.record = record
@@ -165,7 +163,7 @@ final class Webhooks {
     /// each with the delivery's state as that attempt left it (`pending` before a retry), and one
     /// for a delivery not yet attempted.
     func deliveryLog(of hook: Hook, limit: Int) -> [DeliveryRecord] {
-        Self.log(of: hook.pending.values.map(\.record) + hook.others.values.map(\.record) + hook.finished, limit: limit)
+        Self.log(of: hook.pending.values.map(\.record) + hook.finished, limit: limit)
     }
 
     /// The log of these deliveries of one webhook, as `deliveryLog` gives it.
@@ -386,19 +384,13 @@ final class Webhooks {
     // MARK: restart and shutdown
 
     /// What the store kept: webhooks, and their deliveries, pending ones resuming on their
-    /// schedule (at once when it is past). With replicas, `owners` says which replica attempts
-    /// each delivery; this one resumes only its own (`replica`).
-    func restore(_ webhooks: [WebhookRecord], _ deliveries: [DeliveryRecord], owners: [String: String] = [:],
-                 replica: String? = nil) {
+    /// schedule (at once when it is past).
+    func restore(_ webhooks: [WebhookRecord], _ deliveries: [DeliveryRecord]) {
         for record in webhooks { adopt(record) }
         for record in deliveries {
             guard let hook = hooks[record.webhook] else { continue }
             guard record.state == .pending else {
                 hook.addFinished(record)
-                continue
-            }
-            if let owner = owners[record.id], owner != replica {
-                hook.others[record.id] = (record, owner)
                 continue
             }
             resume(record, of: hook)
@@ -427,46 +419,6 @@ final class Webhooks {
         hook.pending[record.id] = delivery
         let wait = (record.nextAttemptAt ?? scheduler.wallClock) - scheduler.wallClock
         if wait <= 0 { hook.due.append(delivery) } else { retry(delivery, of: hook, after: UInt64(wait)) }
-    }
-
-    // MARK: several replicas
-
-    /// Webhooks and deliveries other replicas committed. Each replica attempts the deliveries
-    /// of the events it numbered; the others' are kept here for the delivery log.
-    func absorb(_ delta: SharedDelta, replica: String) {
-        for id in delta.deletedWebhooks {
-            guard let hook = hooks.removeValue(forKey: id) else { continue }
-            for delivery in hook.pending.values { delivery.stop() }
-        }
-        for record in delta.webhooks {
-            if let hook = hooks[record.id] {
-                let disabled = hook.record.enabled && !record.enabled
-                hook.record = record
-                if disabled { giveUpPending(of: hook, error: "webhook_disabled: the receiver answered 410 Gone to another delivery.") }
-            } else {
-                adopt(record)
-            }
-        }
-        for id in delta.deletedDeliveries {
-            for hook in hooks.values {
-                hook.others.removeValue(forKey: id)
-                hook.removeFinished(id: id)
-            }
-        }
-        for (record, owner) in delta.deliveries {
-            guard let hook = hooks[record.webhook], owner != replica else { continue }
-            // Another replica took it over (this one was taken for gone): it stops here.
-            if let mine = hook.pending.removeValue(forKey: record.id) { mine.stop() }
-            if record.state == .pending {
-                hook.others[record.id] = (record, owner)
-            } else {
-                hook.others.removeValue(forKey: record.id)
-                hook.removeFinished(id: record.id)
-                hook.addFinished(record)
-                // Its owner trims the log in the database; here the copy is only kept in step.
-                _ = hook.trimFinished(toEntries: settings.deliveryLog)
-            }
-        }
     }
 
     // MARK: cells
@@ -522,27 +474,6 @@ final class Webhooks {
             for id in ids where hook.finished.contains(where: { $0.id == id }) { hook.removeFinished(id: id) }
         }
         awaitingCommit.removeAll { ids.contains($0.record.id) }
-    }
-
-    /// Replica `gone` will attempt nothing more: its unfinished deliveries are this replica's
-    /// now (written so in this turn), on their schedule.
-    func takeOver(from gone: String) {
-        for hook in hooks.values {
-            let adopted = hook.others.values.filter { $0.owner == gone }.map(\.record)
-            for record in adopted {
-                hook.others.removeValue(forKey: record.id)
-                durable?.record(record)
-                resume(record, of: hook)
-            }
-            if !adopted.isEmpty { pump(hook) }
-        }
-    }
-
-    /// Starting over from the database: every webhook and delivery as it holds them.
-    func replaceAll(_ webhooks: [WebhookRecord], _ deliveries: [DeliveryRecord], owners: [String: String], replica: String) {
-        close()
-        hooks = [:]
-        restore(webhooks, deliveries, owners: owners, replica: replica)
     }
 
     /// Ends every attempt and timer; what was pending stays so in the store, for the next start.
