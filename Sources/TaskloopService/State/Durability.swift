@@ -26,8 +26,8 @@ protocol WebhookJournal: AnyObject {
     var pendingBatch: Int? { get }
 }
 
-/// Where the service's changes become durable, and when answers may leave: `DurableState` for
-/// the embedded SQLite store, `SharedState` for replicas sharing PostgreSQL.
+/// Where a single server's changes become durable, and when answers may leave: `DurableState`,
+/// the embedded SQLite store (replicas commit each cell's changes through `CellHost`).
 ///
 /// Threading: loop thread only.
 protocol Journal: WebhookJournal {
