@@ -15,10 +15,10 @@ public protocol TaskExecutor: AnyObject {
     /// `onCancel` is called. It may report synchronously, before returning.
     func start(_ run: TaskRun)
 
-    /// After a restart: an attempt of task `id` was running when the server died. Whatever of
-    /// it may still run must be stopped before the task runs again, so that one task never runs
-    /// twice at once. Called from `Engine.restore`, before anything starts; it may block
-    /// (the server is not serving yet).
+    /// After a restart (or a cell's takeover): an attempt of task `id` was running when its
+    /// server died. Whatever of it may still run must be stopped before the task runs again, so
+    /// that one task never runs twice at once: the executor's next `start` of the task waits for
+    /// that. Called from `Engine.restore`, on the loop: it must not block.
     func stopInterrupted(_ id: TaskID)
 
     /// The work is done by someone outside this process, who reports it (`external`): a

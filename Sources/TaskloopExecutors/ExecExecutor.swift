@@ -1,3 +1,4 @@
+import Dispatch
 import Glibc
 import TaskloopEngine
 import TaskloopLoop
@@ -39,6 +40,9 @@ public final class ExecExecutor: TaskExecutor {
     /// and more slowly, until they are empty and removed.
     private var cgroupsToRemove: [Cgroup] = []
     private var removalRetry: ScheduledAction?
+    /// Tasks whose earlier attempts' leftovers are being killed, off the loop, with the starts
+    /// that wait for it (`stopInterrupted`).
+    private var clearing: [TaskID: [TaskRun]] = [:]
 
     public init(loop: EventLoop, scheduler: EngineScheduler, isolation: ProcessIsolation) {
         self.loop = loop
@@ -156,6 +160,11 @@ public final class ExecExecutor: TaskExecutor {
     public var startHasEffects: Bool { true }
 
     public func start(_ run: TaskRun) {
+        if clearing[run.taskID] != nil {
+            // A cancel while it waits ends it with nothing started.
+            run.onCancel = { [weak run] in run?.cancelled() }
+            return clearing[run.taskID]!.append(run)
+        }
         let params: Params
         do {
             params = try Self.parse(run.params)
@@ -168,10 +177,27 @@ public final class ExecExecutor: TaskExecutor {
         ExecAttempt(run: run, params: params, executor: self).begin()
     }
 
-    /// A program of an attempt that was running when the server died may outlive it (it runs
-    /// detached, and orphans go to init): it is killed before the task can run again.
+    /// A program of an attempt that was running when its server died may outlive it (it runs
+    /// detached, and orphans go to init): it is killed before the task can run again. The kill
+    /// scans /proc and waits for cgroups to empty, so it runs off the loop (a cell taken over
+    /// while the server serves has as many to kill as it had attempts running), and a start of
+    /// the task meanwhile waits for it.
     public func stopInterrupted(_ id: TaskID) {
-        removeWhenEmpty(Self.killLeftovers(ofTask: id.description, isolation: isolation))
+        guard clearing[id] == nil else { return }
+        clearing[id] = []
+        let isolation = isolation
+        let executor = LoopBound(self, loop: loop)
+        DispatchQueue.global().async {
+            let left = Self.killLeftovers(ofTask: id.description, isolation: isolation)
+            _ = executor.loop.execute {
+                let executor = executor.value
+                executor.removeWhenEmpty(left)
+                for run in executor.clearing.removeValue(forKey: id) ?? [] where run.isCurrent && !run.stopRequested {
+                    run.onCancel = nil
+                    executor.start(run)
+                }
+            }
+        }
     }
 
     /// Kills whatever earlier attempts of task `task` left running on this machine (a server or
@@ -179,7 +205,7 @@ public final class ExecExecutor: TaskExecutor {
     /// and every process carrying its cookie (the only mark in cookie mode, and a second one
     /// for a process that moved itself out of its cgroup). Returns once the signals are sent
     /// and the cgroups have emptied (or a second has passed), with those still in use, for
-    /// `removeWhenEmpty`. Blocks: any thread, the loop's only while starting.
+    /// `removeWhenEmpty`. Blocks: any thread but the loop's.
     public static func killLeftovers(ofTask task: String, isolation: ProcessIsolation) -> [Cgroup] {
         var killed: [Cgroup] = []
         if case .cgroup(let parent) = isolation { killed = parent.killCgroups(prefix: cgroupName(task: task, attempt: nil)) }

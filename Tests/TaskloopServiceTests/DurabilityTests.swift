@@ -71,12 +71,13 @@ import TaskloopTestSupport
         try pollUntil("the second attempt's program to start") {
             (try? String(contentsOfFile: file, encoding: .utf8))?.split(separator: "\n").count == 2
         }
+        #expect(ExecTests.isGone(survivor), "the first attempt's program was killed before the second started")
         #expect(try binary.stop() == 0)
     }
 
     /// Kills `binary` with SIGKILL while its program `survivor` runs on, starts the next server
-    /// on the same data dir, and checks the program is gone by the time it listens and the task
-    /// runs again as attempt 2.
+    /// on the same data dir, and waits for the task to run again as attempt 2 (its program
+    /// starts once the first attempt's leftovers are killed, which the server does off its loop).
     static func killAndRestart(_ binary: BinaryTests.RunningBinary, _ dataDirectory: String, leaving survivor: Int32,
                                task: String) throws -> (BinaryTests.RunningBinary, APIClient) {
         let pid = binary.process.processIdentifier
@@ -84,7 +85,6 @@ import TaskloopTestSupport
         try pollUntil("the server to die") { ExecTests.isGone(pid) }
         #expect(!ExecTests.isGone(survivor), "the program outlives the server")
         let (next, client) = try start(dataDirectory, ["--allow-exec"])
-        #expect(ExecTests.isGone(survivor), "killed while the server started, before the task ran again")
         let again = try client.waitForState(task, "running")
         #expect(again["attempt"] as? Int == 2)
         return (next, client)
@@ -107,7 +107,9 @@ import TaskloopTestSupport
         let environment = (try? String(contentsOfFile: "/proc/\(escapee)/environ", encoding: .utf8)) ?? ""
         #expect(!environment.contains("TASKLOOP_TASK_ID"), "the cookie cannot find it")
         (binary, client) = try Self.killAndRestart(binary, directory + "/data", leaving: escapee, task: task)
+        try pollUntil("the second attempt's cgroup") { ExecTests.cgroupsLeft(of: task).contains("\(task):2") }
         #expect(ExecTests.cgroupsLeft(of: task) == ["\(task):2"], "the first attempt's cgroup is gone")
+        #expect(ExecTests.isGone(escapee), "the escapee was killed before the second attempt started")
         #expect(try binary.stop() == 0)
         try ExecTests.waitUntilNoCgroupIsLeft(of: task)
     }
