@@ -65,6 +65,8 @@ public final class CellKeeper {
     public var onReplaced: (() -> Void)?
     /// The cluster's protocol, as the last renewal read it.
     public private(set) var clusterProtocol = 0
+    /// Told the cluster's webhooks version at each renewal (`ClusterWebhooks.catchUp`).
+    public var onWebhooksVersion: ((Int64) -> Void)?
 
     public init(loop: EventLoop, settings: Settings) throws(UVError) {
         self.loop = loop
@@ -343,6 +345,7 @@ public final class CellKeeper {
                 addresses = answer.addresses
                 owners = answer.owners
                 clusterProtocol = answer.clusterProtocol
+                onWebhooksVersion?(answer.webhooksVersion)
                 update { $0.renewed(sentAt: sentAt, now: Self.now(), answer.answer) }
             }
         }

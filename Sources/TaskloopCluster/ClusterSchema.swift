@@ -67,7 +67,7 @@ public enum ClusterSchema {
     /// The layout of the cluster's tables, kept in `taskloop.cluster.schema`. Each migration
     /// runs once, in order, in one transaction with the version's update; a replica refuses a
     /// cluster whose tables are newer than it knows.
-    public static let schemaVersion = 1
+    public static let schemaVersion = 2
 
     struct Migration {
         let version: Int
@@ -115,6 +115,12 @@ public enum ClusterSchema {
                 END $$
                 """),
         ] + ClusterEvents.setUp + ClusterMessages.setUp + CellSchema.setUp),
+        // The webhooks version (`ClusterWebhooks`): raised by each change of the webhooks, and
+        // the one each member has read.
+        Migration(version: 2, statements: [
+            PGQuery("ALTER TABLE taskloop.cluster ADD COLUMN IF NOT EXISTS webhooks bigint NOT NULL DEFAULT 0"),
+            PGQuery("ALTER TABLE taskloop.members ADD COLUMN IF NOT EXISTS webhooks bigint NOT NULL DEFAULT 0"),
+        ]),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.
@@ -157,7 +163,8 @@ public enum ClusterSchema {
     static func setUp(_ settings: CellKeeper.Settings, takingTheNameOver: Bool) -> [PGQuery] {
         let me = settings.identity
         let lease = milliseconds(settings.ownership.leaseMilliseconds)
-        // A reconnect refreshes the row only while it is still this process's.
+        // A reconnect refreshes the row only while it is still this process's. A new process
+        // has read no webhooks version yet (`ClusterWebhooks`).
         let takeOver = takingTheNameOver ? "" : " WHERE taskloop.members.incarnation = excluded.incarnation"
         return [
             // A renewal that cannot finish within a renewal interval is as good as lost; the
@@ -170,7 +177,8 @@ public enum ClusterSchema {
                 INSERT INTO taskloop.members (name, incarnation, address, protocol, started_at, expires_at)
                 VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5 * interval '1 millisecond')
                 ON CONFLICT (name) DO UPDATE SET incarnation = excluded.incarnation, address = excluded.address,
-                    protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at\(takeOver)
+                    protocol = excluded.protocol, started_at = excluded.started_at, expires_at = excluded.expires_at,
+                    webhooks = CASE WHEN taskloop.members.incarnation = excluded.incarnation THEN taskloop.members.webhooks ELSE 0 END\(takeOver)
                 """, [.text(me.name), .text(me.incarnation), .text(settings.address), .int(settings.protocolVersion), lease]),
             announceChange(settings),
         ]
@@ -188,7 +196,7 @@ public enum ClusterSchema {
     static let liveMembers = PGStatement("cells_live_members", """
         SELECT name, address, protocol FROM taskloop.members WHERE expires_at > clock_timestamp() ORDER BY name
         """)
-    static let clusterProtocol = PGStatement("cells_cluster_protocol", "SELECT protocol FROM taskloop.cluster")
+    static let clusterProtocol = PGStatement("cells_cluster_protocol", "SELECT protocol, webhooks FROM taskloop.cluster")
     static let cellRows = PGStatement("cells_rows", """
         SELECT cell, owner, incarnation, epoch,
             owner IS NOT NULL AND lease_until + $1 * interval '1 millisecond' < clock_timestamp()
@@ -228,6 +236,7 @@ public enum ClusterSchema {
         var addresses: [String: String]
         var owners: [Cell: ReplicaIdentity]
         var clusterProtocol: Int
+        var webhooksVersion: Int64
     }
 
     static func readRenewal(_ results: [PGResult], protocolVersion: Int) -> Renewal {
@@ -260,7 +269,8 @@ public enum ClusterSchema {
         var answer = RenewalAnswer(isRegistered: isRegistered, live: addresses.keys.sorted(), cells: cells)
         answer.isSuperseded = clusterProtocol > protocolVersion
         answer.olderMembersLive = olderMembersLive
-        return Renewal(answer: answer, addresses: addresses, owners: owners, clusterProtocol: clusterProtocol)
+        return Renewal(answer: answer, addresses: addresses, owners: owners, clusterProtocol: clusterProtocol,
+                       webhooksVersion: results[5].int(0, 1) ?? 0)
     }
 
     static func claim(_ cell: Cell, from epoch: UInt64, _ settings: CellKeeper.Settings) -> PGQuery {

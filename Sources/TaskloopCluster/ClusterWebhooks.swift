@@ -6,7 +6,12 @@ import TaskloopStore
 /// cell's: its definition is a row of `cluster_webhooks`, written by whichever replica took the
 /// request, on a connection of its own, and announced on `taskloop_webhooks`; every replica
 /// reads the whole table when told (or when a request asks about webhooks), so each knows them
-/// all. A delivery is its event's cell's: a row of `cell_deliveries` written in the fenced
+/// all. Every change also raises the cluster's webhooks version (`cluster.webhooks`) in its
+/// transaction; a replica that has read the table records the version it read in its
+/// `members` row, and a change is answered once every live member has recorded it (`whenSynced`),
+/// so an event any replica commits after the answer is matched against the change. A
+/// replica reads on each announcement and, should one be missed, when its renewal finds the
+/// version ahead of what it read (`catchUp`). A delivery is its event's cell's: a row of `cell_deliveries` written in the fenced
 /// commits of that cell (made with the change it reports, then each attempt's outcome), so the
 /// cell's owner attempts it only once the change has committed, and the next owner resumes it
 /// where the last committed attempt left it.
@@ -50,27 +55,54 @@ public final class ClusterWebhooks {
     private var isClosed = false
     private var isReconnecting = false
     /// Reads of the table asked for while one is under way, answered by the next.
-    private var readers: [(Result<[WebhookRecord], PGError>) -> Void] = []
+    private var readers: [(Result<Void, PGError>) -> Void] = []
     private var isReading = false
-    /// Writes that failed so far: `whenWritten` tells whether one failed after it was asked.
+    /// Writes that failed so far: `whenSynced` tells whether one failed after it was asked.
     private var failedWrites = 0
-    /// Told the table's webhooks after each change another replica announced, and after a
-    /// reconnect (what was announced meanwhile may have been missed).
+    /// This replica's row in `members`, once it has joined: from then on each read records
+    /// the version it read there.
+    private var member: (identity: ReplicaIdentity, protocolVersion: Int)?
+    /// The webhooks version of the last read (0 until this replica has joined).
+    private var readVersion: Int64 = 0
+    /// The version the last change this replica wrote raised the cluster's to.
+    private var writtenVersion: Int64 = 0
+    /// Changes whose answers wait for every live member to have read them.
+    private var syncWaiters: [SyncWaiter] = []
+    private let syncPoll: LoopTimer
+    /// Told the table's webhooks at every read of it, before the version read is recorded: the
+    /// replica's webhooks must be the table's by then.
     public var onChanged: (([WebhookRecord]) -> Void)?
 
-    public init(loop: EventLoop, url: String) {
+    /// How a change's wait for the other replicas ended.
+    public enum SyncOutcome: Equatable {
+        case synced
+        /// Some live members had not read it when the wait ended (named).
+        case late([String])
+        /// The change, or the read of the members, failed.
+        case failed
+    }
+
+    private struct SyncWaiter {
+        let version: Int64
+        let deadline: UInt64
+        let action: (SyncOutcome) -> Void
+    }
+
+    /// How often a change waiting for the members looks at their rows again.
+    static let syncPollMilliseconds: UInt64 = 10
+
+    public init(loop: EventLoop, url: String) throws(UVError) {
         self.loop = loop
         self.url = url
         connection = PGConnection(loop: loop)
+        syncPoll = try LoopTimer(loop: loop)
     }
 
     /// Connects, creates the tables if they are missing, listens, and reads the webhooks.
-    public func start(_ completion: @escaping (Result<[WebhookRecord], PGError>) -> Void) {
+    public func start(_ completion: @escaping (Result<Void, PGError>) -> Void) {
         connection.onNotification = { [weak self] channel, _ in
             guard let self, channel == Self.channel else { return }
-            read { [weak self] result in
-                if case .success(let records) = result { self?.onChanged?(records) }
-            }
+            read { _ in }
         }
         connection.onClosed = { [weak self] _ in self?.connectionLost() }
         connection.connect(url) { [weak self] result in
@@ -84,8 +116,22 @@ public final class ClusterWebhooks {
         }
     }
 
-    /// The webhooks the table holds now. Reads asked for while one is under way share the next.
-    public func read(_ completion: @escaping (Result<[WebhookRecord], PGError>) -> Void) {
+    /// This replica has joined the cluster as `identity` (its tables are current): it records
+    /// each version it reads from now on, starting with a read now.
+    public func joined(as identity: ReplicaIdentity, protocolVersion: Int) {
+        member = (identity, protocolVersion)
+        read { _ in }
+    }
+
+    /// A renewal read the cluster's webhooks version: a change whose announcement was missed
+    /// is read now.
+    public func catchUp(to version: Int64) {
+        if member != nil, version > readVersion, !isReading { read { _ in } }
+    }
+
+    /// Brings this replica's webhooks (`onChanged`) up to the table. Reads asked for while one
+    /// is under way share the next.
+    public func read(_ completion: @escaping (Result<Void, PGError>) -> Void) {
         readers.append(completion)
         if !isReading { readTable() }
     }
@@ -94,17 +140,35 @@ public final class ClusterWebhooks {
         isReading = true
         let waiting = readers
         readers = []
-        connection.execute([PGQuery("SELECT record FROM taskloop.cluster_webhooks", binaryResults: true)]) { [weak self] result in
+        let member = member
+        // The version first: the webhooks read after it hold every change up to it.
+        let version = member == nil ? [] : [PGQuery("SELECT webhooks FROM taskloop.cluster")]
+        let records = PGQuery("SELECT record FROM taskloop.cluster_webhooks", binaryResults: true)
+        connection.execute(version + [records]) { [weak self] result in
             guard let self else { return }
             isReading = false
-            let records = result.map { results in
-                (0..<results[0].rowCount).compactMap { row in
-                    results[0].bytes(row, 0).flatMap { try? SharedRecordCodec.decodeWebhook($0) }
+            switch result {
+            case .success(let results):
+                let table = results[results.count - 1]
+                onChanged?((0..<table.rowCount).compactMap { row in
+                    table.bytes(row, 0).flatMap { try? SharedRecordCodec.decodeWebhook($0) }
+                })
+                if let member, let read = results[0].int(0, 0) {
+                    readVersion = max(readVersion, read)
+                    record(readVersion, as: member.identity)
                 }
+                for completion in waiting { completion(.success(())) }
+            case .failure(let error):
+                for completion in waiting { completion(.failure(error)) }
             }
-            for completion in waiting { completion(records) }
             if !readers.isEmpty { readTable() }
         }
+    }
+
+    private func record(_ version: Int64, as identity: ReplicaIdentity) {
+        connection.execute([PGQuery("""
+            UPDATE taskloop.members SET webhooks = greatest(webhooks, $3) WHERE name = $1 AND incarnation = $2
+            """, [.text(identity.name), .text(identity.incarnation), .int(version)])]) { _ in }
     }
 
     /// A new webhook.
@@ -134,14 +198,49 @@ public final class ClusterWebhooks {
                                     [.text("{" + ids.joined(separator: ",") + "}")])]) { _ in }
     }
 
-    /// Runs `action(true)` once every write asked for so far has committed; `action(false)` when
-    /// one of them failed.
-    public func whenWritten(_ action: @escaping (Bool) -> Void) {
+    /// Runs `action` once every write asked for so far has committed and every live member of
+    /// this protocol has read it, or once `milliseconds` have passed (`late`, naming those that
+    /// had not); `failed` when a write failed.
+    public func whenSynced(within milliseconds: UInt64, _ action: @escaping (SyncOutcome) -> Void) {
         let failed = failedWrites
         connection.execute([PGQuery("SELECT 1")]) { [weak self] result in
-            guard let self else { return action(false) }
-            action(failedWrites == failed && (try? result.get()) != nil)
+            guard let self, failedWrites == failed, (try? result.get()) != nil else { return action(.failed) }
+            syncWaiters.append(SyncWaiter(version: writtenVersion, deadline: loop.now + milliseconds, action: action))
+            if syncWaiters.count == 1 { pollMembers() }
         }
+    }
+
+    /// One read of the members' rows serves every change waiting.
+    private func pollMembers() {
+        guard let member else { return endSyncWaits(.failed) }
+        connection.execute([PGQuery("""
+            SELECT name, webhooks FROM taskloop.members WHERE expires_at > clock_timestamp() AND protocol = $1
+            """, [.int(member.protocolVersion)])]) { [weak self] result in
+            guard let self else { return }
+            guard case .success(let results) = result else { return endSyncWaits(.failed) }
+            let members = (0..<results[0].rowCount).map { (name: results[0].text($0, 0) ?? "", read: results[0].int($0, 1) ?? 0) }
+            let now = loop.now
+            var waiting: [SyncWaiter] = []
+            for waiter in syncWaiters {
+                let lagging = members.filter { $0.read < waiter.version }.map(\.name)
+                if lagging.isEmpty {
+                    waiter.action(.synced)
+                } else if now >= waiter.deadline {
+                    waiter.action(.late(lagging))
+                } else {
+                    waiting.append(waiter)
+                }
+            }
+            syncWaiters = waiting
+            guard !waiting.isEmpty else { return }
+            syncPoll.start(after: Self.syncPollMilliseconds) { [weak self] in self?.pollMembers() }
+        }
+    }
+
+    private func endSyncWaits(_ outcome: SyncOutcome) {
+        let waiting = syncWaiters
+        syncWaiters = []
+        for waiter in waiting { waiter.action(outcome) }
     }
 
     /// The deliveries kept for `cell`, of webhooks that still exist.
@@ -168,16 +267,22 @@ public final class ClusterWebhooks {
         }
     }
 
-    /// Changes of the table are announced in the same transaction: a replica reads it after
-    /// the change committed.
+    /// Changes of the table raise the version and are announced in the same transaction: a
+    /// replica reads the table after the change committed.
     private func write(_ queries: [PGQuery]) {
-        connection.execute(queries + [PGQuery("SELECT pg_notify('\(Self.channel)', '')")]) { [weak self] result in
-            if case .failure = result { self?.failedWrites += 1 }
+        let announced = queries + [PGQuery("UPDATE taskloop.cluster SET webhooks = webhooks + 1 RETURNING webhooks"),
+                                   PGQuery("SELECT pg_notify('\(Self.channel)', '')")]
+        connection.execute(announced) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .success(let results): writtenVersion = max(writtenVersion, results[queries.count].int(0, 0) ?? 0)
+            case .failure: failedWrites += 1
+            }
         }
     }
 
-    /// A new connection listens again and reads the table: what was announced meanwhile is not
-    /// missed.
+    /// A new connection listens again and reads the table (`start`): what was announced
+    /// meanwhile is not missed.
     private func connectionLost() {
         guard !isClosed, !isReconnecting else { return }
         isReconnecting = true
@@ -190,17 +295,14 @@ public final class ClusterWebhooks {
             isReading = false
             isReconnecting = false
             start { [weak self] result in
-                guard let self else { return }
-                switch result {
-                case .success(let records): onChanged?(records)
-                case .failure: connectionLost()
-                }
+                if case .failure = result { self?.connectionLost() }
             }
         }
     }
 
     public func close() {
         isClosed = true
+        syncPoll.close()
         connection.onClosed = nil
         connection.close()
     }

@@ -23,6 +23,8 @@ extension TaskloopApplication {
     static let movingCellWaitMilliseconds: UInt64 = 1_000
     /// How often a waiting request looks again.
     static let movingCellPollMilliseconds: UInt64 = 20
+    /// How long a webhook change waits for the other replicas to read it before it is answered.
+    static let webhookSyncWaitMilliseconds: UInt64 = 1_000
 
     /// Starts the service on cells: the server listens first (the address it advertises may be
     /// the port it was given), then the replica joins the cluster; cells open as it claims
@@ -37,7 +39,7 @@ extension TaskloopApplication {
         self.idempotency = idempotency
         eventLog = EventLog(after: 0, capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
                             clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
-        let hookJournal = CellWebhookJournal(cluster: ClusterWebhooks(loop: loop, url: settings.url))
+        let hookJournal = CellWebhookJournal(cluster: try ClusterWebhooks(loop: loop, url: settings.url))
         cellWebhooks = hookJournal
         let webhooks = Webhooks(client: httpClient!, scheduler: scheduler, settings: configuration.webhooks, durable: hookJournal,
                                 logger: logger)
@@ -127,15 +129,13 @@ extension TaskloopApplication {
             cellHost?.read([CellSchema.deleteExpiredKeys(keys, at: scheduler.wallClock)]) { _ in }
         }
         hookJournal.cluster.onChanged = { [unowned webhooks] records in webhooks.sync(records) }
+        host.keeper.onWebhooksVersion = { [unowned hookJournal] version in hookJournal.cluster.catchUp(to: version) }
         // The webhooks first: a cell that opens resumes the deliveries of the webhooks it knows.
         var outcome: Result<CellLayout, PGError>?
-        hookJournal.cluster.start { [unowned webhooks] result in
+        hookJournal.cluster.start { result in
             switch result {
-            case .success(let records):
-                webhooks.sync(records)
-                host.start { outcome = $0 }
-            case .failure(let error):
-                outcome = .failure(error)
+            case .success: host.start { outcome = $0 }
+            case .failure(let error): outcome = .failure(error)
             }
         }
         loop.run { outcome != nil }
@@ -147,6 +147,7 @@ extension TaskloopApplication {
             closeAfterFailedStart()
             throw SharedDatabaseError(reason: "the cluster at \(Self.redacted(settings.url)) cannot be joined: \(error)")
         }
+        hookJournal.cluster.joined(as: identity, protocolVersion: keeper.protocolVersion)
         do {
             clusterStreams = try ClusterEventStreams(
                 loop: loop, feed: ClusterEventFeed.Settings(url: settings.url, timeouts: PGTimeouts(seconds: settings.timeoutSeconds)),
@@ -198,8 +199,7 @@ extension TaskloopApplication {
         guard let journal = cellWebhooks else { return }
         journal.cluster.read { [weak self] hooks in
             guard let self else { return }
-            guard case .success(let records) = hooks else { return resumeDeliveriesAgain(of: cell, engine) }
-            webhooks.sync(records)
+            guard case .success = hooks else { return resumeDeliveriesAgain(of: cell, engine) }
             journal.cluster.deliveries(ofCell: cell) { [weak self] result in
                 guard let self, case .here(let serving)? = cellHost?.placement(of: cell), serving === engine else { return }
                 guard case .success(let deliveries) = result else { return resumeDeliveriesAgain(of: cell, engine) }
@@ -347,14 +347,25 @@ extension TaskloopApplication {
 
     /// Webhooks on any replica: each request first reads the cluster's table (a webhook another
     /// replica made or deleted a moment ago is known here before the answer), and a change
-    /// is answered once the table has it. A webhook's log is read from every cell's deliveries.
+    /// is answered once the table has it and every live replica has read it (or after
+    /// `webhookSyncWaitMilliseconds`, logged): an event committed anywhere after the answer
+    /// is matched against it. A webhook's log is read from every cell's deliveries.
     private func webhookHandlers() -> [String: ServiceHandler] {
         let afterWrite: (@escaping (HTTPRequest) throws -> HTTPResponse) -> ServiceHandler = { change in
             { [unowned self] request, reply in
                 withWebhooksRead(request, reply) { [unowned self] in
                     let response = try change(request)
-                    cellWebhooks?.cluster.whenWritten { written in
-                        reply.send(written ? response : Self.sharedDatabaseUnavailable.response())
+                    cellWebhooks?.cluster.whenSynced(within: Self.webhookSyncWaitMilliseconds) { [weak self] outcome in
+                        switch outcome {
+                        case .synced:
+                            reply.send(response)
+                        case .late(let replicas):
+                            self?.logger.warning("a webhook change is answered before every replica has read it",
+                                                 metadata: ["replicas": "\(replicas.joined(separator: ","))"])
+                            reply.send(response)
+                        case .failed:
+                            reply.send(Self.sharedDatabaseUnavailable.response())
+                        }
                     }
                 }
             }
@@ -387,8 +398,7 @@ extension TaskloopApplication {
         guard let journal = cellWebhooks else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
         journal.cluster.read { [weak self] result in
             guard let self else { return }
-            guard case .success(let records) = result else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
-            webhooks.sync(records)
+            guard case .success = result else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
             do {
                 try body()
             } catch {

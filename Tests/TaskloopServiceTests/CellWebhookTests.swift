@@ -102,6 +102,43 @@ struct CellWebhookTests {
         try first.stop()
     }
 
+    /// A webhook change is answered once every live replica has read it: an event another
+    /// replica commits right after the answer is delivered, even when that replica hears of
+    /// the webhook late (its database's answers held back a while, as by a slow network).
+    @Test func aWebhookIsEveryReplicasOnceItsCreationIsAnswered() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let proxy = try PostgresProxy(forwardingTo: url)
+        defer { proxy.stop() }
+        let first = try Self.replica(url, name: "s0")
+        let second = try Self.replica(proxy.url(through: url), name: "s1")
+        try CellServiceTests.waitForEveryCell([first, second])
+        let theirs = Self.queuesHereAndElsewhere(first).elsewhere
+        let creator = try APIClient(port: first.port), submitter = try APIClient(port: second.port)
+        let receiver = try WebhookReceiver()
+        let created = DispatchSemaphore(value: 0)
+        let submitted = Locked<String?>(nil)
+        proxy.freeze(toServer: false, toClient: true)
+        Thread {
+            defer { created.signal() }
+            guard (try? WebhookTests.create(creator, #"{"url":"\#(receiver.url("/hook"))","events":["task.created"]}"#)) != nil
+            else { return }
+            let task = try? submitter.submit(#"{"kind":"noop","queue":"\#(theirs)"}"#)["id"] as? String
+            submitted.withLock { $0 = task }
+        }.start()
+        // Answered at once, the creation would let the submission reach the second replica
+        // while it knows no webhook yet (its commit then held by the proxy); waiting for it,
+        // the creation is answered only once the second replica hears from the database again.
+        _ = try? second.waitUntil("the submission held in the second replica's commit", timeout: 0.5) {
+            !$0.cellHost!.isCaughtUp
+        }
+        proxy.freeze(toServer: false, toClient: false)
+        #expect(created.wait(timeout: .now() + 15) == .success)
+        let task = try #require(submitted.value)
+        try receiver.waitFor("the creation of \(task)", path: "/hook") { $0.deliveredTask?["id"] as? String == task }
+        try second.stop()
+        try first.stop()
+    }
+
     /// A delivery whose receiver failed is retried on its schedule by the cell's next owner, and
     /// one cut short by the move is made again there.
     @Test func aDeliveryFollowsItsCellToItsNextOwner() throws {

@@ -266,12 +266,7 @@ extension [String: Any] {
         #expect(log.map { $0["attempt"] as? Int } == [2, 1, 2])
     }
 
-    /// On cells a webhook made on one replica reaches the others a notification later, and an
-    /// event committed by another in that moment is not delivered to it (docs/SCALING.md): this
-    /// test submits at once after making its webhooks.
-    @Test(.disabled(if: ServiceHarness.replicaCount > 1,
-                    "a new webhook reaches the other cells' owners a notification later"))
-    func aReceiverThatNeverAnswersHoldsUpNothingElse() throws {
+    @Test func aReceiverThatNeverAnswersHoldsUpNothingElse() throws {
         let service = try ServiceHarness {
             $0.webhooks.attemptTimeoutMilliseconds = 1_000
             $0.webhooks.maxInFlight = 2
