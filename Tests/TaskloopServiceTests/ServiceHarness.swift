@@ -236,9 +236,9 @@ extension ServiceHarness {
 }
 
 extension Trait where Self == ConditionTrait {
-    /// For tests that count on a single server's event numbers (1, 2, 3 ...): on cells an
-    /// event's id is its position in the cluster's history, and `CellEventStreamTests` holds
-    /// the streams there to the same rules.
+    /// For tests that count on a single server's event numbers (1, 2, 3 ...) or its ring of
+    /// events: on cells an event's id is its position in the cluster's history, kept by time,
+    /// and `CellEventStreamTests` holds the streams there to the same rules.
     static var numbersEventsAsOneServer: Self {
         .disabled(if: ServiceHarness.replicaCount > 1,
                   "event ids are positions on cells (CellEventStreamTests)")
