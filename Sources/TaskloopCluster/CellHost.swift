@@ -71,7 +71,7 @@ public final class CellHost {
     private let url: String
     private var cells: [Cell: HostedCell] = [:]
     private let makeEngine: (Cell) -> Engine
-    private let eventsOf: ([EngineEvent]) -> [ClusterEvents.Written]
+    private let eventsOf: (Engine, [EngineEvent]) -> [ClusterEvents.Written]
     private var endOfTurn: LoopCheck?
     private var isClosed = false
     public private(set) var layout = CellLayout(count: CellLayout.defaultCount)
@@ -105,7 +105,7 @@ public final class CellHost {
     private var isCommitting = false
 
     public init(loop: EventLoop, keeper settings: CellKeeper.Settings, makeEngine: @escaping (Cell) -> Engine,
-                eventsOf: @escaping ([EngineEvent]) -> [ClusterEvents.Written]) throws(UVError) {
+                eventsOf: @escaping (Engine, [EngineEvent]) -> [ClusterEvents.Written]) throws(UVError) {
         self.loop = loop
         url = settings.url
         keeper = try CellKeeper(loop: loop, settings: settings)
@@ -191,9 +191,9 @@ public final class CellHost {
     }
 
     /// Records what one settled call of `cell`'s engine changed.
-    private func record(_ events: [EngineEvent], of hosted: HostedCell) {
+    private func record(_ events: [EngineEvent], of hosted: HostedCell, by engine: Engine) {
         hosted.builder.add(events)
-        hosted.events += eventsOf(events)
+        hosted.events += eventsOf(engine, events)
         hosted.dirty = true
     }
 
@@ -436,9 +436,9 @@ public final class CellHost {
 
     private func serve(_ hosted: HostedCell, _ state: StoredState) throws {
         let engine = makeEngine(hosted.cell)
-        engine.addObserver { [weak self, weak hosted] events in
+        engine.addObserver { [weak self, weak hosted, unowned engine] events in
             guard let self, let hosted else { return }
-            record(events, of: hosted)
+            record(events, of: hosted, by: engine)
         }
         try engine.restore(queues: state.queues, workflows: state.workflows, tasks: state.tasks)
         hosted.engine = engine

@@ -4,6 +4,10 @@ extension Engine {
 
     public func workflow(_ id: TaskID) -> WorkflowRecord? { workflows[id] }
 
+    /// The workflow `task` is a member of; on cells, also that of another cell's workflow, whose
+    /// record is its home's.
+    public func workflowID(of task: TaskRecord) -> TaskID? { task.workflow?.id ?? workflowOfMember[task.id] }
+
     public var taskCount: Int { tasks.count }
 
     /// Tasks newest first, starting below the cursor `before` (exclusive), up to `limit` that

@@ -81,8 +81,8 @@ extension TaskloopApplication {
                 let layout = cellHost!.layout
                 configuration.cells = CellPlacement(cell: cell.index) { layout.cell(ofQueue: $0).index }
                 return Engine(configuration: configuration, scheduler: scheduler, extraExecutors: executors)
-            }, eventsOf: { [unowned self] events in
-                let written = renderer.render(events, at: scheduler.wallClock)
+            }, eventsOf: { [unowned self] engine, events in
+                let written = renderer.render(events, of: engine, at: scheduler.wallClock)
                 numberForWebhooks(written)
                 return written
             })
@@ -550,16 +550,19 @@ extension TaskloopApplication {
 
 /// Renders the events of a cell's settled batches as the cluster's events table keeps them
 /// (without the id, which the commit's transaction gives), as the event log would show them.
+/// A task's event names its workflow even when that is another cell's (`?workflow=` and a
+/// webhook's `workflow` select by it).
 ///
 /// Threading: loop thread only.
 final class ClusterEventRenderer {
     private var mapping = EventMapping()
 
-    func render(_ events: [EngineEvent], at now: Int64) -> [ClusterEvents.Written] {
+    func render(_ events: [EngineEvent], of engine: Engine, at now: Int64) -> [ClusterEvents.Written] {
         var written: [ClusterEvents.Written] = []
         func add(_ event: StreamEvent) {
+            let workflow = event.workflowID ?? event.task.flatMap(engine.workflowID(of:))
             written.append(ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
-                                                 workflow: event.workflowID?.description, queue: event.queueName,
+                                                 workflow: workflow?.description, queue: event.queueName,
                                                  data: event.render(seq: nil)))
         }
         mapping.map(events) { kind, task, state, workflow, queue in

@@ -230,6 +230,27 @@ extension CellServiceTests {
         #expect(events.allSatisfy { ($0.data["workflow"] as? [String: Any])?["id"] as? String == id })
         try service.stop()
     }
+
+    /// `?workflow=` selects the events of every member, those of other cells too (whose cells
+    /// hold no record of the workflow, only the home does).
+    @Test func aWorkflowsStreamHasTheEventsOfItsMembersInEveryCell() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let service = try Self.cellReplica(url, name: "w0")
+        try Self.waitForEveryCell(service)
+        let client = try service.client()
+        let (home, other) = Self.queuesOfTwoCells(service)
+        let start = try #require(try client.call("GET", "/tasks?limit=1").header("Event-Seq"))
+        let submitted = try client.call("POST", "/workflows", json: """
+            {"tasks":[{"key":"a","kind":"noop","queue":"\(home)"},{"key":"b","kind":"noop","queue":"\(other)","dependencies":["a"]}]}
+            """)
+        let id = try #require(submitted.json["id"] as? String)
+        let keys = try #require(submitted.json["keys"] as? [String: String])
+        let members = try ["a", "b"].map { try #require(keys[$0]) }
+        let events = try Stream(port: service.port, "/events?workflow=\(id)&since=\(start)")
+            .waitUntil { EventStreamTests.states($0).contains("workflow.state:succeeded") }
+        for member in members { #expect(Self.history(of: member, in: events) == Self.noopHistory, "\(member)") }
+        try service.stop()
+    }
 }
 
 extension CellServiceTests {
