@@ -305,7 +305,14 @@ import TaskloopTestSupport
         #expect(!bounded.events.isEmpty)
         let last = try #require(all.last?.wireID)
         let head = try #require(bounded.head.split(separator: "\r\n").first { $0.hasPrefix("Event-Seq: ") })
-        #expect(!Self.precedes(String(head.dropFirst("Event-Seq: ".count)), last), "\(head) after \(last)")
+        let live = String(head.dropFirst("Event-Seq: ".count))
+        // On one server the last event's number; on cells a position a stream from which misses
+        // nothing, which stays behind the events of transactions still running anywhere.
+        if ServiceHarness.replicaCount > 1 && ServiceHarness.replication == .cells {
+            #expect(!Self.precedes(live, start), "\(live) from \(start)")
+        } else {
+            #expect(live == last)
+        }
         // Nothing of it left, and nothing matched past it: ended all the same.
         let firstsLast = try #require(firstsEvents.last?.wireID)
         let empty = Stream.parse(try Stream(port: service.port, "/events?task=\(first)&since=\(firstsLast)&until=\(last)")
