@@ -197,6 +197,17 @@ public final class CellHost {
         hosted.dirty = true
     }
 
+    /// Events of `engine`'s cell made outside its settled calls (a progress event held back to
+    /// coalesce it), committed with the cell's next batch; false when `engine` no longer serves
+    /// the cell here.
+    @discardableResult
+    public func record(_ events: [ClusterEvents.Written], by engine: Engine) -> Bool {
+        guard let cell = engine.cell, let hosted = cells[Cell(cell)], hosted.engine === engine else { return false }
+        hosted.events += events
+        hosted.dirty = true
+        return true
+    }
+
     /// An idempotency key a request to `cell` made, committed with the cell's next batch.
     public func record(_ key: IdempotencyRecord, in cell: Cell) {
         guard let hosted = cells[cell] else { return }

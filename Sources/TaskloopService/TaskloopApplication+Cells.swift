@@ -73,7 +73,7 @@ extension TaskloopApplication {
         var keeper = CellKeeper.Settings(url: settings.url, identity: identity, address: advertised,
                                          ownership: CellOwnership.Settings(leaseMilliseconds: lease, marginMilliseconds: lease / 5))
         keeper.cells = settings.cells
-        let renderer = ClusterEventRenderer()
+        let renderer = ClusterEventRenderer(scheduler: scheduler)
         let host: CellHost
         do {
             host = try CellHost(loop: loop, keeper: keeper, makeEngine: { [unowned self] cell in
@@ -91,6 +91,9 @@ extension TaskloopApplication {
             throw error
         }
         cellHost = host
+        renderer.onHeldProgress = { [unowned self, unowned host] engine, written in
+            if host.record(written, by: engine) { numberForWebhooks(written) }
+        }
         var forwarding = ClusterForwarder.Settings()
         forwarding.maxResponseBytes = configuration.maxResponseBytes * 2
         do {
@@ -551,25 +554,63 @@ extension TaskloopApplication {
 /// Renders the events of a cell's settled batches as the cluster's events table keeps them
 /// (without the id, which the commit's transaction gives), as the event log would show them.
 /// A task's event names its workflow even when that is another cell's (`?workflow=` and a
-/// webhook's `workflow` select by it).
+/// webhook's `workflow` select by it). Progress events of one task are coalesced as the
+/// single server's `EventLog` does: one per `EventLog.progressIntervalMilliseconds`, the latest
+/// made once the interval has passed (`onHeldProgress`), if the task still runs there.
 ///
 /// Threading: loop thread only.
 final class ClusterEventRenderer {
     private var mapping = EventMapping()
+    private let scheduler: EngineScheduler
+    /// Each task whose progress was made in the last interval: when that interval ends, and
+    /// whether a later report waits for it.
+    private var progressWindows: [TaskID: (ends: ScheduledAction, held: Bool)] = [:]
+    /// A held progress event of `engine`'s cell, to commit with its next batch.
+    var onHeldProgress: ((Engine, [ClusterEvents.Written]) -> Void)?
+
+    init(scheduler: EngineScheduler) {
+        self.scheduler = scheduler
+    }
 
     func render(_ events: [EngineEvent], of engine: Engine, at now: Int64) -> [ClusterEvents.Written] {
         var written: [ClusterEvents.Written] = []
-        func add(_ event: StreamEvent) {
-            let workflow = event.workflowID ?? event.task.flatMap(engine.workflowID(of:))
-            written.append(ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
-                                                 workflow: workflow?.description, queue: event.queueName,
-                                                 data: event.render(seq: nil)))
-        }
         mapping.map(events) { kind, task, state, workflow, queue in
-            add(StreamEvent(seq: 0, kind: kind, time: now, task: task, state: state, workflow: workflow, queue: queue, batch: 0))
+            written.append(Self.written(StreamEvent(seq: 0, kind: kind, time: now, task: task, state: state, workflow: workflow,
+                                                    queue: queue, batch: 0), of: engine))
         } progressed: { task in
-            add(StreamEvent(seq: 0, kind: .taskProgress, time: now, task: task, state: task.state, batch: 0))
-        } leftRunning: { _ in }
+            if let progress = progressed(task, of: engine, at: now) { written.append(progress) }
+        } leftRunning: { task in
+            progressWindows.removeValue(forKey: task.id)?.ends.cancel()
+        }
         return written
+    }
+
+    private static func written(_ event: StreamEvent, of engine: Engine) -> ClusterEvents.Written {
+        let workflow = event.workflowID ?? event.task.flatMap(engine.workflowID(of:))
+        return ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
+                                     workflow: workflow?.description, queue: event.queueName, data: event.render(seq: nil))
+    }
+
+    /// The progress event to make now, or nil while the task's interval lasts (held until it ends).
+    private func progressed(_ task: TaskRecord, of engine: Engine, at now: Int64) -> ClusterEvents.Written? {
+        if progressWindows[task.id] != nil {
+            progressWindows[task.id]?.held = true
+            return nil
+        }
+        openWindow(for: task, of: engine)
+        return Self.written(StreamEvent(seq: 0, kind: .taskProgress, time: now, task: task, state: task.state, batch: 0), of: engine)
+    }
+
+    private func openWindow(for task: TaskRecord, of engine: Engine) {
+        let id = task.id
+        let ends = scheduler.schedule(after: EventLog.progressIntervalMilliseconds) { [weak self, weak engine, weak task] in
+            guard let self, let window = progressWindows.removeValue(forKey: id) else { return }
+            // A record its engine no longer holds (the cell closed or was loaded again) says nothing more.
+            guard window.held, let task, task.state == .running, let engine, engine.task(id) === task else { return }
+            openWindow(for: task, of: engine)
+            let event = StreamEvent(seq: 0, kind: .taskProgress, time: scheduler.wallClock, task: task, state: task.state, batch: 0)
+            onHeldProgress?(engine, [Self.written(event, of: engine)])
+        }
+        progressWindows[id] = (ends, false)
     }
 }

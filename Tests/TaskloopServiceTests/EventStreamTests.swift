@@ -222,9 +222,7 @@ import TaskloopTestSupport
         #expect(queues.map { $0["max_concurrency"] as? Int }.dropFirst() == [3, 3])
     }
 
-    @Test(.disabled(if: ServiceHarness.replicaCount > 1 && ServiceHarness.replication == .cells,
-                    "progress events are not coalesced on cells yet"))
-    func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {
+    @Test func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
