@@ -139,6 +139,27 @@ struct CellWebhookTests {
         try first.stop()
     }
 
+    /// A live replica that does not read the change (its database out of reach) holds the
+    /// answer up for a second at most: then it is answered all the same.
+    @Test func aReplicaThatDoesNotReadAChangeDelaysItsAnswerByASecondAtMost() throws {
+        let url = try PostgresCluster.shared().makeDatabase()
+        let proxy = try PostgresProxy(forwardingTo: url)
+        defer { proxy.stop() }
+        let first = try Self.replica(url, name: "d0")
+        let second = try Self.replica(proxy.url(through: url), name: "d1")
+        try CellServiceTests.waitForEveryCell([first, second])
+        let client = try APIClient(port: first.port)
+        proxy.freeze(toServer: true, toClient: true)
+        let started = Date()
+        let created = try client.call("POST", "/webhooks", json: #"{"url":"http://127.0.0.1:9/hook","events":["task.created"]}"#)
+        let waited = Date().timeIntervalSince(started)
+        #expect(created.status == 201, "\(created.text)")
+        #expect(waited >= 1 && waited < 3, "answered after \(waited) s")
+        proxy.freeze(toServer: false, toClient: false)
+        try second.stop()
+        try first.stop()
+    }
+
     /// A delivery whose receiver failed is retried on its schedule by the cell's next owner, and
     /// one cut short by the move is made again there.
     @Test func aDeliveryFollowsItsCellToItsNextOwner() throws {
