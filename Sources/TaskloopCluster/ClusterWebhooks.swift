@@ -64,6 +64,8 @@ public final class ClusterWebhooks {
     private var member: (identity: ReplicaIdentity, protocolVersion: Int)?
     /// The webhooks version of the last read (0 until this replica has joined).
     private var readVersion: Int64 = 0
+    /// The version last recorded in this replica's row.
+    private var recordedVersion: Int64 = 0
     /// The version the last change this replica wrote raised the cluster's to.
     private var writtenVersion: Int64 = 0
     /// Changes whose answers wait for every live member to have read them.
@@ -155,7 +157,8 @@ public final class ClusterWebhooks {
                 })
                 if let member, let read = results[0].int(0, 0) {
                     readVersion = max(readVersion, read)
-                    record(readVersion, as: member.identity)
+                    // Most reads (each webhook request makes one) find nothing new to record.
+                    if readVersion > recordedVersion { record(readVersion, as: member.identity) }
                 }
                 for completion in waiting { completion(.success(())) }
             case .failure(let error):
@@ -168,7 +171,10 @@ public final class ClusterWebhooks {
     private func record(_ version: Int64, as identity: ReplicaIdentity) {
         connection.execute([PGQuery("""
             UPDATE taskloop.members SET webhooks = greatest(webhooks, $3) WHERE name = $1 AND incarnation = $2
-            """, [.text(identity.name), .text(identity.incarnation), .int(version)])]) { _ in }
+            """, [.text(identity.name), .text(identity.incarnation), .int(version)])]) { [weak self] result in
+            guard let self, case .success = result else { return }
+            recordedVersion = max(recordedVersion, version)
+        }
     }
 
     /// A new webhook.
