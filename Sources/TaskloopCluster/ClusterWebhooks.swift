@@ -8,13 +8,13 @@ import TaskloopStore
 /// reads the whole table when told (or when a request asks about webhooks), so each knows them
 /// all. Every change also raises the cluster's webhooks version (`cluster.webhooks`) in its
 /// transaction; a replica that has read the table records the version it read in its
-/// `members` row, and a change is answered once every live member has recorded it (`whenSynced`),
-/// so an event any replica commits after the answer is matched against the change. A
-/// replica reads on each announcement and, should one be missed, when its renewal finds the
-/// version ahead of what it read (`catchUp`). A delivery is its event's cell's: a row of `cell_deliveries` written in the fenced
-/// commits of that cell (made with the change it reports, then each attempt's outcome), so the
-/// cell's owner attempts it only once the change has committed, and the next owner resumes it
-/// where the last committed attempt left it.
+/// `members` row, and a change is answered once every live member has recorded it
+/// (`whenSynced`), so an event any replica commits after the answer is matched against the
+/// change. A replica reads on each announcement and, should one be missed, when its renewal
+/// finds the version ahead of what it read (`catchUp`). A delivery is its event's cell's: a row
+/// of `cell_deliveries` written in the fenced commits of that cell (made with the change it
+/// reports, then each attempt's outcome), so the cell's owner attempts it only once the change
+/// has committed, and the next owner resumes it where the last committed attempt left it.
 ///
 /// Threading: the loop's thread only, callbacks included.
 public final class ClusterWebhooks {
@@ -76,7 +76,7 @@ public final class ClusterWebhooks {
     public var onChanged: (([WebhookRecord]) -> Void)?
 
     /// How a change's wait for the other replicas ended.
-    public enum SyncOutcome: Equatable {
+    public enum SyncOutcome {
         case synced
         /// Some live members had not read it when the wait ended (named).
         case late([String])
@@ -218,7 +218,9 @@ public final class ClusterWebhooks {
 
     /// One read of the members' rows serves every change waiting.
     private func pollMembers() {
-        guard let member else { return endSyncWaits(.failed) }
+        // Not joined yet (a request in the moment the replica starts): the members' rows may
+        // not be readable, and there is no one to wait for as a member.
+        guard let member else { return endSyncWaits(.late([])) }
         connection.execute([PGQuery("""
             SELECT name, webhooks FROM taskloop.members WHERE expires_at > clock_timestamp() AND protocol = $1
             """, [.int(member.protocolVersion)])]) { [weak self] result in
