@@ -387,7 +387,10 @@ extension TaskloopApplication {
                 cellWebhooks?.cluster.deliveries(ofWebhook: hook.record.id) { result in
                     switch result {
                     case .success(let deliveries):
-                        reply.send(.json(.ok, Self.deliveriesJSON(Webhooks.log(of: deliveries, limit: limit))))
+                        // Entries pushed out of the log leave the table after the commit that pushed
+                        // them out: read meanwhile, they are not shown.
+                        let kept = Webhooks.bounded(deliveries, finishedEntries: self.configuration.webhooks.deliveryLog)
+                        reply.send(.json(.ok, Self.deliveriesJSON(Webhooks.log(of: kept, limit: limit))))
                     case .failure:
                         reply.send(Self.sharedDatabaseUnavailable.response())
                     }

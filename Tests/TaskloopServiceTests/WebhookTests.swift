@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import TaskloopHTTPClient
+import TaskloopStore
 @testable import TaskloopService
 import TaskloopTestSupport
 
@@ -236,6 +237,24 @@ extension [String: Any] {
         let times = log.compactMap { $0["at"] as? String }
         #expect(times == times.sorted(by: >), "newest first")
         #expect(try client.call("GET", "/webhooks/\(id)/deliveries?limit=2").json["deliveries"].map { ($0 as? [Any])?.count } == 2)
+    }
+
+    /// A log read from the cells' rows is bounded as a replica trims its own: a delivery pushed
+    /// out (or attempts of it) but not yet deleted from its table is not shown; pending ones are.
+    @Test func aLogReadFromTheTablesKeepsItsBound() {
+        func delivery(_ id: String, _ seq: UInt64, _ state: DeliveryState, earlier: Int) -> DeliveryRecord {
+            DeliveryRecord(id: id, webhook: "wh", eventSeq: seq, type: "task.created", body: [], attempt: earlier + 1, state: state,
+                           earlierAttempts: (0..<earlier).map {
+                               DeliveryAttempt(number: $0 + 1, statusCode: 500, error: nil, durationMilliseconds: 1, attemptedAt: 1,
+                                               nextAttemptAt: 2)
+                           })
+        }
+        let all = [delivery("new", 3, .delivered, earlier: 1), delivery("pending", 4, .pending, earlier: 3),
+                   delivery("old", 1, .delivered, earlier: 1), delivery("middle", 2, .failed, earlier: 1)]
+        let kept = Webhooks.bounded(all, finishedEntries: 3)
+        #expect(kept.map(\.id) == ["pending", "middle", "new"])
+        #expect(kept.map(\.logEntries) == [4, 1, 2], "the middle one's earlier attempt left first")
+        #expect(Webhooks.bounded(all, finishedEntries: 6).count == 4)
     }
 
     /// `--webhook-delivery-log` bounds entries: the oldest delivery's earliest attempts leave

@@ -167,6 +167,26 @@ final class Webhooks {
     }
 
     /// The log of these deliveries of one webhook, as `deliveryLog` gives it.
+    /// What a log bounded to `limit` entries of finished deliveries keeps of `all`, as
+    /// `trimFinished` leaves it: the oldest delivery's earliest attempts leave first, then the
+    /// delivery. Pending ones are all kept.
+    static func bounded(_ all: [DeliveryRecord], finishedEntries limit: Int) -> [DeliveryRecord] {
+        var finished = all.filter { $0.state != .pending }.sorted { ($0.eventSeq, $0.id) < ($1.eventSeq, $1.id) }
+        var entries = finished.reduce(0) { $0 + $1.logEntries }
+        var first = 0
+        while entries > limit, first < finished.count {
+            let excess = entries - limit
+            if excess < finished[first].logEntries {
+                finished[first].earlierAttempts.removeFirst(excess)
+                entries -= excess
+            } else {
+                entries -= finished[first].logEntries
+                first += 1
+            }
+        }
+        return all.filter { $0.state == .pending } + finished[first...]
+    }
+
     static func log(of all: [DeliveryRecord], limit: Int) -> [DeliveryRecord] {
         var entries: [DeliveryRecord] = []
         for record in all.sorted(by: { ($0.eventSeq, $0.id) > ($1.eventSeq, $1.id) }) {
