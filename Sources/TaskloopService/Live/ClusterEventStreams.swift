@@ -61,8 +61,8 @@ final class ClusterStreamEvent {
 /// before the oldest event kept starts with `reset`, as on a single server.
 ///
 /// The rest is the single server's `EventLog`: filters, `until`, a task stream ending with its
-/// task, a reader whose unsent bytes pass `clientBufferBytes` disconnected, a keep-alive
-/// comment, writes once per loop turn (`flushPending`).
+/// task, and its `StreamSubscribers` (a reader whose unsent bytes pass `clientBufferBytes`
+/// disconnected, a keep-alive comment, writes once per loop turn).
 ///
 /// Threading: loop thread only.
 final class ClusterEventStreams {
@@ -91,7 +91,7 @@ final class ClusterEventStreams {
         }
     }
 
-    final class Subscriber {
+    final class Subscriber: StreamSubscriber {
         let reply: Reply
         let filter: Filter
         /// `GET /tasks/{id}/events`: the stream ends after this task's terminal event.
@@ -124,11 +124,8 @@ final class ClusterEventStreams {
 
     private let feed: ClusterEventFeed
     private let read: Read
-    private let clientBufferBytes: Int
     private let scheduler: EngineScheduler
-    private var subscribers: [ObjectIdentifier: Subscriber] = [:]
-    private var dirty: [Subscriber] = []
-    private var keepAlive: ScheduledAction?
+    private let subscribers: StreamSubscribers<Subscriber>
     /// How long the history keeps an event (`--event-history-seconds`).
     private let historyMilliseconds: Int64
     private var trimming: ScheduledAction?
@@ -138,7 +135,7 @@ final class ClusterEventStreams {
          historyMilliseconds: Int64, scheduler: EngineScheduler) throws(UVError) {
         feed = try ClusterEventFeed(loop: loop, settings: settings, from: .now)
         self.read = read
-        self.clientBufferBytes = clientBufferBytes
+        subscribers = StreamSubscribers(clientBufferBytes: clientBufferBytes, scheduler: scheduler)
         self.historyMilliseconds = historyMilliseconds
         self.scheduler = scheduler
         feed.onEvents = { [weak self] events in self?.deliver(events) }
@@ -173,9 +170,9 @@ final class ClusterEventStreams {
     private func deliver(_ read: [ClusterEvents.Read]) {
         guard !subscribers.isEmpty, let position = feed.position else { return }
         let events = read.compactMap(ClusterStreamEvent.init)
-        for subscriber in subscribers.values where !subscriber.catchingUp && !subscriber.ending {
+        for subscriber in subscribers.all.values where !subscriber.catchingUp && !subscriber.ending {
             add(events, to: subscriber, through: position)
-            markDirty(subscriber)
+            if !subscriber.pending.isEmpty || subscriber.ending { subscribers.markDirty(subscriber) }
         }
     }
 
@@ -199,45 +196,9 @@ final class ClusterEventStreams {
         if let until = subscriber.until, subscriber.position >= until { subscriber.ending = true }
     }
 
-    // MARK: writing
-
     /// Writes what the turn gave the streams; called once per loop turn.
     func flushPending() {
-        guard !dirty.isEmpty else { return }
-        let writing = dirty
-        dirty.removeAll(keepingCapacity: true)
-        for subscriber in writing {
-            subscriber.isDirty = false
-            if subscribers[ObjectIdentifier(subscriber)] != nil { flush(subscriber) }
-        }
-    }
-
-    private func flush(_ subscriber: Subscriber) {
-        let key = ObjectIdentifier(subscriber)
-        if !subscriber.pending.isEmpty {
-            if subscriber.reply.responder.unsentBytes > clientBufferBytes {
-                // It cannot keep up: it reconnects with Last-Event-ID and catches up from the history.
-                subscribers.removeValue(forKey: key)
-                subscriber.reply.responder.abort()
-                return
-            }
-            let bytes = subscriber.pending
-            subscriber.pending.removeAll(keepingCapacity: true)
-            guard subscriber.reply.responder.write(bytes) else {
-                subscribers.removeValue(forKey: key)
-                return
-            }
-        }
-        if subscriber.ending {
-            subscribers.removeValue(forKey: key)
-            subscriber.reply.responder.finish()
-        }
-    }
-
-    private func markDirty(_ subscriber: Subscriber) {
-        guard !subscriber.isDirty, !subscriber.pending.isEmpty || subscriber.ending else { return }
-        subscriber.isDirty = true
-        dirty.append(subscriber)
+        subscribers.flushPending()
     }
 
     // MARK: catching up
@@ -245,17 +206,16 @@ final class ClusterEventStreams {
     /// Reads the next part of what a resuming stream missed, writes it, and once the reader has
     /// taken it reads on; caught up with the feed, the stream follows it.
     private func catchUp(_ subscriber: Subscriber) {
-        let key = ObjectIdentifier(subscriber)
         var queries = [ClusterEvents.read(after: subscriber.position, limit: Self.historyReadLimit)]
         if !subscriber.lookedForReset { queries.insert(ClusterEvents.oldest(), at: 0) }
         // Every event up to here was readable before this read was sent.
         let readable = feed.position
         read(queries) { [weak self] result in
-            guard let self, subscribers[key] === subscriber else { return }
+            guard let self, subscribers.contains(subscriber) else { return }
             guard case .success(let results) = result, let live = feed.position else {
                 // The history cannot be read now: the stream ends, and its reader resumes.
                 subscriber.ending = true
-                return flush(subscriber)
+                return subscribers.flush(subscriber)
             }
             if !subscriber.lookedForReset {
                 subscriber.lookedForReset = true
@@ -278,10 +238,10 @@ final class ClusterEventStreams {
                 subscriber.catchingUp = false
                 add([], to: subscriber, through: live)
             }
-            flush(subscriber)
-            guard subscriber.catchingUp, subscribers[key] === subscriber else { return }
+            subscribers.flush(subscriber)
+            guard subscriber.catchingUp, subscribers.contains(subscriber) else { return }
             subscriber.reply.responder.onDrained { [weak self] in
-                guard let self, subscribers[key] === subscriber else { return }
+                guard let self, subscribers.contains(subscriber) else { return }
                 catchUp(subscriber)
             }
         }
@@ -300,28 +260,16 @@ final class ClusterEventStreams {
     func subscribe(_ reply: Reply, filter: EventFilter, since: EventPosition?, until: EventPosition? = nil,
                    snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
         guard let live = feed.position else { preconditionFailure("a stream before the feed has started") }
-        var headers = EventLog.streamHeaders
-        headers.add("Event-Seq", live.description)
-        guard reply.responder.startStream(headers: headers) else { return }
         let position = since ?? live
         let subscriber = Subscriber(reply: reply, filter: Filter(filter), endsWith: endsWith?.description, until: until,
                                     position: position, catchingUp: position < live)
-        let key = ObjectIdentifier(subscriber)
-        subscribers[key] = subscriber
-        reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
-        reply.onPeerEnded { [weak self] in
-            guard self?.subscribers.removeValue(forKey: key) != nil else { return }
-            reply.responder.finish()
+        subscribers.subscribe(subscriber, eventSeq: live.description, snapshot: snapshot) {
+            if subscriber.catchingUp {
+                catchUp(subscriber)
+            } else {
+                add([], to: subscriber, through: live)
+            }
         }
-        subscriber.pending += Array("retry: \(EventLog.retryMilliseconds)\n\n".utf8)
-        if let snapshot { subscriber.pending += snapshot }
-        if subscriber.catchingUp {
-            catchUp(subscriber)
-        } else {
-            add([], to: subscriber, through: live)
-        }
-        markDirty(subscriber)
-        scheduleKeepAlive()
     }
 
     /// Ends every stream (shutdown) and the feed: clients resume on another replica with
@@ -330,25 +278,6 @@ final class ClusterEventStreams {
         feed.close()
         trimming?.cancel()
         trimming = nil
-        keepAlive?.cancel()
-        keepAlive = nil
-        let all = Array(subscribers.values)
-        for subscriber in all { flush(subscriber) }
-        subscribers.removeAll()
-        dirty.removeAll()
-        for subscriber in all { subscriber.reply.responder.finish() }
-    }
-
-    private func scheduleKeepAlive() {
-        guard keepAlive == nil, !subscribers.isEmpty else { return }
-        keepAlive = scheduler.schedule(after: EventLog.keepAliveMilliseconds) { [weak self] in
-            guard let self else { return }
-            keepAlive = nil
-            for subscriber in Array(subscribers.values) {
-                subscriber.pending += EventLog.keepAliveComment
-                flush(subscriber)
-            }
-            scheduleKeepAlive()
-        }
+        subscribers.finishAll()
     }
 }

@@ -211,14 +211,13 @@ struct EventFilter {
 /// (`replay`), never copied whole into its buffer. Progress events of one task are coalesced to one per
 /// `progressIntervalMilliseconds` (the latest wins) before they are numbered; state events are
 /// never dropped or reordered. A subscriber whose unsent bytes pass `clientBufferBytes` when
-/// more is to be written is disconnected (it resumes with `Last-Event-ID`), so a slow reader
-/// never holds memory without bound or slows anyone else; one that has taken everything gets
-/// the next event however large. What a loop turn publishes is written to each stream at once, at
-/// the turn's end (`flushPending`, from a `LoopCheck`).
+/// more is to be written is disconnected; one that has taken everything gets the next event
+/// however large. What a loop turn publishes is written to each stream at once, at the turn's
+/// end (`StreamSubscribers`, which cells' streams share).
 ///
 /// Threading: loop thread only.
 final class EventLog {
-    final class Subscriber {
+    final class Subscriber: StreamSubscriber {
         let reply: Reply
         let filter: EventFilter
         /// `GET /tasks/{id}/events`: the stream ends after this task's terminal event.
@@ -228,11 +227,10 @@ final class EventLog {
         /// While it resumes: the next event of the ring to write; nil once it follows live.
         var replayNext: UInt64?
         var pending: [UInt8] = []
-        /// Waiting in `dirty` for the end of the loop turn.
         var isDirty = false
         /// `?until=`: the stream ends once the events up to this one are sent.
         let until: UInt64?
-        /// Its task ended, or `until` was reached: the stream ends once what is pending is written.
+        /// Its task ended, or `until` was reached.
         var ending = false
 
         init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64, until: UInt64?) {
@@ -252,19 +250,13 @@ final class EventLog {
     private let maxBytes: Int
     /// What the ring's events hold rendered, as last counted.
     private(set) var ringBytes = 0
-    private let clientBufferBytes: Int
     private let scheduler: EngineScheduler
     /// The last number given out (published or not) and the last one subscribers may see.
     private(set) var lastAssigned: UInt64
     private(set) var lastPublished: UInt64
     private var ring = Deque<StreamEvent>()
     private var unpublished = Deque<StreamEvent>()
-    private var subscribers: [ObjectIdentifier: Subscriber] = [:]
-    /// Subscribers with bytes to write: written once per loop turn (`flushPending`), so a turn
-    /// that publishes many batches costs each stream one write, not one per batch.
-    private var dirty: [Subscriber] = []
-    private var keepAlive: ScheduledAction?
-    private var wake: ScheduledAction?
+    private let subscribers: StreamSubscribers<Subscriber>
     /// Per running task: when its last progress event was numbered, and whether a later one waits.
     private var lastProgress: [ObjectIdentifier: UInt64] = [:]
     private var heldProgress: [ObjectIdentifier: ScheduledAction] = [:]
@@ -286,8 +278,12 @@ final class EventLog {
         lastPublished = lastSeq
         self.capacity = max(1, capacity)
         self.maxBytes = maxBytes
-        self.clientBufferBytes = clientBufferBytes
         self.scheduler = scheduler
+        subscribers = StreamSubscribers(clientBufferBytes: clientBufferBytes, scheduler: scheduler)
+        subscribers.nextChunk = { [weak self] subscriber in
+            self?.replay(subscriber)
+            return subscriber.replayNext != nil
+        }
     }
 
     var subscriberCount: Int { subscribers.count }
@@ -370,7 +366,7 @@ final class EventLog {
         guard let last = fresh.last else { return }
         lastPublished = last.seq
         if !subscribers.isEmpty {
-            for subscriber in Array(subscribers.values) { deliver(fresh, to: subscriber) }
+            for subscriber in Array(subscribers.all.values) { deliver(fresh, to: subscriber) }
         }
         // Counted once rendered: by the streams just now, or by webhooks when numbered.
         for event in fresh { account(event) }
@@ -403,53 +399,12 @@ final class EventLog {
             }
         }
         if lastPublished >= last { subscriber.ending = true }
-        if (subscriber.pending.count > before || subscriber.ending) && !subscriber.isDirty {
-            subscriber.isDirty = true
-            dirty.append(subscriber)
-        }
+        if subscriber.pending.count > before || subscriber.ending { subscribers.markDirty(subscriber) }
     }
 
     /// Writes what the turn published; called once per loop turn.
     func flushPending() {
-        guard !dirty.isEmpty else { return }
-        let writing = dirty
-        dirty.removeAll(keepingCapacity: true)
-        for subscriber in writing {
-            subscriber.isDirty = false
-            if subscribers[ObjectIdentifier(subscriber)] != nil { flush(subscriber, ending: subscriber.ending) }
-        }
-    }
-
-    private func flush(_ subscriber: Subscriber, ending: Bool = false) {
-        let key = ObjectIdentifier(subscriber)
-        if subscriber.replayNext != nil { replay(subscriber) }
-        if !subscriber.pending.isEmpty {
-            if subscriber.reply.responder.unsentBytes > clientBufferBytes {
-                // It cannot keep up: it reconnects with Last-Event-ID and catches up from the ring.
-                subscribers.removeValue(forKey: key)
-                subscriber.reply.responder.abort()
-                return
-            }
-            let bytes = subscriber.pending
-            subscriber.pending.removeAll(keepingCapacity: true)
-            guard subscriber.reply.responder.write(bytes) else {
-                subscribers.removeValue(forKey: key)
-                return
-            }
-        }
-        if subscriber.replayNext != nil {
-            // The next chunk once the reader has taken this one.
-            subscriber.reply.responder.onDrained { [weak self, weak subscriber] in
-                guard let self, let subscriber, subscribers[ObjectIdentifier(subscriber)] != nil else { return }
-                markDirty(subscriber)
-                wakeForDirty()
-            }
-            return
-        }
-        if subscriber.ending || ending {
-            subscribers.removeValue(forKey: key)
-            subscriber.reply.responder.finish()
-        }
+        subscribers.flushPending()
     }
 
     /// Moves a resuming stream's next chunk from the ring into its pending bytes: at most
@@ -494,22 +449,6 @@ final class EventLog {
         Array("event: reset\ndata: {\"oldest\":\(oldest)}\n\n".utf8)
     }
 
-    private func markDirty(_ subscriber: Subscriber) {
-        guard !subscriber.isDirty else { return }
-        subscriber.isDirty = true
-        dirty.append(subscriber)
-    }
-
-    /// Dirty streams are written at the end of a loop turn; a drained socket may be the only
-    /// thing that happened, so a zero timer makes sure the turn ends with a check.
-    private func wakeForDirty() {
-        guard wake == nil else { return }
-        wake = scheduler.schedule(after: 0) { [weak self] in
-            self?.wake = nil
-            self?.flushPending()
-        }
-    }
-
     // MARK: subscribing
 
     /// Starts a stream: `retry:`, then (with `since`) what was published after it, or `reset`
@@ -518,31 +457,17 @@ final class EventLog {
     /// the last event published: what follows it is live.
     func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, until: UInt64? = nil, snapshot: [UInt8]? = nil,
                    endsWith: TaskID? = nil) {
-        var headers = Self.streamHeaders
-        headers.add("Event-Seq", String(lastPublished))
-        guard reply.responder.startStream(headers: headers) else { return }
         let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0, until: until)
-        let key = ObjectIdentifier(subscriber)
-        subscribers[key] = subscriber
-        reply.onClose { [weak self] in self?.subscribers.removeValue(forKey: key) }
-        // A reader that ends its side has gone (a browser aborts a fetch by closing): a stream
-        // is only ever read, so waiting for a write to fail would keep it until the keep-alive.
-        reply.onPeerEnded { [weak self] in
-            guard self?.subscribers.removeValue(forKey: key) != nil else { return }
-            reply.responder.finish()
-        }
-        subscriber.pending += Array("retry: \(Self.retryMilliseconds)\n\n".utf8)
-        if let snapshot { subscriber.pending += snapshot }
-        if let since, since < lastPublished {
-            if ring.isEmpty {
-                subscriber.pending += Self.reset(oldest: lastPublished + 1)
-            } else {
-                subscriber.replayNext = since + 1
+        subscribers.subscribe(subscriber, eventSeq: String(lastPublished), snapshot: snapshot) {
+            if let since, since < lastPublished {
+                if ring.isEmpty {
+                    subscriber.pending += Self.reset(oldest: lastPublished + 1)
+                } else {
+                    subscriber.replayNext = since + 1
+                }
             }
+            if let until, lastPublished >= until { subscriber.ending = true }
         }
-        if let until, lastPublished >= until { subscriber.ending = true }
-        markDirty(subscriber)
-        scheduleKeepAlive()
     }
 
     /// Ends a task stream at once (its task is already terminal).
@@ -554,28 +479,7 @@ final class EventLog {
 
     /// Ends every stream (shutdown): clients reconnect to the next server with Last-Event-ID.
     func finishAll() {
-        keepAlive?.cancel()
-        keepAlive = nil
-        wake?.cancel()
-        wake = nil
-        let all = Array(subscribers.values)
-        for subscriber in all { flush(subscriber) }
-        subscribers.removeAll()
-        dirty.removeAll()
-        for subscriber in all { subscriber.reply.responder.finish() }
-    }
-
-    private func scheduleKeepAlive() {
-        guard keepAlive == nil, !subscribers.isEmpty else { return }
-        keepAlive = scheduler.schedule(after: Self.keepAliveMilliseconds) { [weak self] in
-            guard let self else { return }
-            keepAlive = nil
-            for subscriber in Array(subscribers.values) {
-                subscriber.pending += Self.keepAliveComment
-                flush(subscriber)
-            }
-            scheduleKeepAlive()
-        }
+        subscribers.finishAll()
     }
 
     static let keepAliveComment: [UInt8] = Array(": keep-alive\n\n".utf8)
