@@ -43,10 +43,8 @@ extension CellServiceTests {
     static let noopHistory = ["task.created:pending", "task.state:queued", "task.state:running", "task.state:succeeded"]
 
     @Test func aStreamOnAnyReplicaFollowsEveryCellAndResumesOnAnotherExactlyOnce() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let first = try Self.cellReplica(url, name: "e0")
-        let second = try Self.cellReplica(url, name: "e1")
-        try Self.waitForEveryCell([first, second])
+        let replicas = try Self.startCellReplicas("e0", "e1").replicas
+        let (first, second) = (replicas[0], replicas[1])
         let client = try APIClient(ports: [first.port, second.port])
         let mine = Self.queue(ownedBy: first, "ea"), theirs = Self.queue(ownedBy: second, "eb")
         let stream = try Stream(port: first.port, "/events")
@@ -95,10 +93,8 @@ extension CellServiceTests {
     /// stays sees every task through; one on the joining replica ends as it leaves, and its
     /// reader resumes on another replica; both see exactly the same events.
     @Test func resumesStayExactlyOnceWhileCellsMove() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let first = try Self.cellReplica(url, name: "m0")
-        let second = try Self.cellReplica(url, name: "m1")
-        try Self.waitForEveryCell([first, second])
+        let (url, replicas) = try Self.startCellReplicas("m0", "m1")
+        let (first, second) = (replicas[0], replicas[1])
         let client = try APIClient(ports: [first.port, second.port])
         let stream = try Stream(port: first.port, "/events")
         _ = stream.head
@@ -141,10 +137,8 @@ extension CellServiceTests {
     /// `GET /tasks/{id}/events` for a task of another replica's cell ends with the task's end;
     /// lists' `Event-Seq` is a position to stream from; filters by task and workflow.
     @Test func aTaskStreamOfAnotherReplicasCellEndsWithTheTask() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let first = try Self.cellReplica(url, name: "t0")
-        let second = try Self.cellReplica(url, name: "t1")
-        try Self.waitForEveryCell([first, second])
+        let replicas = try Self.startCellReplicas("t0", "t1").replicas
+        let (first, second) = (replicas[0], replicas[1])
         let client = try APIClient(ports: [first.port, second.port])
         let theirs = Self.queue(ownedBy: second, "tb")
         let listed = try client.call("GET", "/tasks?limit=1")
@@ -184,9 +178,8 @@ extension CellServiceTests {
     /// on from the oldest kept, as a single server's does.
     @Test func aResumeFromBeforeTheHistoryStartsWithReset() throws {
         let cluster = try PostgresCluster.shared()
-        let url = try cluster.makeDatabase()
-        let service = try Self.cellReplica(url, name: "r0")
-        try Self.waitForEveryCell(service)
+        let (url, replicas) = try Self.startCellReplicas("r0")
+        let service = replicas[0]
         let client = try service.client()
         var ids: [String] = []
         for index in 0..<3 { ids.append(try #require(try client.submit(#"{"kind":"noop","queue":"r\#(index)"}"#)["id"] as? String)) }
@@ -213,9 +206,7 @@ extension CellServiceTests {
     /// A workflow ends when a member in another cell reports its end to the workflow's home:
     /// the home announces that as it announces its own members' changes.
     @Test func aWorkflowEndedByAMemberOfAnotherCellIsAnnounced() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let service = try Self.cellReplica(url, name: "h0")
-        try Self.waitForEveryCell(service)
+        let service = try Self.startCellReplicas("h0").replicas[0]
         let client = try service.client()
         let (home, member) = Self.queuesOfTwoCells(service)
         let workflows = try Stream(port: service.port, "/events?types=workflow.state")
@@ -234,9 +225,7 @@ extension CellServiceTests {
     /// `?workflow=` selects the events of every member, those of other cells too (whose cells
     /// hold no record of the workflow, only the home does).
     @Test func aWorkflowsStreamHasTheEventsOfItsMembersInEveryCell() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let service = try Self.cellReplica(url, name: "w0")
-        try Self.waitForEveryCell(service)
+        let service = try Self.startCellReplicas("w0").replicas[0]
         let client = try service.client()
         let (home, other) = Self.queuesOfTwoCells(service)
         let start = try #require(try client.call("GET", "/tasks?limit=1").header("Event-Seq"))
@@ -258,15 +247,8 @@ extension CellServiceTests {
     /// a resume from one of them starts with `reset`.
     @Test func theHistoryIsKeptByTime() throws {
         let cluster = try PostgresCluster.shared()
-        let url = try cluster.makeDatabase()
-        let service = try ServiceHarness(replicas: 1) { configuration in
-            var settings = SharedDatabaseSettings(url: url, replica: "k0")
-            settings.cells = Self.cellCount
-            configuration.sharedDatabase = settings
-            configuration.durability = .full
-            configuration.eventHistoryMilliseconds = 3_000
-        }
-        try Self.waitForEveryCell(service)
+        let (url, replicas) = try Self.startCellReplicas("k0") { $0.eventHistoryMilliseconds = 3_000 }
+        let service = replicas[0]
         let client = try service.client()
         let first = try #require(try client.submit(#"{"kind":"noop","queue":"k"}"#)["id"] as? String)
         let early = try Stream(port: service.port, "/events?since=\(String(repeating: "0", count: 24))")

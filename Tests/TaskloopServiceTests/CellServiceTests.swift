@@ -12,25 +12,9 @@ import TaskloopTestSupport
 struct CellServiceTests {
     static let cellCount = 8
 
-    static func cellReplica(_ url: String, name: String) throws -> ServiceHarness {
-        try ServiceHarness(replicas: 1) { configuration in
-            var settings = SharedDatabaseSettings(url: url, replica: name)
-            settings.cells = cellCount
-            configuration.sharedDatabase = settings
-            configuration.durability = .full
-        }
-    }
-
-    static func waitForEveryCell(_ service: ServiceHarness) throws {
-        try service.waitUntil("every cell to open", timeout: 20) { application in
-            application.cellHost?.openEngines.count == cellCount
-        }
-    }
-
     @Test func tasksOfManyCellsAreServedAndSurviveARestart() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        var service = try Self.cellReplica(url, name: "c0")
-        try Self.waitForEveryCell(service)
+        let (url, replicas) = try Self.startCellReplicas("c0")
+        var service = replicas[0]
         let client = try service.client()
         // Queues spread over the cells; each task is served by its queue's cell.
         var ids: [String: String] = [:]
@@ -51,8 +35,7 @@ struct CellServiceTests {
         #expect(try client.call("GET", "/tasks/01ZZZZZZZZZZZZZZZZZZZZZZZZ").status == 404)
         try service.stop()
 
-        service = try Self.cellReplica(url, name: "c0")
-        try Self.waitForEveryCell(service)
+        service = try Self.startCellReplicas("c0", on: url).replicas[0]
         let again = try service.client()
         for (queue, id) in ids {
             let task = try again.task(id)
@@ -82,9 +65,7 @@ extension CellServiceTests {
     }
 
     @Test func dependenciesAcrossCellsReleaseAndCancelTheirDependents() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let service = try Self.cellReplica(url, name: "c0")
-        try Self.waitForEveryCell(service)
+        let service = try Self.startCellReplicas("c0").replicas[0]
         let client = try service.client()
         let (upstream, downstream) = Self.queuesOfTwoCells(service)
         let first = try client.submit(#"{"kind":"sleep","params":{"duration_ms":300},"queue":"\#(upstream)"}"#)
@@ -123,28 +104,11 @@ extension CellServiceTests {
 }
 
 extension CellServiceTests {
-    /// Until each replica serves exactly the cells rendezvous hashing gives it: no cell moves.
-    static func waitForEveryCell(_ services: [ServiceHarness], timeout: Double = 20) throws {
-        let names = services.map { service in service.onLoop { $0.configuration.sharedDatabase!.replica } }
-        try pollUntil("the cells to spread over \(services.count) replicas", timeout: timeout) {
-            services.allSatisfy { service in
-                service.onLoop { application in
-                    guard let host = application.cellHost else { return false }
-                    let mine = application.configuration.sharedDatabase!.replica
-                    let assigned = Rendezvous.assignment(host.layout, among: names).filter { $0.value == mine }.keys.sorted()
-                    return host.openEngines.compactMap(\.cell).map(Cell.init) == assigned && host.hostedCells == assigned
-                }
-            }
-        }
-    }
-
     /// Each replica serves its own cells and forwards the rest: a client may send anything to
     /// either, and a task's calls work through the replica that does not own it.
     @Test func anyReplicaAnswersForEveryCell() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let first = try Self.cellReplica(url, name: "c0")
-        let second = try Self.cellReplica(url, name: "c1")
-        try Self.waitForEveryCell([first, second])
+        let replicas = try Self.startCellReplicas("c0", "c1").replicas
+        let (first, second) = (replicas[0], replicas[1])
         let client = try APIClient(ports: [first.port, second.port])
         var ids: [String] = []
         for index in 0..<16 {
@@ -178,10 +142,8 @@ extension CellServiceTests {
 extension CellServiceTests {
     /// Lists read every cell's records, on any replica, as a single server lists its tasks.
     @Test func listsOnAnyReplicaShowEveryCell() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let first = try Self.cellReplica(url, name: "l0")
-        let second = try Self.cellReplica(url, name: "l1")
-        try Self.waitForEveryCell([first, second])
+        let replicas = try Self.startCellReplicas("l0", "l1").replicas
+        let (first, second) = (replicas[0], replicas[1])
         let client = try APIClient(ports: [first.port, second.port])
         var ids: [String] = []
         for index in 0..<12 {
@@ -232,10 +194,8 @@ extension CellServiceTests {
     /// A workflow whose tasks span three cells runs through, is read whole on any replica, and
     /// is cancelled and retried as one.
     @Test func aWorkflowAcrossThreeCells() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let first = try Self.cellReplica(url, name: "w0")
-        let second = try Self.cellReplica(url, name: "w1")
-        try Self.waitForEveryCell([first, second])
+        let replicas = try Self.startCellReplicas("w0", "w1").replicas
+        let (first, second) = (replicas[0], replicas[1])
         let client = try APIClient(ports: [first.port, second.port])
         let queues = Self.queuesOfThreeCells(first)
         let submitted = try client.call("POST", "/workflows", json: """
@@ -287,9 +247,8 @@ extension CellServiceTests {
     /// its health check and requests 503 replica_superseded; what it committed is the newer
     /// one's now.
     @Test func aReplicaOfANewerProtocolSupersedesThisOne() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let older = try Self.cellReplica(url, name: "old")
-        try Self.waitForEveryCell(older)
+        let (url, replicas) = try Self.startCellReplicas("old")
+        let older = replicas[0]
         let client = try older.client()
         let id = try #require(try client.submit(#"{"kind":"noop"}"#)["id"] as? String)
         _ = try client.waitForState(id, "succeeded")
@@ -330,15 +289,10 @@ extension CellServiceTests {
         // A PostgreSQL of its own: the row lock taken here must hold back no other suite.
         let postgres = try PostgresCluster.start()
         defer { try? postgres.stop() }
-        let url = try postgres.makeDatabase()
-        let service = try ServiceHarness(replicas: 1) { configuration in
-            var settings = SharedDatabaseSettings(url: url, replica: "z0")
-            settings.cells = Self.cellCount
-            settings.leaseMilliseconds = 2_000
-            configuration.sharedDatabase = settings
-            configuration.durability = .full
+        let (url, replicas) = try Self.startCellReplicas("z0", on: try postgres.makeDatabase()) {
+            $0.sharedDatabase!.leaseMilliseconds = 2_000
         }
-        try Self.waitForEveryCell(service)
+        let service = replicas[0]
         let layout = CellLayout(count: Self.cellCount)
         let other = try #require((0..<100).map { "other\($0)" }.first { layout.cell(ofQueue: $0) != layout.cell(ofQueue: "held") })
         func count(_ condition: String) -> String? {

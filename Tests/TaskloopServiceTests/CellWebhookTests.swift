@@ -9,17 +9,6 @@ import TaskloopTestSupport
 /// and follow the cell when it moves; a key holds across replicas and cells.
 @Suite(.serialized, .inTheDefaultStageOnly)
 struct CellWebhookTests {
-    static func replica(_ url: String, name: String, _ configure: @escaping (inout ServiceConfiguration) -> Void = { _ in })
-        throws -> ServiceHarness {
-        try ServiceHarness(replicas: 1) { configuration in
-            var settings = SharedDatabaseSettings(url: url, replica: name)
-            settings.cells = CellServiceTests.cellCount
-            configuration.sharedDatabase = settings
-            configuration.durability = .full
-            configure(&configuration)
-        }
-    }
-
     /// A queue whose cell `service` serves, and one whose cell it does not.
     static func queuesHereAndElsewhere(_ service: ServiceHarness) -> (here: String, elsewhere: String) {
         service.onLoop { application in
@@ -45,10 +34,8 @@ struct CellWebhookTests {
     /// Made on one replica, a webhook gets the events of every replica's cells, signed; deleted
     /// on the other, it gets nothing more from either.
     @Test func aWebhookMadeOnOneReplicaHearsEveryCellUntilDeletedOnAnother() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let first = try Self.replica(url, name: "h0")
-        let second = try Self.replica(url, name: "h1")
-        try CellServiceTests.waitForEveryCell([first, second])
+        let replicas = try CellServiceTests.startCellReplicas("h0", "h1").replicas
+        let (first, second) = (replicas[0], replicas[1])
         let (mine, theirs) = Self.queuesHereAndElsewhere(first)
         let one = try APIClient(port: first.port), other = try APIClient(port: second.port)
         let receiver = try WebhookReceiver()
@@ -109,8 +96,8 @@ struct CellWebhookTests {
         let url = try PostgresCluster.shared().makeDatabase()
         let proxy = try PostgresProxy(forwardingTo: url)
         defer { proxy.stop() }
-        let first = try Self.replica(url, name: "s0")
-        let second = try Self.replica(proxy.url(through: url), name: "s1")
+        let first = try CellServiceTests.cellReplica(url, name: "s0")
+        let second = try CellServiceTests.cellReplica(proxy.url(through: url), name: "s1")
         try CellServiceTests.waitForEveryCell([first, second])
         let theirs = Self.queuesHereAndElsewhere(first).elsewhere
         let creator = try APIClient(port: first.port), submitter = try APIClient(port: second.port)
@@ -145,8 +132,8 @@ struct CellWebhookTests {
         let url = try PostgresCluster.shared().makeDatabase()
         let proxy = try PostgresProxy(forwardingTo: url)
         defer { proxy.stop() }
-        let first = try Self.replica(url, name: "d0")
-        let second = try Self.replica(proxy.url(through: url), name: "d1")
+        let first = try CellServiceTests.cellReplica(url, name: "d0")
+        let second = try CellServiceTests.cellReplica(proxy.url(through: url), name: "d1")
         try CellServiceTests.waitForEveryCell([first, second])
         let client = try APIClient(port: first.port)
         proxy.freeze(toServer: true, toClient: true)
@@ -163,11 +150,10 @@ struct CellWebhookTests {
     /// A delivery whose receiver failed is retried on its schedule by the cell's next owner, and
     /// one cut short by the move is made again there.
     @Test func aDeliveryFollowsItsCellToItsNextOwner() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
         // Long enough for the cell to move before the retry is due.
         let settings: (inout ServiceConfiguration) -> Void = { $0.webhooks.retrySchedule = [8_000] }
-        let first = try Self.replica(url, name: "m0", settings)
-        try CellServiceTests.waitForEveryCell(first)
+        let (url, replicas) = try CellServiceTests.startCellReplicas("m0", configure: settings)
+        let first = replicas[0]
         let queue = Self.queue(ownedBy: "m1", among: ["m0", "m1"], first)
         let client = try APIClient(port: first.port)
         // The first attempt of one delivery is refused, of the other left without an answer.
@@ -183,7 +169,7 @@ struct CellWebhookTests {
         let refused = try receiver.waitFor("the first attempt", path: "/flaky") { $0["answered"] as? Int == 500 }
         try receiver.waitFor("the attempt left hanging", path: "/stuck") { _ in true }
 
-        let second = try Self.replica(url, name: "m1", settings)
+        let second = try CellServiceTests.cellReplica(url, name: "m1", settings)
         try CellServiceTests.waitForEveryCell([first, second])
         #expect(first.onLoop { $0.webhooks.pendingCount } == 0, "the first owner gave its deliveries up with the cell")
         try second.waitUntil("the new owner to hold the retry") { $0.webhooks.pendingCount >= 1 }
@@ -208,11 +194,8 @@ struct CellWebhookTests {
     /// The same key and body create once whichever replica takes them; the same key with a body
     /// for another cell is 422 on every replica. An expired key leaves the table.
     @Test func anIdempotencyKeyHoldsAcrossReplicasAndCells() throws {
-        let url = try PostgresCluster.shared().makeDatabase()
-        let settings: (inout ServiceConfiguration) -> Void = { $0.idempotencyTTLMilliseconds = 3_000 }
-        let first = try Self.replica(url, name: "k0", settings)
-        let second = try Self.replica(url, name: "k1", settings)
-        try CellServiceTests.waitForEveryCell([first, second])
+        let (url, replicas) = try CellServiceTests.startCellReplicas("k0", "k1") { $0.idempotencyTTLMilliseconds = 3_000 }
+        let (first, second) = (replicas[0], replicas[1])
         let (mine, theirs) = Self.queuesHereAndElsewhere(first)
         let one = try APIClient(port: first.port), other = try APIClient(port: second.port)
         let body = #"{"kind":"noop","queue":"\#(mine)"}"#

@@ -1,0 +1,45 @@
+import TaskloopCluster
+@testable import TaskloopService
+import TaskloopTestSupport
+
+/// Replicas on cells for the cell tests (`CellServiceTests.cellCount` cells, `full` durability,
+/// in-process), and the wait until none of their cells moves: a request for a moving cell may
+/// wait or be refused.
+extension CellServiceTests {
+    static func cellReplica(_ url: String, name: String, _ configure: (inout ServiceConfiguration) -> Void = { _ in })
+        throws -> ServiceHarness {
+        try ServiceHarness(replicas: 1) { configuration in
+            var settings = SharedDatabaseSettings(url: url, replica: name)
+            settings.cells = cellCount
+            configuration.sharedDatabase = settings
+            configuration.durability = .full
+            configure(&configuration)
+        }
+    }
+
+    /// Replicas named `names` on the cells of `url` (a new database when nil), once each serves
+    /// the cells rendezvous hashing gives it.
+    static func startCellReplicas(_ names: String..., on url: String? = nil,
+                                  configure: (inout ServiceConfiguration) -> Void = { _ in })
+        throws -> (url: String, replicas: [ServiceHarness]) {
+        let url = try url ?? PostgresCluster.shared().makeDatabase()
+        let replicas = try names.map { try cellReplica(url, name: $0, configure) }
+        try waitForEveryCell(replicas)
+        return (url, replicas)
+    }
+
+    /// Until each replica serves exactly the cells rendezvous hashing gives it: no cell moves.
+    static func waitForEveryCell(_ services: [ServiceHarness], timeout: Double = 20) throws {
+        let names = services.map { service in service.onLoop { $0.configuration.sharedDatabase!.replica } }
+        try pollUntil("the cells to spread over \(services.count) replicas", timeout: timeout) {
+            services.allSatisfy { service in
+                service.onLoop { application in
+                    guard let host = application.cellHost else { return false }
+                    let mine = application.configuration.sharedDatabase!.replica
+                    let assigned = Rendezvous.assignment(host.layout, among: names).filter { $0.value == mine }.keys.sorted()
+                    return host.openEngines.compactMap(\.cell).map(Cell.init) == assigned && host.hostedCells == assigned
+                }
+            }
+        }
+    }
+}
