@@ -126,7 +126,7 @@ extension TaskloopApplication {
             logger.error("another process took over the replica name \(name); this process serves no more")
             retiredProblem = APIProblem(.serviceUnavailable, detail: detail, code: "replica_replaced")
         }
-        // Keys are the cluster's (see `checkIdempotencyKey`): an expired one goes from the
+        // Keys are the cluster's (see `preReadSubmission`): an expired one goes from the
         // table whichever cell wrote it, unless it was used again meanwhile.
         idempotency.onExpire = { [unowned self] keys in
             cellHost?.read([CellSchema.deleteExpiredKeys(keys, at: scheduler.wallClock)]) { _ in }
@@ -257,36 +257,19 @@ extension TaskloopApplication {
         }
     }
 
-    /// Runs `submit` once every dependency on a task of another cell (`field` and id, from
-    /// `specs` and the field prefix of each) is known to exist, as a single server refuses an
-    /// unknown one before it changes anything: the engine takes such a dependency on trust,
-    /// and its cell would only report it missing later. The cells' records say, and a task
-    /// acknowledged is committed there. Without cells, or with no such dependency, at once.
-    func checkingRemoteDependencies(of specs: [(prefix: String, spec: TaskSpec)], _ reply: Reply,
-                                    _ submit: @escaping () throws -> Void) throws {
-        guard let host = cellHost, let cell = reply.engine.cell else { return try submit() }
-        var remote: [(field: String, id: TaskID)] = []
+    /// Refuses a dependency on a task of another cell (`field` and id, from `specs` and the
+    /// field prefix of each) that does not exist, as a single server refuses an unknown one
+    /// before it changes anything: the engine takes such a dependency on trust, and its cell
+    /// would only report it missing later. Which exist was read before the submission was
+    /// served (`preReadSubmission`). Without cells, nothing.
+    func refuseUnknownRemoteDependencies(of specs: [(prefix: String, spec: TaskSpec)], _ reply: Reply) throws {
+        guard cellHost != nil, let cell = reply.engine.cell else { return }
         for (prefix, spec) in specs {
             for (position, dependency) in spec.dependencies.enumerated() {
-                if case .task(let id) = dependency, id.cell != cell { remote.append(("\(prefix)dependencies[\(position)]", id)) }
-            }
-        }
-        guard !remote.isEmpty else { return try submit() }
-        let engine = reply.engine
-        host.read([CellReads.existing(remote.map(\.id))]) { [weak self] result in
-            guard let self else { return }
-            do {
-                let existing = CellReads.existing(try result.get()[0])
-                if let missing = remote.first(where: { !existing.contains($0.id) }) {
-                    throw EngineError(.unknownDependency, "No task \(missing.id).", field: missing.field)
+                guard case .task(let id) = dependency, id.cell != cell else { continue }
+                guard try reply.tasksOfOtherCells.get().contains(id) else {
+                    throw EngineError(.unknownDependency, "No task \(id).", field: "\(prefix)dependencies[\(position)]")
                 }
-                // The cell may have moved on meanwhile: its engine then changes nothing more.
-                guard case .here(let current) = host.placement(of: Cell(cell)), current === engine else {
-                    throw Self.cellMoving
-                }
-                try submit()
-            } catch {
-                reply.send(errorResponse(for: error))
             }
         }
     }
@@ -429,7 +412,7 @@ extension TaskloopApplication {
     /// held while the cell moves (up to `movingCellWaitMilliseconds`). Lists and reads of
     /// whole workflows and queues are answered here from the database.
     func serveInCell(_ route: Route, _ request: HTTPRequest, _ reply: Reply, waitedMilliseconds: UInt64 = 0,
-                     keyChecked: Bool = false) {
+                     preRead: Result<Set<TaskID>, PGError>? = nil) {
         guard let host = cellHost else { return reply.send(Self.cellMoving.response()) }
         if let retiredProblem { return reply.send(retiredProblem.response()) }
         if let handler = cellReads[route.index] {
@@ -455,13 +438,14 @@ extension TaskloopApplication {
             return reply.send(Self.sharedDatabaseUnavailable.response())
         }
         switch placement {
-        case .here where !keyChecked && needsKeyLookup(route, request):
-            checkIdempotencyKey(request, host) { [weak self] in
-                self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds, keyChecked: true)
+        case .here where preRead == nil && (route.placement == .submittedTask || route.placement == .submittedWorkflow):
+            preReadSubmission(route, request, in: cell, host) { [weak self] tasksOfOtherCells in
+                self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds, preRead: tasksOfOtherCells)
             }
         case .here(let engine):
             var reply = reply
             reply.engine = engine
+            if let preRead { reply.tasksOfOtherCells = preRead }
             run(route, request, reply)
         case .elsewhere(let address) where !ClusterForwarder.forwardedBy(request).contains(configuration.sharedDatabase?.replica ?? ""):
             guard let forwarder else { return reply.send(Self.cellMoving.response()) }
@@ -471,8 +455,7 @@ extension TaskloopApplication {
             let waitsAgain: (() -> Void)? = waitedMilliseconds < Self.movingCellWaitMilliseconds ? { [weak self] in
                 guard let self, let scheduler else { return reply.send(Self.cellMoving.response()) }
                 _ = scheduler.schedule(after: Self.movingCellPollMilliseconds) { [weak self] in
-                    self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds,
-                                      keyChecked: keyChecked)
+                    self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds)
                 }
             } : nil
             let forwarded = forwarder.forward(request, to: address, whenUnreachable: waitsAgain) { response in
@@ -503,33 +486,50 @@ extension TaskloopApplication {
         }
     }
 
-    /// A creation under an `Idempotency-Key` this replica does not know: the key may have been
-    /// used in another cell. Keys are the cluster's: the same key and body name the same queue,
-    /// hence the same cell, whose owner knows the key (it loads the cell's keys as it opens it);
-    /// but the same key with another body may name another cell, which must answer 422 too.
-    /// So such a request first reads the key from `cell_idempotency_keys` (one round trip,
-    /// only for keys unknown here), and the answer replays or refuses as the first use's cell
-    /// would. (Hashing the key to a cell of its own instead would need a second cell's commit,
-    /// of the key, before the creation in the queue's cell.)
-    private func needsKeyLookup(_ route: Route, _ request: HTTPRequest) -> Bool {
-        switch route.placement {
-        case .submittedTask, .submittedWorkflow:
-            guard let key = try? IdempotencyKeys.key(of: request) else { return false }
-            return idempotency.record(for: key) == nil
-        default:
-            return false
+    /// What a submission to a cell served here reads first, in one round trip: its
+    /// `Idempotency-Key` when this replica does not know it, and which of the tasks of other
+    /// cells it depends on exist (`refuseUnknownRemoteDependencies`); nothing when it needs
+    /// neither.
+    ///
+    /// The key may have been used in another cell. Keys are the cluster's: the same key and
+    /// body name the same queue, hence the same cell, whose owner knows the key (it loads the
+    /// cell's keys as it opens it); but the same key with another body may name another cell,
+    /// which must answer 422 too. So the key is read from `cell_idempotency_keys` (only a key
+    /// unknown here), and the answer replays or refuses as the first use's cell would.
+    /// (Hashing the key to a cell of its own instead would need a second cell's commit, of the
+    /// key, before the creation in the queue's cell.) A read that failed decides nothing for the
+    /// key: the cell's own keys are known here, and a commit that would overwrite a live key of
+    /// another request fails; the dependencies are then answered as the database is.
+    private func preReadSubmission(_ route: Route, _ request: HTTPRequest, in cell: Cell, _ host: CellHost,
+                                   then serve: @escaping (Result<Set<TaskID>, PGError>) -> Void) {
+        let key = (try? IdempotencyKeys.key(of: request)).flatMap { idempotency.record(for: $0) == nil ? $0 : nil }
+        let dependencies = Self.tasksOfOtherCells(namedBy: request, route, than: cell)
+        var queries: [PGQuery] = []
+        if let key { queries.append(CellSchema.findKey(key, at: scheduler?.wallClock ?? 0)) }
+        if !dependencies.isEmpty { queries.append(CellReads.existing(dependencies)) }
+        guard !queries.isEmpty else { return serve(.success([])) }
+        host.read(queries) { [weak self] result in
+            guard let self else { return }
+            if key != nil, case .success(let results) = result {
+                idempotency.absorb(CellSchema.keys(of: results[0]), expired: [])
+            }
+            serve(dependencies.isEmpty ? .success([]) : result.map { CellReads.existing($0[$0.count - 1]) })
         }
     }
 
-    private func checkIdempotencyKey(_ request: HTTPRequest, _ host: CellHost, then serve: @escaping () -> Void) {
-        guard let key = try? IdempotencyKeys.key(of: request) else { return serve() }
-        host.read([CellSchema.findKey(key, at: scheduler?.wallClock ?? 0)]) { [weak self] result in
-            guard let self else { return }
-            if case .success(let results) = result { idempotency.absorb(CellSchema.keys(of: results[0]), expired: []) }
-            // A read that failed decides nothing: the cell's own keys are known here, and a
-            // commit that would overwrite a live key of another request fails.
-            serve()
+    /// The task ids of other cells than `cell` a submission's body names as dependencies (of
+    /// the task, or of the workflow's tasks), as its handler reads them; a workflow's sibling
+    /// key that reads as an id too is looked up in vain.
+    private static func tasksOfOtherCells(namedBy request: HTTPRequest, _ route: Route, than cell: Cell) -> [TaskID] {
+        guard let body = (try? JSONParser.parse(request.body))?.objectValue else { return [] }
+        let specs = route.placement == .submittedWorkflow ? (body["tasks"]?.arrayValue ?? []).compactMap(\.objectValue) : [body]
+        var ids: [TaskID] = []
+        for spec in specs {
+            for dependency in spec["dependencies"]?.arrayValue ?? [] {
+                if let id = dependency.stringValue.flatMap(TaskID.init), Cell(id.cell) != cell { ids.append(id) }
+            }
         }
+        return ids
     }
 
     /// The cell a request names, or nil for one that reads every cell. A request whose id does

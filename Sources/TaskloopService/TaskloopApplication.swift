@@ -554,6 +554,9 @@ struct Reply {
     unowned let application: TaskloopApplication
     /// The engine serving the request: the server's, or with cells its cell's (set when routed).
     var engine: Engine!
+    /// With cells: which tasks of other cells that a submission depends on exist, read before
+    /// it was served (`preReadSubmission`).
+    var tasksOfOtherCells: Result<Set<TaskID>, PGError> = .success([])
 
     /// With a store, the answer leaves once everything changed so far is committed (at once
     /// when nothing is in flight, or when the store is failing and this is a read).

@@ -204,6 +204,12 @@ struct CellWebhookTests {
         let replayed = try other.call("POST", "/tasks", json: body, headers: ["Idempotency-Key": "order-1"])
         #expect(replayed.status == 201 && replayed.header("Idempotent-Replayed") == "true")
         #expect(replayed.json["id"] as? String == created.json["id"] as? String)
+        // Unknown to the owner of the other cell, with a dependency on a task of another cell
+        // too: both are read in one round trip, and the key refuses it.
+        let createdID = try #require(created.json["id"] as? String)
+        let dependent = try other.call("POST", "/tasks", json: #"{"kind":"noop","queue":"\#(theirs)","dependencies":["\#(createdID)"]}"#,
+                                       headers: ["Idempotency-Key": "order-1"])
+        #expect(dependent.status == 422 && dependent.json["code"] as? String == "idempotency_key_reused", "\(dependent.text)")
         for client in [one, other] {
             let reused = try client.call("POST", "/tasks", json: #"{"kind":"noop","queue":"\#(theirs)"}"#,
                                          headers: ["Idempotency-Key": "order-1"])

@@ -207,18 +207,17 @@ extension TaskloopApplication {
         let spec = reader.object(document, "").flatMap { reader.taskSpec($0, prefix: "") }
         try reader.check()
         try checkKindAllowed(spec!.kind, queue: spec!.queue, field: "kind", reply.engine)
-        try checkingRemoteDependencies(of: [("", spec!)], reply) { [unowned self] in
-            if let key { try idempotency.checkRoom(for: key) }
-            let task = try reply.engine.submit(spec!)
-            if let key, let fingerprint {
-                // Remembered in memory in any case; with a store, written in this turn's batch.
-                let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/tasks/\(task.id)")
-                durable?.record(record)
-                if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
-            }
-            metrics.taskSubmitted(kind: task.kind)
-            reply.send(.json(.created, Representation.task(task), location: Representation.path("/tasks/", task.id)))
+        try refuseUnknownRemoteDependencies(of: [("", spec!)], reply)
+        if let key { try idempotency.checkRoom(for: key) }
+        let task = try reply.engine.submit(spec!)
+        if let key, let fingerprint {
+            // Remembered in memory in any case; with a store, written in this turn's batch.
+            let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/tasks/\(task.id)")
+            durable?.record(record)
+            if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
         }
+        metrics.taskSubmitted(kind: task.kind)
+        reply.send(.json(.created, Representation.task(task), location: Representation.path("/tasks/", task.id)))
     }
 
     private func getTask(_ request: HTTPRequest, _ reply: Reply) throws {
@@ -407,18 +406,16 @@ extension TaskloopApplication {
         for (index, member) in members.enumerated() {
             try checkKindAllowed(member.spec.kind, queue: member.spec.queue, field: "tasks[\(index)].kind", reply.engine)
         }
-        try checkingRemoteDependencies(of: members.enumerated().map { ("tasks[\($0.offset)].", $0.element.spec) }, reply) {
-            [unowned self] in
-            if let key { try idempotency.checkRoom(for: key) }
-            let workflow = try reply.engine.submitWorkflow(name: name, tasks: members)
-            if let key, let fingerprint {
-                let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/workflows/\(workflow.id)")
-                durable?.record(record)
-                if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
-            }
-            for task in workflow.tasks { metrics.taskSubmitted(kind: task.kind) }
-            reply.send(.json(.created, Representation.workflow(workflow), location: Representation.path("/workflows/", workflow.id)))
+        try refuseUnknownRemoteDependencies(of: members.enumerated().map { ("tasks[\($0.offset)].", $0.element.spec) }, reply)
+        if let key { try idempotency.checkRoom(for: key) }
+        let workflow = try reply.engine.submitWorkflow(name: name, tasks: members)
+        if let key, let fingerprint {
+            let record = idempotency.remember(key, fingerprint: fingerprint, status: .created, resource: "/workflows/\(workflow.id)")
+            durable?.record(record)
+            if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
         }
+        for task in workflow.tasks { metrics.taskSubmitted(kind: task.kind) }
+        reply.send(.json(.created, Representation.workflow(workflow), location: Representation.path("/workflows/", workflow.id)))
     }
 
     // MARK: queues
