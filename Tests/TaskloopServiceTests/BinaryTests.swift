@@ -367,8 +367,11 @@ import TaskloopTestSupport
 
     /// A thousand short `exec` runs leave no zombie child and no open descriptor behind.
     @Test func thousandExecRunsLeakNothing() throws {
+        // Its stop after a thousand runs has outlasted the default grace on a machine loaded by
+        // builds beside the tests (the cause not pinned down); how long a stop takes is not what
+        // this test is about, and a stop that hangs still fails it.
         let binary = try RunningBinary(arguments: ["--port", "0", "--allow-exec", "--default-concurrency", "16",
-                                                   "--log-level", "warning"])
+                                                   "--shutdown-grace-seconds", "30", "--log-level", "warning"])
         let port = try #require(Self.port(from: try binary.waitForLine(containing: "listening on")))
         let pid = binary.process.processIdentifier
         func openDescriptors() -> Int {
