@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Replicas benchmark: POST /tasks and lease+complete cycles per second with 1, 2 and 3
-# replicas of the release build sharing one PostgreSQL (fsync on, synchronous_commit on),
-# taking turns (`--replication turns`) and on cells (`--replication cells`), against one
-# server on its embedded SQLite store (--durability full), all measured in one run on this
-# machine. The load is the same in total: 12 connections, split evenly over the replicas
-# (one wrk per replica, their rates summed). On cells the work goes to 64 queues in turn, so
-# it spreads over the cells; a replica forwards what another owns. Also printed: where the
+# replicas of the release build (on cells) sharing one PostgreSQL
+# (fsync on, synchronous_commit on), against one server on its embedded SQLite store
+# (--durability full), all measured in one run on this machine. The load is the same in total: 12 connections, split evenly over the replicas
+# (one wrk per replica, their rates summed). The work goes to 64 queues in turn, so it
+# spreads over the cells; a replica forwards what another owns. Also printed: where the
 # CPU went (replicas, PostgreSQL, everything else: wrk and the rest of the machine), and the
 # CPU seconds per thousand tasks of the replicas and of PostgreSQL.
 #   BENCH_DURATION  seconds of wrk per measurement (default 5)
@@ -29,11 +28,14 @@ database=$(POSTGRES_FSYNC=on POSTGRES_STATEMENTS=$([ "$statements" = 1 ] && echo
 # Stopped before the scratch dir it lives in goes (at_exit runs the last registered first).
 at_exit 'bash scripts/postgres-cluster.sh stop "$work/pg" 2>/dev/null'
 if [ "$statements" = 1 ]; then psql -q "$database" -c "CREATE EXTENSION pg_stat_statements"; fi
+# A baseline built before cells were the only replication takes them from this (later builds
+# have no other and ignore it).
+export TASKLOOP_REPLICATION=cells
 common=(--port 0 --max-unfinished-tasks 10000000 --max-retained-tasks 100000 --log-level warning)
 
 urls=()
 pids=()
-start() { # BINARY sqlite | turns N | cells N, each on a database of its own
+start() { # BINARY sqlite | cells N, each on a database of its own
     local binary=$1
     shift
     urls=()
@@ -46,11 +48,10 @@ start() { # BINARY sqlite | turns N | cells N, each on a database of its own
     local name="bench_$RANDOM$RANDOM"
     psql -q "$database" -c "CREATE DATABASE $name"
     for index in $(seq 1 "$2"); do
-        serve_in_background "$binary" "${common[@]}" --database-url "${database%/*}/$name" --replica-name "r$index" \
-            --replication "$1"
+        serve_in_background "$binary" "${common[@]}" --database-url "${database%/*}/$name" --replica-name "r$index"
         urls+=("$url"); pids+=("$server")
     done
-    if [ "$1" = cells ]; then wait_for_cells "$2"; fi
+    wait_for_cells "$2"
 }
 
 # Until every cell is served (each replica's taskloop_cells_served adds up to the count).
@@ -137,7 +138,7 @@ measure() { # script
 }
 
 echo "replicas on PostgreSQL vs one server on SQLite: $connections connections in all, wrk -d${duration}s, $rounds rounds"
-setups=${BENCH_SETUPS:-"sqlite 1,turns 1,turns 2,turns 3,cells 1,cells 2,cells 3"}
+setups=${BENCH_SETUPS:-"sqlite 1,cells 1,cells 2,cells 3"}
 lines=""
 for round in $(seq 1 "$rounds"); do
     IFS=, read -ra chosen <<<"$setups"
@@ -176,7 +177,7 @@ reference = None
 blank = ""
 singles = {}
 duration = float(sys.argv[1])
-for key in sorted(rows, key=lambda k: (k[0] != "sqlite", k[0] != "turns", k[1], k[2] != "baseline")):
+for key in sorted(rows, key=lambda k: (k[0] != "sqlite", k[1], k[2] != "baseline")):
     r = rows[key]
     submits, cycles = median(x[0] for x in r), median(x[4] / 2 for x in r)
     def shares(base):
