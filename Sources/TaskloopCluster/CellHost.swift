@@ -1,3 +1,4 @@
+import Glibc
 import TaskloopEngine
 import TaskloopLoop
 import TaskloopPostgres
@@ -103,6 +104,16 @@ public final class CellHost {
     private var announcing = false
     /// A commit is in flight (`commitDirtyCells`).
     private var isCommitting = false
+    /// Group commit under a closed loop of clients (`commitDirtyCells`): when the commit in
+    /// flight was sent, the times of the last few commits (their shortest is the usual one: a
+    /// commit held up by a takeover or a load must not stretch the waits after it), how many
+    /// answers the last one let go, and until when the next one may wait for as many, in
+    /// microseconds of the monotonic clock.
+    private var commitSentAt: UInt64 = 0
+    private var commitTimes: [UInt64] = []
+    private var answeredByLastCommit = 0
+    private var gatherUntil: UInt64 = 0
+    private var gatherTimer: LoopTimer?
 
     public init(loop: EventLoop, keeper settings: CellKeeper.Settings, makeEngine: @escaping (Cell) -> Engine,
                 eventsOf: @escaping (Engine, [EngineEvent]) -> [ClusterEvents.Written]) throws(UVError) {
@@ -116,6 +127,7 @@ public final class CellHost {
         // Weak: engines, keeper and committer may call back after the host has gone (an engine
         // a pending answer still holds, a timer), and then there is nothing to do.
         endOfTurn = try LoopCheck(loop: loop) { [weak self] in self?.commitDirtyCells() }
+        gatherTimer = try LoopTimer(loop: loop)
         committer.onEpochAdvanced = { [weak self] cell, epoch in
             guard let self else { return }
             cells[cell]?.epoch = epoch
@@ -235,8 +247,24 @@ public final class CellHost {
     /// Every cell changed since the last commit commits in one transaction: one flush for all.
     /// One commit is in flight at a time; what changes meanwhile goes in the next, so commits
     /// grow with the load instead of queueing behind each other's flushes (group commit).
+    ///
+    /// The clients a commit answered mostly ask again at once. Sent at once, the next commit
+    /// would hold only what came while the last one was in flight, and the others would wait a
+    /// whole commit more: a closed loop of clients splits in two halves that take turns. So a
+    /// commit right after one that answered waits until as many answers wait as that one let
+    /// go, but at most half a usual commit's time (what a wait in vain costs). The changes
+    /// their answers made (the starts it released, what those did) go in it too.
     private func commitDirtyCells() {
         guard !isCommitting else { return }
+        if waiting.count < answeredByLastCommit {
+            let now = Self.microseconds()
+            if now < gatherUntil {
+                // Millisecond timers: a wait shorter than one ends at the first turn after it.
+                gatherTimer?.start(after: max(1, (gatherUntil - now) / 1_000)) { [weak self] in self?.commitDirtyCells() }
+                return
+            }
+        }
+        gatherUntil = 0
         var parts: [PendingPart] = []
         for cell in cells.keys.sorted() {
             guard let hosted = cells[cell], hosted.dirty, let engine = hosted.engine else { continue }
@@ -261,7 +289,14 @@ public final class CellHost {
         }
         sent += 1
         isCommitting = true
+        commitSentAt = Self.microseconds()
         send(parts, number: sent)
+    }
+
+    private static func microseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1_000
     }
 
     /// What a commit of these parts writes: the cells' records, their events (numbered across
@@ -285,6 +320,10 @@ public final class CellHost {
     /// A commit's outcome is known (and its part resent if that was needed): the next may go.
     private func commitEnded() {
         isCommitting = false
+        let now = Self.microseconds()
+        commitTimes.append(now - commitSentAt)
+        if commitTimes.count > 8 { commitTimes.removeFirst() }
+        gatherUntil = now + (commitTimes.min() ?? 0) / 2
         if !isClosed { commitDirtyCells() }
     }
 
@@ -366,17 +405,19 @@ public final class CellHost {
             failedCommits.append((number, failed))
         }
         completed.insert(number)
-        releaseWaiters()
+        answeredByLastCommit = releaseWaiters()
     }
 
-    /// Answers those whose changes are all committed (or lost) by now.
-    private func releaseWaiters() {
+    /// Answers those whose changes are all committed (or lost) by now; how many.
+    @discardableResult
+    private func releaseWaiters() -> Int {
         while completed.remove(answeredThrough + 1) != nil { answeredThrough += 1 }
-        var index = 0
+        var index = 0, released = 0
         while index < waiting.count {
             let entry = waiting[index]
             if entry.target <= answeredThrough {
                 waiting.remove(at: index)
+                released += 1
                 entry.action(!failedCommits.contains { failure in
                     (entry.from...entry.target).contains(failure.number) && entry.cell.map { failure.cells.contains($0) } != false
                 })
@@ -386,6 +427,7 @@ public final class CellHost {
         }
         let oldest = waiting.map(\.from).min() ?? answeredThrough + 1
         failedCommits.removeAll { $0.number < oldest }
+        return released
     }
 
     /// The engine's state went beyond what the database holds: drop it, and load the cell
@@ -620,6 +662,8 @@ public final class CellHost {
         isClosed = true
         endOfTurn?.close()
         endOfTurn = nil
+        gatherTimer?.close()
+        gatherTimer = nil
         committer.close()
         reader.onClosed = nil
         reader.close()
