@@ -467,7 +467,7 @@ extension TaskloopApplication {
                 // The owner did not take it (its cell moved on, or it is stopping): changed
                 // nothing, so it goes where the cell is now.
                 if response.status.code == 503, let waitsAgain { return waitsAgain() }
-                reply.send(response)
+                reply.sendMadeElsewhere(response)
             }
             // A client that leaves takes its forward with it: the owner sees the connection end,
             // and a long poll or lease call waiting there for this client ends too.

@@ -577,6 +577,12 @@ struct Reply {
         }
     }
 
+    /// An answer another replica made: it left there once its change was committed, and holds
+    /// nothing of this replica's, so it does not wait for this one's commits.
+    func sendMadeElsewhere(_ response: HTTPResponse) {
+        deliver(response)
+    }
+
     private func deliver(_ response: HTTPResponse) {
         guard responder.isOpen else { return }
         application.answered(self, status: response.status)

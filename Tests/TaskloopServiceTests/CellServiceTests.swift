@@ -338,6 +338,67 @@ extension CellServiceTests {
 }
 
 extension CellServiceTests {
+    /// A forwarded request's answer was made durable by the owner: the replica that forwarded it
+    /// passes it on at once, even while a commit of its own waits (here on a row lock). It held
+    /// such answers for its own commits, which cost every forwarded request a commit more.
+    @Test func aForwardedAnswerDoesNotWaitForTheForwardersCommit() throws {
+        // A PostgreSQL of its own: the row lock taken here must hold back no other suite.
+        let postgres = try PostgresCluster.start()
+        defer { try? postgres.stop() }
+        let url = try postgres.makeDatabase()
+        let first = try Self.cellReplica(url, name: "f0")
+        let second = try Self.cellReplica(url, name: "f1")
+        try Self.waitForEveryCell([first, second])
+        let (held, forwarded) = first.onLoop { application in
+            let host = application.cellHost!
+            let queues = (0...).lazy.map { "fq\($0)" }
+            func ownedHere(_ queue: String) -> Bool {
+                if case .here = host.placement(of: host.cell(ofQueue: queue)) { return true }
+                return false
+            }
+            return (queues.first(where: ownedHere)!, queues.first { !ownedHere($0) }!)
+        }
+        func count(_ condition: String) -> String? {
+            try? postgres.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND \(condition)",
+                              database: url).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        // Another session holds the row of the cell of queue `held`, one of the first replica's.
+        let cell = first.onLoop { $0.cellHost!.cell(ofQueue: held).index }
+        let locker = Process()
+        locker.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
+        locker.arguments = [url, "-qAt", "-v", "ON_ERROR_STOP=1"]
+        let input = Pipe()
+        locker.standardInput = input
+        locker.standardOutput = FileHandle.nullDevice
+        try locker.run()
+        input.fileHandleForWriting.write(Data("BEGIN;\nSELECT 1 FROM taskloop.cells WHERE cell = \(cell) FOR UPDATE;\n".utf8))
+        try pollUntil("the row lock") { count("state = 'idle in transaction' AND query LIKE '%FOR UPDATE%'") == "1" }
+
+        let heldStatus = Locked<Int?>(nil)
+        let client = try APIClient(port: first.port)
+        let thread = Thread {
+            let status = (try? client.call("POST", "/tasks", json: #"{"kind":"noop","queue":"\#(held)"}"#, timeout: 60))?.status ?? 0
+            heldStatus.withLock { $0 = status }
+        }
+        thread.start()
+        try pollUntil("the first replica's commit to wait for the lock") {
+            count("wait_event_type = 'Lock' AND query LIKE '%fence_commits%'") == "1"
+        }
+        let answer = try APIClient(port: first.port).call("POST", "/tasks", json: #"{"kind":"noop","queue":"\#(forwarded)"}"#, timeout: 10)
+        #expect(answer.status == 201, "\(answer.status) \(answer.text)")
+        #expect(heldStatus.value == nil, "the first replica's commit was not waiting any more")
+
+        input.fileHandleForWriting.write(Data("COMMIT;\n".utf8))
+        try input.fileHandleForWriting.close()
+        locker.waitUntilExit()
+        try pollUntil("the answer to the change whose commit waited", timeout: 20) { heldStatus.value != nil }
+        #expect(heldStatus.value == 201)
+        try second.stop()
+        try first.stop()
+    }
+}
+
+extension CellServiceTests {
     /// Clients that ask again as soon as they are answered share their commits: a commit waits
     /// a moment for the clients the last one answered, so they do not split into two halves
     /// that take turns, each commit holding half of them.
