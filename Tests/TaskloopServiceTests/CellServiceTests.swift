@@ -398,32 +398,3 @@ extension CellServiceTests {
     }
 }
 
-extension CellServiceTests {
-    /// Clients that ask again as soon as they are answered share their commits: a commit waits
-    /// a moment for the clients the last one answered, so they do not split into two halves
-    /// that take turns, each commit holding half of them.
-    @Test func clientsThatAskAgainAtOnceShareTheirCommits() throws {
-        let service = try Self.startCellReplicas("g0").replicas[0]
-        let clients = 8, each = 40
-        let commitsBefore = service.onLoop { $0.cellHost!.commitCount }
-        let answered = Locked(0)
-        let threads = try (0..<clients).map { index in
-            let client = try APIClient(port: service.port)
-            let thread = Thread {
-                for request in 0..<each {
-                    let body = #"{"kind":"noop","queue":"g\#((index * each + request) % 16)"}"#
-                    if (try? client.call("POST", "/tasks", json: body, timeout: 20))?.status == 201 {
-                        answered.withLock { $0 += 1 }
-                    }
-                }
-            }
-            thread.start()
-            return thread
-        }
-        try pollUntil("every submission answered", timeout: 60) { answered.value == clients * each }
-        _ = threads
-        let commits = service.onLoop { $0.cellHost!.commitCount } - commitsBefore
-        #expect(Double(clients * each) / Double(commits) >= 5.5, "\(commits) commits for \(clients * each) submissions")
-        try service.stop()
-    }
-}
