@@ -6,7 +6,7 @@ extension Engine {
 
     /// The workflow `task` is a member of; on cells, also that of another cell's workflow, whose
     /// record is its home's.
-    public func workflowID(of task: TaskRecord) -> TaskID? { task.workflow?.id ?? workflowOfMember[task.id] }
+    public func workflowID(of task: TaskRecord) -> TaskID? { task.workflow?.id ?? (cell == nil ? nil : workflowOfMember[task.id]) }
 
     public var taskCount: Int { tasks.count }
 

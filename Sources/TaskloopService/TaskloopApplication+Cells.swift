@@ -589,9 +589,9 @@ final class ClusterEventRenderer {
     }
 
     private static func written(_ event: StreamEvent, of engine: Engine) -> ClusterEvents.Written {
-        let workflow = event.workflowID ?? event.task.flatMap(engine.workflowID(of:))
+        if event.workflowID == nil { event.workflowID = event.task.flatMap(engine.workflowID(of:)) }
         return ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
-                                     workflow: workflow?.description, queue: event.queueName, data: event.render(seq: nil))
+                                     workflow: event.workflowID?.description, queue: event.queueName, data: event.render(seq: nil))
     }
 
     /// The progress event to make now, or nil while the task's interval lasts (held until it ends).

@@ -528,7 +528,7 @@ public final class TaskloopApplication {
         guard let task = engine.task(id) else {
             return APIProblem(.notFound, detail: "No task \(id).").response()
         }
-        return .json(status, Representation.task(task))
+        return .json(status, Representation.task(task, in: engine))
     }
 
     static func monotonicNanoseconds() -> UInt64 {

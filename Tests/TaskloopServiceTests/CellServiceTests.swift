@@ -215,6 +215,11 @@ extension CellServiceTests {
             let states = (read["tasks"] as? [[String: Any]] ?? []).compactMap { $0["state"] as? String }
             #expect(states == ["succeeded", "succeeded", "succeeded"], "\(read)")
         }
+        // Each member names its workflow, as its cell's owner answers it (the members of other
+        // cells than the workflow's home hold no record of it).
+        for (key, member) in keys {
+            #expect(try client.task(member)["workflow"] as? String == id, "member \(key)")
+        }
         // Cancelled as one: a long first task, its dependents across the cells.
         let long = try client.call("POST", "/workflows", json: """
             {"tasks":[{"key":"a","kind":"sleep","params":{"duration_ms":600000},"queue":"\(queues[0])"},

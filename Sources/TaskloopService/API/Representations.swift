@@ -7,10 +7,12 @@ import TaskloopJSON
 ///
 /// Threading: loop thread (the records belong to the engine).
 enum Representation {
-    static func task(_ task: TaskRecord) -> [UInt8] {
+    /// `engine`: the engine holding it, which knows its workflow when that is another cell's
+    /// (`Engine.workflowID(of:)`).
+    static func task(_ task: TaskRecord, in engine: Engine? = nil) -> [UInt8] {
         // A task is ~700 bytes: room for it at once spares a grow and a copy.
         var json = JSONWriter(capacity: 1_024)
-        write(task, into: &json)
+        write(task, task.moment, into: &json, workflow: engine?.workflowID(of: task))
         return json.bytes
     }
 
@@ -20,8 +22,8 @@ enum Representation {
     /// Taking the moment costs nothing measurable here: 18 instructions of GET /tasks/{id}'s
     /// 24.2k (callgrind) against reading the record's fields directly.
     static func write<Task: RepresentedTask>(_ task: Task, into json: inout JSONWriter, forLessee: Bool = false,
-                                             resultLimit: Int? = nil) {
-        write(task, task.moment, into: &json, forLessee: forLessee, resultLimit: resultLimit)
+                                             resultLimit: Int? = nil, workflow: TaskID? = nil) {
+        write(task, task.moment, into: &json, forLessee: forLessee, resultLimit: resultLimit, workflow: workflow)
     }
 
     /// The most of a task's `result` an event or a webhook carries; `GET /tasks/{id}` has it all.
@@ -29,9 +31,10 @@ enum Representation {
 
     /// The task with what changes over its life as `moment` holds it. `resultLimit`: the most
     /// bytes of `result` to show (events, webhooks), with `result_truncated` saying whether it
-    /// was cut.
+    /// was cut. `workflow`: its workflow when the task itself does not know it (a member of a
+    /// workflow whose home is another cell).
     static func write<Task: RepresentedTask>(_ task: Task, _ moment: TaskMoment, into json: inout JSONWriter,
-                                             forLessee: Bool = false, resultLimit: Int? = nil) {
+                                             forLessee: Bool = false, resultLimit: Int? = nil, workflow: TaskID? = nil) {
         json.beginObject()
         json.key(static: "id")
         write(task.id, into: &json)
@@ -80,7 +83,7 @@ enum Representation {
         json.key(static: "error")
         if let error = moment.error { write(error, into: &json) } else { json.null() }
         json.field("metadata", task.metadata ?? .null)
-        json.field("workflow", task.workflowID?.description)
+        json.field("workflow", (workflow ?? task.workflowID)?.description)
         json.key(static: "lease")
         if let lease = moment.lease {
             write(lease, into: &json, showingToken: forLessee)

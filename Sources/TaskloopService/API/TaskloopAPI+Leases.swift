@@ -86,6 +86,6 @@ extension TaskloopApplication {
         }
         try reader.check()
         try reply.engine.release(task.id, token: token)
-        reply.send(.json(.ok, Representation.task(task)))
+        reply.send(.json(.ok, Representation.task(task, in: reply.engine)))
     }
 }

@@ -114,7 +114,7 @@ extension TaskloopApplication {
             Route(.DELETE, "/tasks/{id}", [200, 202, 404, 409], placement: .task) { [unowned self] request, reply in
                 let task = try existingTask(request, reply.engine)
                 let outcome = try reply.engine.cancel(task.id)
-                reply.send(.json(outcome == .cancelled ? .ok : .accepted, Representation.task(task)))
+                reply.send(.json(outcome == .cancelled ? .ok : .accepted, Representation.task(task, in: reply.engine)))
             },
             Route(.POST, "/tasks/{id}/progress", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try reportProgress(request, reply)
@@ -129,7 +129,7 @@ extension TaskloopApplication {
                 try refuseWhileDraining()
                 let task = try existingTask(request, reply.engine)
                 try reply.engine.retryTask(task.id)
-                reply.send(.json(.ok, Representation.task(task)))
+                reply.send(.json(.ok, Representation.task(task, in: reply.engine)))
             },
             Route(.POST, "/tasks/{id}/heartbeat", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try heartbeat(request, reply)
@@ -217,7 +217,7 @@ extension TaskloopApplication {
             if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
         }
         metrics.taskSubmitted(kind: task.kind)
-        reply.send(.json(.created, Representation.task(task), location: Representation.path("/tasks/", task.id)))
+        reply.send(.json(.created, Representation.task(task, in: reply.engine), location: Representation.path("/tasks/", task.id)))
     }
 
     private func getTask(_ request: HTTPRequest, _ reply: Reply) throws {
@@ -232,7 +232,7 @@ extension TaskloopApplication {
             wait = UInt64(seconds * 1_000)
         }
         if wait == 0 || task.state.isTerminal || isDraining {
-            return reply.send(.json(.ok, Representation.task(task)))
+            return reply.send(.json(.ok, Representation.task(task, in: reply.engine)))
         }
         waiters.wait(for: task.id, reply: reply, milliseconds: wait)
     }
@@ -293,7 +293,7 @@ extension TaskloopApplication {
         json.beginArray()
         var next = page.next
         for (index, task) in page.tasks.enumerated() {
-            Representation.write(task, into: &json)
+            Representation.write(task, into: &json, workflow: reply.engine.workflowID(of: task))
             // A page of large tasks stops early; `next` goes on from the last one written.
             if json.byteCount > configuration.maxResponseBytes && index + 1 < page.tasks.count {
                 next = task.id
@@ -319,7 +319,7 @@ extension TaskloopApplication {
         }
         try reader.check()
         try reply.engine.report(progress!, for: task.id, leaseToken: token)
-        reply.send(.json(.ok, Representation.task(task)))
+        reply.send(.json(.ok, Representation.task(task, in: reply.engine)))
     }
 
     private func reportCompletion(_ request: HTTPRequest, _ reply: Reply) throws {
@@ -336,7 +336,7 @@ extension TaskloopApplication {
             try reader.check()
         }
         try reply.engine.report(.complete(result: result), for: task.id, leaseToken: token)
-        reply.send(.json(.ok, Representation.task(task)))
+        reply.send(.json(.ok, Representation.task(task, in: reply.engine)))
     }
 
     private func reportFailure(_ request: HTTPRequest, _ reply: Reply) throws {
@@ -363,7 +363,7 @@ extension TaskloopApplication {
         }
         try reader.check()
         try reply.engine.report(.fail(failure!), for: task.id, leaseToken: token)
-        reply.send(.json(.ok, Representation.task(task)))
+        reply.send(.json(.ok, Representation.task(task, in: reply.engine)))
     }
 
     // MARK: workflows
@@ -455,7 +455,7 @@ extension TaskloopApplication {
         let status = HTTPStatus(code: first.status)
         var response: HTTPResponse
         if first.resource.hasPrefix("/tasks/"), let id = TaskID(String(first.resource.dropFirst(7))), let task = reply.engine.task(id) {
-            response = .json(status, Representation.task(task), location: first.resource)
+            response = .json(status, Representation.task(task, in: reply.engine), location: first.resource)
         } else if first.resource.hasPrefix("/workflows/"), let id = TaskID(String(first.resource.dropFirst(11))),
                   let workflow = reply.engine.workflow(id) {
             response = .json(status, Representation.workflow(workflow), location: first.resource)

@@ -137,7 +137,8 @@ final class StreamEvent {
     }
 
     let taskID: TaskID?
-    let workflowID: TaskID?
+    /// Its workflow's id; set by a replica on cells for a member whose workflow is another cell's.
+    var workflowID: TaskID?
     let queueName: String?
     /// A task's terminal state: a task's own stream ends with it.
     let endsTask: Bool
@@ -161,7 +162,7 @@ final class StreamEvent {
         Representation.timestamp("time", time, into: &json)
         if let task, let moment {
             json.key(static: "task")
-            Representation.write(task, moment, into: &json, resultLimit: Representation.eventResultBytes)
+            Representation.write(task, moment, into: &json, resultLimit: Representation.eventResultBytes, workflow: workflowID)
         } else if let workflow, let workflowState {
             json.key(static: "workflow")
             Representation.writeSummary(workflow, state: workflowState, fraction: workflowFraction, into: &json)

@@ -81,7 +81,7 @@ final class LeaseCalls {
         json.beginObject()
         json.key(static: "tasks")
         json.beginArray()
-        for task in tasks { Representation.write(task, into: &json, forLessee: true) }
+        for task in tasks { Representation.write(task, into: &json, forLessee: true, workflow: call.reply.engine.workflowID(of: task)) }
         json.endArray()
         json.endObject()
         call.reply.send(.json(.ok, json.bytes))
