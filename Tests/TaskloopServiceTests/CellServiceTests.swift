@@ -207,6 +207,11 @@ extension CellServiceTests {
         let id = try #require(submitted.json["id"] as? String)
         let keys = try #require(submitted.json["keys"] as? [String: String])
         #expect(keys.count == 3)
+        // The answer lists every member, those its other cells have yet to make among them.
+        let listed = submitted.json["tasks"] as? [[String: Any]] ?? []
+        #expect(listed.compactMap { $0["id"] as? String } == ["a", "b", "c"].compactMap { keys[$0] }, "\(submitted.text)")
+        #expect(listed.allSatisfy { $0["workflow"] as? String == id && $0["queue"] is String })
+        #expect((listed.last?["dependencies"] as? [String]) == [keys["b"]!])
         for port in [first.port, second.port] {
             try pollUntil("the workflow to succeed", timeout: 10) {
                 try APIClient(port: port).call("GET", "/workflows/\(id)").json["state"] as? String == "succeeded"

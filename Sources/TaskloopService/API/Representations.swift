@@ -219,6 +219,33 @@ enum Representation {
               createdAt: workflow.createdAt, tasks: workflow.tasks, keys: workflow.keys)
     }
 
+    /// A workflow just submitted to `engine`, its home cell, with `submitted` (the request's
+    /// members): those of other cells are not made there yet (their cells apply the home's
+    /// message after its commit), so they are shown as submitted, `pending`, in their place.
+    static func workflow(_ workflow: WorkflowRecord, submitted: [(key: String, spec: TaskSpec)], in engine: Engine) -> [UInt8] {
+        let ids = Dictionary(workflow.keys.map { ($0.key, $0.id) }, uniquingKeysWith: { first, _ in first })
+        let here = Dictionary(workflow.tasks.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+        let tasks = submitted.compactMap { member -> TaskSnapshot? in
+            guard let id = ids[member.key] else { return nil }
+            if let record = here[id] { return engine.snapshot(of: record) }
+            let spec = member.spec
+            let dependencies = spec.dependencies.compactMap { reference -> TaskID? in
+                switch reference {
+                case .task(let id): id
+                case .sibling(let key): ids[key]
+                }
+            }
+            return TaskSnapshot(
+                id: id, sequence: 0, kind: spec.kind, params: spec.params, name: spec.name, queue: spec.queue,
+                priority: spec.priority, dependencies: dependencies, onDependencyFailure: spec.onDependencyFailure,
+                timeoutMilliseconds: spec.timeoutMilliseconds, retry: spec.retry, metadata: spec.metadata, workflow: workflow.id,
+                createdAt: workflow.createdAt, state: .pending, cancelRequested: false, attempt: 1, startedAt: nil, finishedAt: nil,
+                result: nil, error: nil, progress: TaskProgress(), notBefore: nil)
+        }
+        return write(workflow: workflow.id, name: workflow.name, state: workflow.state, fraction: workflow.fraction,
+                     createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys)
+    }
+
     /// A workflow as the cells' records keep it, with `tasks`, those of its tasks still kept, in
     /// order. Its state and progress are its home cell's, as a live workflow's are: members in
     /// other cells count as they last reported to the home (a member's row may be ahead of its

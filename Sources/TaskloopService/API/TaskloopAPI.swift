@@ -415,7 +415,9 @@ extension TaskloopApplication {
             if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
         }
         for task in workflow.tasks { metrics.taskSubmitted(kind: task.kind) }
-        reply.send(.json(.created, Representation.workflow(workflow), location: Representation.path("/workflows/", workflow.id)))
+        let answer = workflow.remoteMembers.isEmpty
+            ? Representation.workflow(workflow) : Representation.workflow(workflow, submitted: members, in: reply.engine)
+        reply.send(.json(.created, answer, location: Representation.path("/workflows/", workflow.id)))
     }
 
     // MARK: queues
