@@ -198,11 +198,12 @@ extension CellServiceTests {
         let (first, second) = (replicas[0], replicas[1])
         let client = try APIClient(ports: [first.port, second.port])
         let queues = Self.queuesOfThreeCells(first)
-        let submitted = try client.call("POST", "/workflows", json: """
+        let body = """
             {"name":"spread","tasks":[{"key":"a","kind":"noop","queue":"\(queues[0])"},
              {"key":"b","kind":"noop","queue":"\(queues[1])","dependencies":["a"]},
              {"key":"c","kind":"noop","queue":"\(queues[2])","dependencies":["b"]}]}
-            """)
+            """
+        let submitted = try client.call("POST", "/workflows", json: body, headers: ["Idempotency-Key": "spread-1"])
         #expect(submitted.status == 201, "\(submitted.text)")
         let id = try #require(submitted.json["id"] as? String)
         let keys = try #require(submitted.json["keys"] as? [String: String])
@@ -219,6 +220,10 @@ extension CellServiceTests {
             let read = try APIClient(port: port).call("GET", "/workflows/\(id)").json
             let states = (read["tasks"] as? [[String: Any]] ?? []).compactMap { $0["state"] as? String }
             #expect(states == ["succeeded", "succeeded", "succeeded"], "\(read)")
+            // Sent again under its key, on either replica: the workflow as it is, every member.
+            let replayed = try APIClient(port: port).call("POST", "/workflows", json: body, headers: ["Idempotency-Key": "spread-1"])
+            #expect(replayed.status == 201 && replayed.headers.contains { $0.0 == "Idempotent-Replayed" }, "\(replayed.text)")
+            #expect((replayed.json["tasks"] as? [[String: Any]] ?? []).compactMap { $0["state"] as? String } == states)
         }
         // Each member names its workflow, as its cell's owner answers it (the members of other
         // cells than the workflow's home hold no record of it).

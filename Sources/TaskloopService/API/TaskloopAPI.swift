@@ -460,6 +460,16 @@ extension TaskloopApplication {
             response = .json(status, Representation.task(task, in: reply.engine), location: first.resource)
         } else if first.resource.hasPrefix("/workflows/"), let id = TaskID(String(first.resource.dropFirst(11))),
                   let workflow = reply.engine.workflow(id) {
+            if let cellHost, !workflow.remoteMembers.isEmpty {
+                // Its members in other cells are read where they are kept, as `GET /workflows/{id}` reads them.
+                ClusterLists.workflow(id, execute: cellHost.read) { result in
+                    guard case .success(let body?) = result else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
+                    var response = HTTPResponse.json(status, body, location: first.resource)
+                    response.headers.add("Idempotent-Replayed", "true")
+                    reply.send(response)
+                }
+                return true
+            }
             response = .json(status, Representation.workflow(workflow), location: first.resource)
         } else {
             throw APIProblem(.notFound, detail: "What Idempotency-Key \(key) created (\(first.resource)) has been forgotten since.")
