@@ -315,14 +315,7 @@ extension CellServiceTests {
                               database: url).trimmingCharacters(in: .whitespacesAndNewlines)
         }
         // Another session holds the row of the cell of queue `held`.
-        let locker = Process()
-        locker.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
-        locker.arguments = [url, "-qAt", "-v", "ON_ERROR_STOP=1"]
-        let input = Pipe()
-        locker.standardInput = input
-        locker.standardOutput = FileHandle.nullDevice
-        try locker.run()
-        input.fileHandleForWriting.write(Data("BEGIN;\nSELECT 1 FROM taskloop.cells WHERE cell = \(layout.cell(ofQueue: "held").index) FOR UPDATE;\n".utf8))
+        let lock = try CellRowLock(layout.cell(ofQueue: "held").index, url: url)
         try pollUntil("the row lock") { count("state = 'idle in transaction' AND query LIKE '%FOR UPDATE%'") == "1" }
 
         let answers = Locked<[String: Int]>([:])
@@ -345,9 +338,7 @@ extension CellServiceTests {
         #expect(answers.value[other] == 503)
         #expect(answers.value["held"] == nil, "the commit that waits for the lock was not answered")
 
-        input.fileHandleForWriting.write(Data("COMMIT;\n".utf8))
-        try input.fileHandleForWriting.close()
-        locker.waitUntilExit()
+        try lock.release()
         try pollUntil("the answer to the change whose commit waited", timeout: 20) { answers.value["held"] != nil }
     }
 }
@@ -378,15 +369,7 @@ extension CellServiceTests {
                               database: url).trimmingCharacters(in: .whitespacesAndNewlines)
         }
         // Another session holds the row of the cell of queue `held`, one of the first replica's.
-        let cell = first.onLoop { $0.cellHost!.cell(ofQueue: held).index }
-        let locker = Process()
-        locker.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
-        locker.arguments = [url, "-qAt", "-v", "ON_ERROR_STOP=1"]
-        let input = Pipe()
-        locker.standardInput = input
-        locker.standardOutput = FileHandle.nullDevice
-        try locker.run()
-        input.fileHandleForWriting.write(Data("BEGIN;\nSELECT 1 FROM taskloop.cells WHERE cell = \(cell) FOR UPDATE;\n".utf8))
+        let lock = try CellRowLock(first.onLoop { $0.cellHost!.cell(ofQueue: held).index }, url: url)
         try pollUntil("the row lock") { count("state = 'idle in transaction' AND query LIKE '%FOR UPDATE%'") == "1" }
 
         let heldStatus = Locked<Int?>(nil)
@@ -403,9 +386,7 @@ extension CellServiceTests {
         #expect(answer.status == 201, "\(answer.status) \(answer.text)")
         #expect(heldStatus.value == nil, "the first replica's commit was not waiting any more")
 
-        input.fileHandleForWriting.write(Data("COMMIT;\n".utf8))
-        try input.fileHandleForWriting.close()
-        locker.waitUntilExit()
+        try lock.release()
         try pollUntil("the answer to the change whose commit waited", timeout: 20) { heldStatus.value != nil }
         #expect(heldStatus.value == 201)
         try second.stop()

@@ -1,3 +1,4 @@
+import Foundation
 import TaskloopCluster
 @testable import TaskloopService
 import TaskloopTestSupport
@@ -41,5 +42,28 @@ extension CellServiceTests {
                 }
             }
         }
+    }
+}
+
+/// A session of `psql` that holds the row of one cell in `taskloop.cells` (`FOR UPDATE`), so
+/// the commits and claims of that cell wait on it, until `release`.
+final class CellRowLock {
+    private let psql = Process()
+    private let input = Pipe()
+
+    init(_ cell: UInt16, url: String) throws {
+        psql.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
+        psql.arguments = [url, "-qAt", "-v", "ON_ERROR_STOP=1"]
+        psql.standardInput = input
+        psql.standardOutput = FileHandle.nullDevice
+        try psql.run()
+        input.fileHandleForWriting.write(Data("BEGIN;\nSELECT 1 FROM taskloop.cells WHERE cell = \(cell) FOR UPDATE;\n".utf8))
+    }
+
+    /// Commits, which lets the row go, and waits for `psql` to end.
+    func release() throws {
+        input.fileHandleForWriting.write(Data("COMMIT;\n".utf8))
+        try input.fileHandleForWriting.close()
+        _ = try psql.waitForExit("psql holding a cell's row to end", timeout: 10)
     }
 }
