@@ -30,6 +30,11 @@ public final class CellHost {
         case elsewhere(String)
         /// Owned by nobody reachable just now, or moving: ask again shortly.
         case moving
+
+        /// The engine serving it here, if it is served here.
+        public var engine: Engine? {
+            if case .here(let engine) = self { engine } else { nil }
+        }
     }
 
     private enum Phase {

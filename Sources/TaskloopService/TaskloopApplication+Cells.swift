@@ -431,8 +431,7 @@ extension TaskloopApplication {
             return run(route, request, reply)
         }
         let placement = host.placement(of: cell)
-        if case .here = placement {
-        } else if !host.keeper.isRenewed {
+        if placement.engine == nil, !host.keeper.isRenewed {
             // Cut off from the database, this replica cannot know who owns the cell now: the
             // client hears why, and a load balancer (by the health check) looks elsewhere.
             return reply.send(Self.sharedDatabaseUnavailable.response())

@@ -518,8 +518,7 @@ public final class TaskloopApplication {
     /// The engine that holds task `id` here, if any.
     func engine(holding id: TaskID) -> Engine? {
         guard let cellHost else { return engine }
-        if case .here(let engine) = cellHost.placement(of: Cell(id.cell)) { return engine }
-        return nil
+        return cellHost.placement(of: Cell(id.cell)).engine
     }
 
     /// The task as JSON, or 404 if it is gone.
