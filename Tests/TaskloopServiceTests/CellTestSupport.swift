@@ -23,6 +23,12 @@ extension CellServiceTests {
     static func startCellReplicas(_ names: String..., on url: String? = nil,
                                   configure: (inout ServiceConfiguration) -> Void = { _ in })
         throws -> (url: String, replicas: [ServiceHarness]) {
+        try startCellReplicas(named: names, on: url, configure: configure)
+    }
+
+    static func startCellReplicas(named names: [String], on url: String? = nil,
+                                  configure: (inout ServiceConfiguration) -> Void = { _ in })
+        throws -> (url: String, replicas: [ServiceHarness]) {
         let url = try url ?? PostgresCluster.shared().makeDatabase()
         let replicas = try names.map { try cellReplica(url, name: $0, configure) }
         try waitForEveryCell(replicas)

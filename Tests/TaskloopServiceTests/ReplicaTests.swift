@@ -9,18 +9,8 @@ import TaskloopTestSupport
     /// `count` replicas sharing a database (a new one unless given), once their cells have
     /// spread over them.
     static func replicas(_ count: Int, on database: String? = nil,
-                         configure: @escaping (inout ServiceConfiguration) -> Void = { _ in }) throws -> [ServiceHarness] {
-        let url = try database ?? PostgresCluster.shared().makeDatabase()
-        let replicas = try (0..<count).map { index in
-            try ServiceHarness(replicas: 1) { configuration in
-                var settings = SharedDatabaseSettings(url: url, replica: "r\(index)")
-                settings.cells = 16
-                configuration.sharedDatabase = settings
-                configure(&configuration)
-            }
-        }
-        try CellServiceTests.waitForEveryCell(replicas)
-        return replicas
+                         configure: (inout ServiceConfiguration) -> Void = { _ in }) throws -> [ServiceHarness] {
+        try CellServiceTests.startCellReplicas(named: (0..<count).map { "r\($0)" }, on: database, configure: configure).replicas
     }
 
     @Test func aTaskSubmittedOnOneReplicaIsSeenWaitedForAndCancelledOnTheOthers() throws {
