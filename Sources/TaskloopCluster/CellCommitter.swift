@@ -130,6 +130,11 @@ public final class CellCommitter {
             }
             connecting = false
             connected = true
+            // Every statement of a commit finds its rows by key: a generic plan, made once per
+            // statement, serves them all. Custom plans (the default for a statement's first uses,
+            // and for good where the planner judges one cheaper) plan `fence_commits`'s update
+            // anew in each commit.
+            connection.execute([PGQuery("SET plan_cache_mode = force_generic_plan")]) { _ in }
             if inFlight.isEmpty { flushWaiting() } else { resolve() }
         }
     }

@@ -90,18 +90,18 @@ public enum ClusterEvents {
     /// The statements that write the events of a commit of several cells, numbered in the
     /// order given, in statements of many rows whatever cell each is of.
     public static func insert(_ events: [(cell: Cell, event: Written)], firstIndex: Int = 0) -> [PGQuery] {
-        stride(from: 0, to: events.count, by: 500).map { chunk in
-            let rows = events[chunk..<min(chunk + 500, events.count)]
-            var values: [PGValue] = []
-            values.reserveCapacity(rows.count * 8)
-            for (offset, (cell, event)) in rows.enumerated() {
-                values += [.int(firstIndex + chunk + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
-                           .optional(event.workflow), .optional(event.queue), .bytes(event.data)]
-            }
-            return PGQuery("INSERT INTO taskloop.cell_events (index, cell, time, type, task, workflow, queue, data) VALUES "
-                           + PGQuery.placeholders(rows: rows.count, columns: 8), values)
+        var values: [PGValue] = []
+        values.reserveCapacity(events.count * insertRows.columns)
+        for (offset, (cell, event)) in events.enumerated() {
+            values += [.int(firstIndex + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
+                       .optional(event.workflow), .optional(event.queue), .bytes(event.data)]
         }
+        return insertRows.queries(values)
     }
+
+    static let insertRows = PGRowsStatement(
+        name: "cell_events_insert",
+        head: "INSERT INTO taskloop.cell_events (index, cell, time, type, task, workflow, queue, data)", columns: 8)
 
     /// Wakes the readers (`ClusterEventFeed`): sent by a committer in a batch of its own after a
     /// commit that wrote events, not inside the commit. PostgreSQL serialises the commits of

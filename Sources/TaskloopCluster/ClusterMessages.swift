@@ -27,19 +27,14 @@ public enum ClusterMessages {
     /// The statements that send `bodies` to `cell`, inside a commit of `sender` (then `notify`).
     public static func send(_ bodies: [[UInt8]], to cell: Cell, from sender: Cell) -> [PGQuery] {
         guard !bodies.isEmpty else { return [] }
-        var queries: [PGQuery] = stride(from: 0, to: bodies.count, by: 1_000).map { chunk in
-            let rows = bodies[chunk..<min(chunk + 1_000, bodies.count)]
-            var values: [PGValue] = [.int(Int(cell.index)), .int(Int(sender.index))]
-            values.reserveCapacity(rows.count + 2)
-            var placeholders = ""
-            for (offset, body) in rows.enumerated() {
-                placeholders += (offset == 0 ? "" : ", ") + "($1, $2, $\(offset + 3))"
-                values.append(.bytes(body))
-            }
-            return PGQuery("INSERT INTO taskloop.cell_messages (cell, sender, body) VALUES " + placeholders, values)
-        }
-        return queries
+        var values: [PGValue] = []
+        values.reserveCapacity(bodies.count * insertRows.columns)
+        for body in bodies { values += [.int(Int(cell.index)), .int(Int(sender.index)), .bytes(body)] }
+        return insertRows.queries(values)
     }
+
+    static let insertRows = PGRowsStatement(name: "cell_messages_insert",
+                                            head: "INSERT INTO taskloop.cell_messages (cell, sender, body)", columns: 3)
 
     /// Wakes the owners of `cells`: sent in a batch of its own after the commit that sent them
     /// messages, never inside it (PostgreSQL serialises the commits of every transaction that

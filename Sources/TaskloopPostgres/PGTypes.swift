@@ -131,6 +131,42 @@ public final class PGResult {
     }
 }
 
+/// A statement of many rows (an INSERT's VALUES), prepared once per connection for each row
+/// count of 1, 2, 4 ... `maxRows`: any number of rows goes in the fewest statements whose counts
+/// add up to it. A statement text of its own for each count would be parsed and planned at each
+/// use; these few are planned once (with a generic plan: `PGConnection`'s users set
+/// `plan_cache_mode` where it pays) and serve every batch.
+public struct PGRowsStatement: Sendable {
+    public let columns: Int
+    /// The statement of `1 << k` rows at `k`.
+    private let statements: [PGStatement]
+
+    /// `head` comes before `VALUES ...`, `tail` after it (`ON CONFLICT ...`).
+    public init(name: String, head: String, tail: String = "", columns: Int, maxRows: Int = 128) {
+        precondition(columns > 0 && maxRows > 0 && maxRows & (maxRows - 1) == 0, "a power of two of rows")
+        self.columns = columns
+        statements = (0...maxRows.trailingZeroBitCount).map { power in
+            let rows = 1 << power
+            return PGStatement("\(name)_\(rows)", head + " VALUES " + PGQuery.placeholders(rows: rows, columns: columns)
+                               + (tail.isEmpty ? "" : " " + tail))
+        }
+    }
+
+    /// The queries that write `values`, `columns` to a row, in order.
+    public func queries(_ values: [PGValue]) -> [PGQuery] {
+        precondition(values.count % columns == 0, "whole rows")
+        var queries: [PGQuery] = []
+        var row = 0, rows = values.count / columns
+        while row < rows {
+            let power = min(statements.count - 1, Int.bitWidth - 1 - (rows - row).leadingZeroBitCount)
+            let count = 1 << power
+            queries.append(PGQuery(statements[power], Array(values[row * columns..<(row + count) * columns])))
+            row += count
+        }
+        return queries
+    }
+}
+
 extension PGQuery {
     /// `($1, $2), ($3, $4)` for two rows of two columns: the VALUES of a statement of many rows.
     public static func placeholders(rows: Int, columns: Int) -> String {

@@ -54,6 +54,12 @@ public enum CellSchema {
             """),
     ]
 
+    static let insertTasks = PGRowsStatement(
+        name: "cell_insert_tasks",
+        head: "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, kind, name_folded, dependencies, workflow, "
+            + "finished_at, record)",
+        tail: "ON CONFLICT (id) DO UPDATE SET state = excluded.state, finished_at = excluded.finished_at, record = excluded.record",
+        columns: 11)
     static let deleteTask = PGStatement("cell_delete_task", "DELETE FROM taskloop.cell_tasks WHERE id = $1")
     static let upsertWorkflow = PGStatement("cell_upsert_workflow", """
         INSERT INTO taskloop.cell_workflows (id, cell, record) VALUES ($1, $2, $3)
@@ -86,23 +92,16 @@ public enum CellSchema {
                          && batch.deletedDeliveries.isEmpty, "webhooks are not a cell's records")
             return batch.tasks.map { (task: $0, cell: PGValue.int(Int(cell))) }
         }
-        for chunk in stride(from: 0, to: tasks.count, by: 1_000) {
-            let rows = tasks[chunk..<min(chunk + 1_000, tasks.count)]
-            var values: [PGValue] = []
-            values.reserveCapacity(rows.count * 11)
-            for (task, cellValue) in rows {
-                values += [.text(task.id.description), cellValue, .int(Int64(task.sequence)), .text(task.queue),
-                           .text(task.state.rawValue), .text(task.kind), .optional(task.name?.lowercased()),
-                           task.dependencies.isEmpty ? .null : .text("{" + task.dependencies.map(\.description).joined(separator: ",") + "}"),
-                           .optional(task.workflow?.description), task.finishedAt.map { .int($0) } ?? .null,
-                           .bytes(writer.record(of: task))]
-            }
-            queries.append(PGQuery(
-                "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, kind, name_folded, dependencies, workflow, "
-                    + "finished_at, record) VALUES " + PGQuery.placeholders(rows: rows.count, columns: 11)
-                    + " ON CONFLICT (id) DO UPDATE SET state = excluded.state, finished_at = excluded.finished_at, "
-                    + "record = excluded.record", values))
+        var values: [PGValue] = []
+        values.reserveCapacity(tasks.count * insertTasks.columns)
+        for (task, cellValue) in tasks {
+            values += [.text(task.id.description), cellValue, .int(Int64(task.sequence)), .text(task.queue),
+                       .text(task.state.rawValue), .text(task.kind), .optional(task.name?.lowercased()),
+                       task.dependencies.isEmpty ? .null : .text("{" + task.dependencies.map(\.description).joined(separator: ",") + "}"),
+                       .optional(task.workflow?.description), task.finishedAt.map { .int($0) } ?? .null,
+                       .bytes(writer.record(of: task))]
         }
+        queries += insertTasks.queries(values)
         for (batch, cell) in batches {
             let cellValue = PGValue.int(Int(cell))
             for key in batch.evictedTasks { queries.append(PGQuery(deleteTask, [.text(key.id.description)])) }

@@ -87,6 +87,34 @@ import TaskloopTestSupport
         try harness.finish()
     }
 
+    /// Any number of rows goes in statements of 1, 2, 4 ... rows, each prepared once per
+    /// connection: every row lands, in order, and the server holds one statement per count used.
+    @Test func rowsGoInPreparedStatementsOfPowersOfTwoRows() throws {
+        let rows = PGRowsStatement(name: "insert_pairs", head: "INSERT INTO pairs (id, body)", tail: "ON CONFLICT (id) DO NOTHING",
+                                   columns: 2, maxRows: 8)
+        func values(_ ids: Range<Int>) -> [PGValue] { ids.flatMap { [PGValue.int($0), .bytes([UInt8(truncatingIfNeeded: $0)])] } }
+        #expect(rows.queries([]).isEmpty)
+        // 13 = 8 + 4 + 1; 21 = 8 + 8 + 4 + 1 (no statement of more than `maxRows`).
+        #expect(rows.queries(values(0..<13)).map { $0.parameters.count / 2 } == [8, 4, 1])
+        #expect(rows.queries(values(0..<21)).map { $0.parameters.count / 2 } == [8, 8, 4, 1])
+
+        let database = try PostgresCluster.shared().makeDatabase()
+        let harness = try Harness()
+        let connection = try harness.connect(database)
+        _ = try harness.execute(connection, [PGQuery("CREATE TABLE pairs (id bigint PRIMARY KEY, body bytea NOT NULL)")]).get()
+        _ = try harness.execute(connection, rows.queries(values(0..<13))).get()
+        _ = try harness.execute(connection, rows.queries(values(13..<34)) + rows.queries(values(34..<35))).get()
+        let stored = try harness.execute(connection, [PGQuery("SELECT id, body FROM pairs ORDER BY id", binaryResults: true)]) { results in
+            (0..<results[0].rowCount).map { "\(results[0].int($0, 0)!):\(results[0].bytes($0, 1)!)" }.joined(separator: " ")
+        }.get()
+        #expect(stored == (0..<35).map { "\($0):[\($0)]" }.joined(separator: " "))
+        let prepared = try harness.execute(connection, [
+            PGQuery("SELECT name FROM pg_prepared_statements WHERE name LIKE 'insert_pairs%' ORDER BY name"),
+        ]).get()
+        #expect(prepared == "insert_pairs_1;insert_pairs_4;insert_pairs_8")
+        try harness.finish()
+    }
+
     @Test func aFailedQueryFailsItsBatchAndTheConnectionGoesOn() throws {
         let database = try PostgresCluster.shared().makeDatabase()
         let harness = try Harness()
