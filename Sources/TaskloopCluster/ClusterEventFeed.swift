@@ -12,7 +12,12 @@ import TaskloopPostgres
 /// `reconnectMilliseconds`, from the last event delivered: a read whose answer was lost
 /// delivered nothing, so nothing is delivered twice and nothing is skipped.
 ///
-/// Lifecycle: `start`, then `close` (the loop is left with no handle of the feed's).
+/// A feed nobody needs rests (`pause`): it keeps its connection but stops listening (so its
+/// session is not signalled at every commit of the cluster) and reading, and forgets where it
+/// was; `follow` starts it again from `ClusterEvents.now`, as a start from `.now` does.
+///
+/// Lifecycle: `start` (following, or at rest), any number of `pause` and `follow`, then `close`
+/// (the loop is left with no handle of the feed's).
 ///
 /// Threading: the loop's thread only, callbacks included.
 public final class ClusterEventFeed {
@@ -44,6 +49,14 @@ public final class ClusterEventFeed {
     private let pollTimer: LoopTimer
     private let reconnectTimer: LoopTimer
     private var connection: PGConnection?
+    /// `connection` has connected: statements may be sent on it.
+    private var isConnected = false
+    /// Wanted by its reader: listening and reading, or getting there.
+    public private(set) var isFollowing = false
+    /// `LISTEN` was sent on `connection`, and no `UNLISTEN` after it.
+    private var isListening = false
+    /// Counts the pauses: an answer to what was sent before the last one is stale, and dropped.
+    private var pauses = 0
     /// Listening, and the start known: reads may go.
     private var isReady = false
     private var isReading = false
@@ -55,9 +68,14 @@ public final class ClusterEventFeed {
     public var onEvents: (([ClusterEvents.Read]) -> Void)?
     /// A connection was lost or a read failed; the feed goes on by itself.
     public var onTrouble: ((PGError) -> Void)?
+    /// The feed has read where it starts from `now` (`position` is no longer nil), after its
+    /// `start` or a `follow`; before its first read.
+    public var onPositioned: (() -> Void)?
     /// The last event delivered, or where the feed started; nil until a start from `now` has
-    /// read where that is.
+    /// read where that is, and at rest.
     public private(set) var position: EventPosition?
+    /// The reads of events sent, for the tests: a feed at rest sends none.
+    public private(set) var readsSent = 0
 
     public init(loop: EventLoop, settings: Settings, from start: Start) throws(UVError) {
         self.loop = loop
@@ -72,9 +90,41 @@ public final class ClusterEventFeed {
         if case .after(let position) = start { self.position = position }
     }
 
-    public func start() {
+    /// Connects, and follows the cluster's events unless `following` is false (then `follow`,
+    /// which starts from now).
+    public func start(following: Bool = true) {
         precondition(connection == nil && !isClosed, "start once")
+        precondition(following || position == nil, "a feed at rest has no position")
+        isFollowing = following
         connect()
+    }
+
+    /// Follows the cluster's events again after a `pause`, from `ClusterEvents.now`:
+    /// `onPositioned` tells when that is read.
+    public func follow() {
+        guard !isFollowing, !isClosed else { return }
+        isFollowing = true
+        if let connection, isConnected { listen(on: connection) }
+    }
+
+    /// Rests: no reads, no poll, no notifications, and no position (a `follow` starts from
+    /// now). The connection stays open, so the next `follow` costs one round trip, not a
+    /// connect. A read or a `LISTEN` still under way is answered after this, and dropped.
+    public func pause() {
+        guard isFollowing, !isClosed else { return }
+        isFollowing = false
+        pauses += 1
+        position = nil
+        isReady = false
+        isReading = false
+        readAgain = false
+        pollTimer.stop()
+        guard let connection, isListening else { return }
+        isListening = false
+        connection.execute([PGQuery("UNLISTEN \(ClusterEvents.channel)")]) { [weak self, unowned connection] result in
+            guard let self, case .failure(let error) = result else { return }
+            restart(connection, error)
+        }
     }
 
     private func connect() {
@@ -87,20 +137,32 @@ public final class ClusterEventFeed {
         connection.connect(settings.url, timeouts: settings.timeouts) { [weak self, unowned connection] result in
             guard let self, self.connection === connection else { return }
             if case .failure(let error) = result { return restart(connection, error) }
-            // Listening first: an event committed after the start is then either read by the
-            // first read or announced after it.
-            connection.execute([PGQuery("LISTEN \(ClusterEvents.channel)")] + (position == nil ? [ClusterEvents.now()] : [])) {
-                [weak self, unowned connection] result in
-                guard let self, self.connection === connection else { return }
-                switch result {
-                case .failure(let error):
-                    restart(connection, error)
-                case .success(let results):
-                    if position == nil { position = ClusterEvents.position(of: results[1]) }
-                    isReady = true
-                    pollTimer.start(after: settings.pollMilliseconds, every: settings.pollMilliseconds) { [weak self] in self?.wake() }
-                    read()
+            isConnected = true
+            if isFollowing { listen(on: connection) }
+        }
+    }
+
+    private func listen(on connection: PGConnection) {
+        isListening = true
+        let pauses = self.pauses
+        // Listening first: an event committed after the start is then either read by the
+        // first read or announced after it.
+        connection.execute([PGQuery("LISTEN \(ClusterEvents.channel)")] + (position == nil ? [ClusterEvents.now()] : [])) {
+            [weak self, unowned connection] result in
+            guard let self, self.connection === connection, self.pauses == pauses else { return }
+            switch result {
+            case .failure(let error):
+                restart(connection, error)
+            case .success(let results):
+                isReady = true
+                pollTimer.start(after: settings.pollMilliseconds, every: settings.pollMilliseconds) { [weak self] in self?.wake() }
+                if position == nil {
+                    position = ClusterEvents.position(of: results[1])
+                    onPositioned?()
+                    // Its reader may have paused or closed it.
+                    guard self.connection === connection, self.pauses == pauses else { return }
                 }
+                read()
             }
         }
     }
@@ -114,9 +176,10 @@ public final class ClusterEventFeed {
         guard let connection, let position else { return }
         isReading = true
         readAgain = false
-        let limit = settings.readLimit
+        readsSent += 1
+        let limit = settings.readLimit, pauses = self.pauses
         connection.execute([ClusterEvents.read(after: position, limit: limit)]) { [weak self, unowned connection] result in
-            guard let self, self.connection === connection else { return }
+            guard let self, self.connection === connection, self.pauses == pauses else { return }
             isReading = false
             switch result {
             case .failure(let error):
@@ -126,8 +189,8 @@ public final class ClusterEventFeed {
                 if let last = events.last {
                     self.position = last.position
                     onEvents?(events)
-                    // The delivery may have closed the feed.
-                    guard self.connection === connection else { return }
+                    // The delivery may have paused or closed the feed.
+                    guard self.connection === connection, self.pauses == pauses else { return }
                 }
                 if results[0].rowCount == limit || readAgain { read() }
             }
@@ -144,6 +207,8 @@ public final class ClusterEventFeed {
 
     private func drop(_ connection: PGConnection) {
         self.connection = nil
+        isConnected = false
+        isListening = false
         isReady = false
         isReading = false
         readAgain = false
@@ -163,5 +228,6 @@ public final class ClusterEventFeed {
         reconnectTimer.close()
         onEvents = nil
         onTrouble = nil
+        onPositioned = nil
     }
 }

@@ -15,6 +15,8 @@ import TaskloopTestSupport
         let name: String
         let delivered = Locked<[ClusterEvents.Read]>([])
         let troubles = Locked(0)
+        /// How often it has read where it starts (`onPositioned`).
+        let positioned = Locked(0)
         private var feed: ClusterEventFeed!
 
         init(_ cluster: CellKeeperTests.Cluster, _ name: String, from start: ClusterEventFeed.Start, readLimit: Int = 3) {
@@ -32,11 +34,30 @@ import TaskloopTestSupport
                     delivered.withLock { $0 += events }
                 }
                 feed.onTrouble = { _ in troubles.withLock { $0 += 1 } }
+                let positioned = self.positioned
+                feed.onPositioned = { positioned.withLock { $0 += 1 } }
                 feed.start()
             }
         }
 
         var position: EventPosition? { cluster.thread.run { [self] in feed.position } }
+        var readsSent: Int { cluster.thread.run { [self] in feed.readsSent } }
+
+        func pause() {
+            cluster.thread.run { [self] in feed.pause() }
+        }
+
+        func follow() {
+            cluster.thread.run { [self] in feed.follow() }
+        }
+
+        /// Rests and follows again in one turn of the loop, with whatever was under way.
+        func pauseAndFollow() {
+            cluster.thread.run { [self] in
+                feed.pause()
+                feed.follow()
+            }
+        }
 
         var tasks: [String] { delivered.value.map { $0.event.task ?? "" } }
 
@@ -203,6 +224,64 @@ import TaskloopTestSupport
         #expect(fromNow.tasks == ["new1", "new2", "new3"])
         fromNow.close()
         resumed.close()
+        try cluster.finish()
+    }
+
+    /// At rest a feed neither listens nor reads, and forgets where it was; followed again, it
+    /// starts from now: nothing committed while it rested, what comes after. Rested and
+    /// followed again while a read is under way, it drops that read's answer: what it delivers
+    /// stays in one order, each once.
+    @Test func aFeedAtRestNeitherListensNorReadsAndFollowsAgainFromNow() throws {
+        let cluster = try CellKeeperTests.Cluster()
+        try cluster.start("a")
+        let writer = try cluster.connection(), observer = try cluster.connection()
+        func commit(_ name: String) throws {
+            #expect(try cluster.execute(writer, ClusterEvents.insert([Self.event(name)], cell: Cell(0))) == nil)
+            #expect(try cluster.execute(writer, [ClusterEvents.notify(cell: Cell(0))]) == nil)
+        }
+        let feed = Feed(cluster, "feed_rest", from: .now), witness = Feed(cluster, "feed_rest_witness", from: .now)
+        try pollUntil("the feeds to start") { feed.position != nil && witness.position != nil }
+        try commit("before")
+        try pollUntil("the first event", timeout: 20) { feed.tasks == ["before"] }
+
+        feed.pause()
+        #expect(feed.position == nil)
+        let lastStatement = "SELECT query FROM pg_stat_activity WHERE application_name = 'feed_rest' AND state = 'idle'"
+        try pollUntil("the feed's session to stop listening", timeout: 20) {
+            try Self.value(cluster, observer, lastStatement) == "UNLISTEN \(ClusterEvents.channel)"
+        }
+        let reads = feed.readsSent
+        try commit("rested")
+        // The witness, polling as often, has read it and read twice more since.
+        try pollUntil("the witness to read the event", timeout: 20) { witness.tasks.contains("rested") }
+        try Self.waitForAReadAfterNow(witness, on: observer)
+        #expect(feed.readsSent == reads)
+        #expect(try Self.value(cluster, observer, lastStatement) == "UNLISTEN \(ClusterEvents.channel)")
+        #expect(feed.tasks == ["before"])
+
+        feed.follow()
+        try pollUntil("the feed to know where now is") { feed.position != nil }
+        try commit("after")
+        try pollUntil("the event after", timeout: 20) { feed.tasks.count >= 2 }
+        #expect(feed.tasks == ["before", "after"])
+
+        // Rested and followed again while it reads a burst, read after read: each time it
+        // starts again from now, and tells so.
+        for round in 0..<4 {
+            let burst = (0..<300).map { "round\(round)-\($0)" }
+            #expect(try cluster.execute(writer, ClusterEvents.insert(burst.map(Self.event), cell: Cell(0))) == nil)
+            #expect(try cluster.execute(writer, [ClusterEvents.notify(cell: Cell(0))]) == nil)
+            try pollUntil("the burst to be under way", timeout: 20) { feed.tasks.contains { $0.hasPrefix("round\(round)-") } }
+            feed.pauseAndFollow()
+            try pollUntil("the feed to know where now is again", timeout: 20) { feed.positioned.value == 3 + round }
+        }
+        try commit("last")
+        try pollUntil("the last event", timeout: 20) { feed.tasks.last == "last" }
+        let delivered = feed.delivered.value
+        #expect(zip(delivered, delivered.dropFirst()).allSatisfy { $0.position < $1.position }, "in position order, none twice: \(feed.tasks)")
+        #expect(!feed.tasks.contains("rested"))
+        feed.close()
+        witness.close()
         try cluster.finish()
     }
 }
