@@ -264,3 +264,54 @@ extension CellServiceTests {
         try service.stop()
     }
 }
+
+extension CellServiceTests {
+    /// A replica's feed of the cluster's events reads only while a stream is open there: none
+    /// before the first, none after the last has gone; a stream opened then has what was
+    /// committed after it opened, and nothing committed while the feed rested.
+    @Test func theFeedReadsOnlyWhileAStreamIsOpen() throws {
+        let service = try Self.startCellReplicas("z0").replicas[0]
+        let client = try service.client()
+        func feed() -> (following: Bool, reads: Int) {
+            service.onLoop { application in
+                let streams = application.clusterStreams!
+                return (streams.feedIsFollowing, streams.feedReadsSent)
+            }
+        }
+        func submitAndWait() throws -> String {
+            let id = try #require(try client.submit(#"{"kind":"noop","queue":"z"}"#)["id"] as? String)
+            _ = try client.waitForState(id, "succeeded")
+            return id
+        }
+        let before = try submitAndWait()
+        #expect(!feed().following)
+        #expect(feed().reads == 0, "no stream yet: no reads")
+
+        let first = try Stream(port: service.port, "/events")
+        #expect(first.head.contains("200 OK"))
+        let during = try submitAndWait()
+        let seen = try first.waitUntil { Self.ended([during], in: $0) }
+        #expect(Self.history(of: during, in: seen) == Self.noopHistory)
+        #expect(!seen.contains { Self.taskID($0) == before })
+        #expect(feed().reads > 0)
+
+        first.connection.shutdownWrite()
+        try service.waitUntil("the feed to rest once its last stream has gone") { !$0.clusterStreams!.feedIsFollowing }
+        let resting = feed().reads
+        let whileResting = try submitAndWait()
+        #expect(!feed().following)
+        #expect(feed().reads == resting, "no reads while no stream is open")
+
+        // Two streams at once: both wait for the one resume.
+        let second = try Stream(port: service.port, "/events"), third = try Stream(port: service.port, "/events?types=task.state")
+        #expect(second.head.contains("200 OK") && third.head.contains("200 OK"))
+        let after = try submitAndWait()
+        let resumed = try second.waitUntil { Self.ended([after], in: $0) }
+        #expect(Self.history(of: after, in: resumed) == Self.noopHistory)
+        #expect(!resumed.contains { Self.taskID($0) == whileResting || Self.taskID($0) == during })
+        Self.expectOneOrder(resumed)
+        let states = try third.waitUntil { Self.ended([after], in: $0) }
+        #expect(states.map(\.wireID) == resumed.filter { $0.type == "task.state" }.map(\.wireID))
+        try service.stop()
+    }
+}

@@ -95,60 +95,53 @@ extension TaskloopApplication {
         }
         guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         try refuseWhileDraining()
-        try withClusterStreams(reply) { [unowned self] streams in
+        guard let streams = clusterStreams else { throw Self.sharedDatabaseUnavailable }
+        withClusterStreams(streams, reply) { [unowned self] in
             answered(reply, status: .ok)
             streams.subscribe(reply, filter: filter, since: since, until: until)
         }
     }
 
     /// `GET /tasks/{id}/events` on cells, on any replica: the task as its cell last committed
-    /// it, then its events from the position read just before it.
+    /// it, then its events from the position read just before it (the feed, which may start
+    /// after that, catches the stream up from the history).
     func streamClusterTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
         let text = request.parameters["id"] ?? ""
         guard let id = TaskID(text) else { throw APIProblem(.notFound, detail: "No task \(text).") }
         try refuseWhileDraining()
-        try withClusterStreams(reply) { [unowned self] streams in
-            guard let host = cellHost else { throw Self.sharedDatabaseUnavailable }
-            host.read([ClusterEvents.now(), CellReads.task(id)]) { [weak self] result in
-                guard let self else { return }
-                let found: TaskSnapshot?, position: EventPosition
-                do {
-                    let results = try result.get()
-                    found = try CellReads.task(results[1])
-                    position = ClusterEvents.position(of: results[0])
-                } catch {
-                    return reply.send(Self.sharedDatabaseUnavailable.response())
-                }
-                guard let task = found else { return reply.send(APIProblem(.notFound, detail: "No task \(text).").response()) }
-                var json = JSONWriter(capacity: 1_024)
-                json.beginObject()
-                json.field("seq", position.description)
-                let snapshot = Self.taskSnapshot(task, &json)
+        guard let host = cellHost, let streams = clusterStreams else { throw Self.sharedDatabaseUnavailable }
+        host.read([ClusterEvents.now(), CellReads.task(id)]) { [weak self] result in
+            guard let self else { return }
+            let found: TaskSnapshot?, position: EventPosition
+            do {
+                let results = try result.get()
+                found = try CellReads.task(results[1])
+                position = ClusterEvents.position(of: results[0])
+            } catch {
+                return reply.send(Self.sharedDatabaseUnavailable.response())
+            }
+            guard let task = found else { return reply.send(APIProblem(.notFound, detail: "No task \(text).").response()) }
+            var json = JSONWriter(capacity: 1_024)
+            json.beginObject()
+            json.field("seq", position.description)
+            let snapshot = Self.taskSnapshot(task, &json)
+            if task.state.isTerminal {
                 answered(reply, status: .ok)
-                if task.state.isTerminal {
-                    eventLog.finish(reply, snapshot: snapshot)
-                } else {
-                    streams.subscribe(reply, filter: EventFilter(task: id), since: position, snapshot: snapshot, endsWith: id)
-                }
+                return eventLog.finish(reply, snapshot: snapshot)
+            }
+            withClusterStreams(streams, reply) { [unowned self] in
+                answered(reply, status: .ok)
+                streams.subscribe(reply, filter: EventFilter(task: id), since: position, snapshot: snapshot, endsWith: id)
             }
         }
     }
 
-    /// Serves with this replica's event streams once its feed knows where it starts (moments
-    /// after the replica starts): a request that comes sooner waits for that as one for a
-    /// moving cell waits for its owner, and is 503 if it does not come.
-    private func withClusterStreams(_ reply: Reply, waitedMilliseconds: UInt64 = 0,
-                                    _ serve: @escaping (ClusterEventStreams) throws -> Void) throws {
-        guard let clusterStreams else { throw Self.sharedDatabaseUnavailable }
-        if clusterStreams.position != nil { return try serve(clusterStreams) }
-        guard waitedMilliseconds < Self.movingCellWaitMilliseconds, let scheduler else { throw Self.sharedDatabaseUnavailable }
-        _ = scheduler.schedule(after: Self.movingCellPollMilliseconds) { [weak self] in
-            guard let self else { return }
-            do {
-                try withClusterStreams(reply, waitedMilliseconds: waitedMilliseconds + Self.movingCellPollMilliseconds, serve)
-            } catch {
-                reply.send(errorResponse(for: error))
-            }
+    /// Serves once `streams`' feed knows where it is (it rests while no stream is open here): a
+    /// request waits for that as one for a moving cell waits for its owner, and is 503 if it
+    /// does not come.
+    private func withClusterStreams(_ streams: ClusterEventStreams, _ reply: Reply, _ serve: @escaping () -> Void) {
+        streams.whenFollowing(within: Self.movingCellWaitMilliseconds) { following in
+            if following { serve() } else { reply.send(Self.sharedDatabaseUnavailable.response()) }
         }
     }
 }

@@ -54,6 +54,10 @@ final class ClusterStreamEvent {
 /// The event streams of a replica on cells (contract v3, "Replicas that add capacity"): every
 /// replica follows the cluster's one order of events with a `ClusterEventFeed` of its own and
 /// writes them to its streams, so a stream opened on any replica has the events of every cell.
+/// The feed follows only while a stream is open here (or waits for it to): otherwise it rests,
+/// and every replica reading and decoding every event of the cluster for nobody would cost
+/// PostgreSQL reads and wake-ups at every commit. A stream arriving then waits for the feed to
+/// read where it starts again (`whenFollowing`).
 /// A stream that resumes (`Last-Event-ID`, `since`, or a task stream from its snapshot) reads
 /// what it missed from the history in the database, a bounded read at a time as the reader
 /// takes it, and follows the feed once it has caught up with it: positions are one order, so
@@ -129,6 +133,17 @@ final class ClusterEventStreams {
     /// How long the history keeps an event (`--event-history-seconds`).
     private let historyMilliseconds: Int64
     private var trimming: ScheduledAction?
+    /// Streams waiting for the feed to know where it is, each until its deadline.
+    private var waiting: [ObjectIdentifier: Waiter] = [:]
+
+    private final class Waiter {
+        let serve: (Bool) -> Void
+        var deadline: ScheduledAction?
+
+        init(serve: @escaping (Bool) -> Void) {
+            self.serve = serve
+        }
+    }
 
     /// `read`: reads of the history (the cell host's reading connection), and its trimming.
     init(loop: EventLoop, feed settings: ClusterEventFeed.Settings, read: @escaping Read, clientBufferBytes: Int,
@@ -139,7 +154,14 @@ final class ClusterEventStreams {
         self.historyMilliseconds = historyMilliseconds
         self.scheduler = scheduler
         feed.onEvents = { [weak self] events in self?.deliver(events) }
-        feed.start()
+        feed.onPositioned = { [weak self] in self?.serveWaiting() }
+        // At rest as soon as the last stream ends, with no linger: a stream waits for a resume
+        // only one round trip, while a lingering feed would read at every commit for streams
+        // that may never come, and streams are long-lived anyway.
+        subscribers.onEmpty = { [weak self] in self?.restIfUnneeded() }
+        // Connected, so the first stream waits for no connect; at rest until it comes.
+        feed.start(following: false)
+        // The history is dropped by time whether or not the feed follows.
         scheduleTrim(after: Self.trimInterval(historyMilliseconds))
     }
 
@@ -163,9 +185,40 @@ final class ClusterEventStreams {
     }
 
     var subscriberCount: Int { subscribers.count }
-    /// The last event the feed delivered: what follows it is live. Nil until the feed has read
-    /// where it starts.
-    var position: EventPosition? { feed.position }
+    /// Whether the feed follows the cluster's events, and how many reads it has sent (tests).
+    var feedIsFollowing: Bool { feed.isFollowing }
+    var feedReadsSent: Int { feed.readsSent }
+
+    /// Calls `serve(true)` once the feed knows where it is (at once if it does), to `subscribe`
+    /// there and then; a feed at rest follows again for it. `serve(false)` if that does not
+    /// come within `milliseconds`. Streams arriving meanwhile all wait for the same resume.
+    func whenFollowing(within milliseconds: UInt64, _ serve: @escaping (Bool) -> Void) {
+        if feed.position != nil { return serve(true) }
+        let waiter = Waiter(serve: serve)
+        let key = ObjectIdentifier(waiter)
+        waiting[key] = waiter
+        waiter.deadline = scheduler.schedule(after: milliseconds) { [weak self] in
+            guard let self, waiting.removeValue(forKey: key) != nil else { return }
+            serve(false)
+            restIfUnneeded()
+        }
+        feed.follow()
+    }
+
+    private func serveWaiting() {
+        let served = waiting.values
+        waiting.removeAll()
+        for waiter in served {
+            waiter.deadline?.cancel()
+            waiter.serve(true)
+        }
+        // A reader may have gone meanwhile, or have been answered without a stream.
+        restIfUnneeded()
+    }
+
+    private func restIfUnneeded() {
+        if subscribers.isEmpty, waiting.isEmpty { feed.pause() }
+    }
 
     private func deliver(_ read: [ClusterEvents.Read]) {
         guard !subscribers.isEmpty, let position = feed.position else { return }
@@ -256,10 +309,11 @@ final class ClusterEventStreams {
     /// Starts a stream: `retry:`, then `snapshot` if given, then (with `since`) what was
     /// committed after it, or `reset` and everything kept when that is gone, then every new
     /// matching event, up to `until` if given. Its head's `Event-Seq` is the feed's position:
-    /// what follows it is live. Only once the feed knows where it starts (`position`).
+    /// what follows it is live. Only from `whenFollowing`'s `serve(true)`, before the loop
+    /// turns: the feed rests again once no stream needs it.
     func subscribe(_ reply: Reply, filter: EventFilter, since: EventPosition?, until: EventPosition? = nil,
                    snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
-        guard let live = feed.position else { preconditionFailure("a stream before the feed has started") }
+        guard let live = feed.position else { preconditionFailure("a stream before the feed knows where it is") }
         let position = since ?? live
         let subscriber = Subscriber(reply: reply, filter: Filter(filter), endsWith: endsWith?.description, until: until,
                                     position: position, catchingUp: position < live)
@@ -278,6 +332,12 @@ final class ClusterEventStreams {
         feed.close()
         trimming?.cancel()
         trimming = nil
+        let unserved = waiting.values
+        waiting.removeAll()
+        for waiter in unserved {
+            waiter.deadline?.cancel()
+            waiter.serve(false)
+        }
         subscribers.finishAll()
     }
 }

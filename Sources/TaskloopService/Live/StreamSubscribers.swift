@@ -23,7 +23,9 @@ protocol StreamSubscriber: AnyObject {
 final class StreamSubscribers<Subscriber: StreamSubscriber> {
     private let clientBufferBytes: Int
     private let scheduler: EngineScheduler
-    private(set) var all: [ObjectIdentifier: Subscriber] = [:]
+    private(set) var all: [ObjectIdentifier: Subscriber] = [:] {
+        didSet { if all.isEmpty { onEmpty?() } }
+    }
     /// Subscribers with bytes to write: written once per loop turn (`flushPending`), so a turn
     /// that publishes many batches costs each stream one write, not one per batch.
     private var dirty: [Subscriber] = []
@@ -33,6 +35,8 @@ final class StreamSubscribers<Subscriber: StreamSubscriber> {
     /// before it is written; true while more is to come: the stream is written again once its
     /// reader has taken this chunk.
     var nextChunk: ((Subscriber) -> Bool)?
+    /// The last stream has ended (or none was left to end).
+    var onEmpty: (() -> Void)?
 
     init(clientBufferBytes: Int, scheduler: EngineScheduler) {
         self.clientBufferBytes = clientBufferBytes
