@@ -314,4 +314,32 @@ extension CellServiceTests {
         #expect(states.map(\.wireID) == resumed.filter { $0.type == "task.state" }.map(\.wireID))
         try service.stop()
     }
+
+    /// A stream that finds the feed at rest waits a moment for it to follow again: while the
+    /// cluster's events cannot be read, it is 503 `database_unavailable` after that moment, and
+    /// a stream once they can be read is served from where they then stand.
+    @Test func aStreamIs503WhileTheRestingFeedCannotStartAgain() throws {
+        let cluster = try PostgresCluster.shared()
+        let (url, replicas) = try Self.startCellReplicas("w0")
+        let service = replicas[0]
+        let client = try service.client()
+        let lock = try CellRowLock(locking: "LOCK TABLE taskloop.cell_events IN ACCESS EXCLUSIVE MODE", url: url)
+        try pollUntil("the events to be locked") {
+            try cluster.sql("""
+                SELECT count(*) FROM pg_locks JOIN pg_class ON pg_class.oid = relation
+                WHERE relname = 'cell_events' AND mode = 'AccessExclusiveLock' AND granted
+                """, database: url).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+        }
+        let refused = try client.call("GET", "/events")
+        #expect(refused.status == 503 && refused.header("Content-Type")?.hasPrefix("application/problem+json") == true)
+        #expect(refused.json["code"] as? String == "database_unavailable")
+        try lock.release()
+
+        let stream = try Stream(port: service.port, "/events")
+        #expect(stream.head.contains("200 OK"))
+        let id = try #require(try client.submit(#"{"kind":"noop","queue":"w"}"#)["id"] as? String)
+        let events = try stream.waitUntil { Self.ended([id], in: $0) }
+        #expect(Self.history(of: id, in: events) == Self.noopHistory)
+        try service.stop()
+    }
 }

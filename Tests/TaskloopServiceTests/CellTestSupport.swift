@@ -52,18 +52,23 @@ extension CellServiceTests {
 }
 
 /// A session of `psql` that holds the row of one cell in `taskloop.cells` (`FOR UPDATE`), so
-/// the commits and claims of that cell wait on it, until `release`.
+/// the commits and claims of that cell wait on it, or another lock `locking` takes, until
+/// `release`.
 final class CellRowLock {
     private let psql = Process()
     private let input = Pipe()
 
-    init(_ cell: UInt16, url: String) throws {
+    convenience init(_ cell: UInt16, url: String) throws {
+        try self.init(locking: "SELECT 1 FROM taskloop.cells WHERE cell = \(cell) FOR UPDATE", url: url)
+    }
+
+    init(locking statement: String, url: String) throws {
         psql.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
         psql.arguments = [url, "-qAt", "-v", "ON_ERROR_STOP=1"]
         psql.standardInput = input
         psql.standardOutput = FileHandle.nullDevice
         try psql.run()
-        input.fileHandleForWriting.write(Data("BEGIN;\nSELECT 1 FROM taskloop.cells WHERE cell = \(cell) FOR UPDATE;\n".utf8))
+        input.fileHandleForWriting.write(Data("BEGIN;\n\(statement);\n".utf8))
     }
 
     /// Commits, which lets the row go, and waits for `psql` to end.
