@@ -388,7 +388,7 @@ public final class CellHost {
     private func announce(_ parts: [PendingPart]) {
         for part in parts {
             announcedCells.formUnion(part.messagedCells)
-            if !part.events.isEmpty { announcesEvents = true }
+            if !part.events.isEmpty && keeper.eventsFollowed { announcesEvents = true }
         }
         guard !announcing, !announcedCells.isEmpty || announcesEvents, !isClosed else { return }
         var queries = ClusterMessages.notify(announcedCells.sorted())

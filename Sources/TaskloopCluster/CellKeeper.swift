@@ -68,6 +68,23 @@ public final class CellKeeper {
     /// Told the cluster's webhooks version at each renewal (`ClusterWebhooks.catchUp`).
     public var onWebhooksVersion: ((Int64) -> Void)?
 
+    /// Whether this replica follows the cluster's events (a stream is open on it). Becoming
+    /// true is written at once and the others renew at once: each `NOTIFY` of events wakes
+    /// every listening session in the database, so committers send them only while some
+    /// member follows (`eventsFollowed`). Until they learn of it the follower's feed polls.
+    public var followsEvents = false {
+        didSet {
+            guard followsEvents, !oldValue, ownership != nil, !isAbandoned else { return }
+            eventsFollowed = true
+            connection.execute(ClusterSchema.markFollowingEvents(settings)) { _ in }
+        }
+    }
+
+    /// Whether some live member follows the cluster's events, as the last renewal read it
+    /// (and this replica, since it does). True until the first renewal: an announcement too
+    /// many costs a wake-up, one too few a poll's delay.
+    public private(set) var eventsFollowed = true
+
     public init(loop: EventLoop, settings: Settings) throws(UVError) {
         self.loop = loop
         self.settings = settings
@@ -332,7 +349,7 @@ public final class CellKeeper {
 
     private func renew() {
         let sentAt = Self.now()
-        connection.execute(ClusterSchema.renewal(settings)) { [weak self] result in
+        connection.execute(ClusterSchema.renewal(settings, followsEvents: followsEvents)) { [weak self] result in
             guard let self else { return }
             switch result {
             case .failure:
@@ -346,6 +363,7 @@ public final class CellKeeper {
                 owners = answer.owners
                 clusterProtocol = answer.clusterProtocol
                 onWebhooksVersion?(answer.webhooksVersion)
+                eventsFollowed = answer.eventsFollowed || followsEvents
                 update { $0.renewed(sentAt: sentAt, now: Self.now(), answer.answer) }
             }
         }

@@ -67,7 +67,7 @@ public enum ClusterSchema {
     /// The layout of the cluster's tables, kept in `taskloop.cluster.schema`. Each migration
     /// runs once, in order, in one transaction with the version's update; a replica refuses a
     /// cluster whose tables are newer than it knows.
-    public static let schemaVersion = 2
+    public static let schemaVersion = 3
 
     struct Migration {
         let version: Int
@@ -120,6 +120,11 @@ public enum ClusterSchema {
         Migration(version: 2, statements: [
             PGQuery("ALTER TABLE taskloop.cluster ADD COLUMN IF NOT EXISTS webhooks bigint NOT NULL DEFAULT 0"),
             PGQuery("ALTER TABLE taskloop.members ADD COLUMN IF NOT EXISTS webhooks bigint NOT NULL DEFAULT 0"),
+        ]),
+        // Whether the member follows the cluster's events (`CellKeeper.followsEvents`):
+        // committers announce their events only while one does.
+        Migration(version: 3, statements: [
+            PGQuery("ALTER TABLE taskloop.members ADD COLUMN IF NOT EXISTS follows_events boolean NOT NULL DEFAULT false"),
         ]),
     ]
 
@@ -185,8 +190,11 @@ public enum ClusterSchema {
     }
 
     static let renewMember = PGStatement("cells_renew_member", """
-        UPDATE taskloop.members SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+        UPDATE taskloop.members SET expires_at = clock_timestamp() + $3 * interval '1 millisecond', follows_events = $4
         WHERE name = $1 AND incarnation = $2
+        """)
+    static let markFollowing = PGStatement("cells_mark_following", """
+        UPDATE taskloop.members SET follows_events = true WHERE name = $1 AND incarnation = $2
         """)
     static let renewCells = PGStatement("cells_renew_cells", """
         UPDATE taskloop.cells SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
@@ -194,7 +202,7 @@ public enum ClusterSchema {
             AND owner = $1 AND incarnation = $2 AND EXISTS (SELECT 1 FROM taskloop.members WHERE name = $1 AND incarnation = $2)
         """)
     static let liveMembers = PGStatement("cells_live_members", """
-        SELECT name, address, protocol FROM taskloop.members WHERE expires_at > clock_timestamp() ORDER BY name
+        SELECT name, address, protocol, follows_events FROM taskloop.members WHERE expires_at > clock_timestamp() ORDER BY name
         """)
     static let clusterProtocol = PGStatement("cells_cluster_protocol", "SELECT protocol, webhooks FROM taskloop.cluster")
     static let cellRows = PGStatement("cells_rows", """
@@ -217,12 +225,12 @@ public enum ClusterSchema {
 
     /// One transaction: this replica's row and its cells' leases, then who is live and every
     /// cell's row.
-    static func renewal(_ settings: CellKeeper.Settings) -> [PGQuery] {
+    static func renewal(_ settings: CellKeeper.Settings, followsEvents: Bool) -> [PGQuery] {
         let me = [PGValue.text(settings.identity.name), .text(settings.identity.incarnation),
                   milliseconds(settings.ownership.leaseMilliseconds)]
         return [
             PGQuery("BEGIN"),
-            PGQuery(renewMember, me),
+            PGQuery(renewMember, me + [.bool(followsEvents)]),
             PGQuery(renewCells, me),
             PGQuery(liveMembers),
             PGQuery(cellRows, [milliseconds(settings.ownership.marginMilliseconds)]),
@@ -237,6 +245,14 @@ public enum ClusterSchema {
         var owners: [Cell: ReplicaIdentity]
         var clusterProtocol: Int
         var webhooksVersion: Int64
+        /// Some live member follows the cluster's events.
+        var eventsFollowed: Bool
+    }
+
+    /// Marks this replica as following the cluster's events at once (a renewal keeps the mark
+    /// after), and has the others renew now, so that they learn it.
+    static func markFollowingEvents(_ settings: CellKeeper.Settings) -> [PGQuery] {
+        [PGQuery(markFollowing, [.text(settings.identity.name), .text(settings.identity.incarnation)]), announceChange(settings)]
     }
 
     static func readRenewal(_ results: [PGResult], protocolVersion: Int) -> Renewal {
@@ -246,8 +262,10 @@ public enum ClusterSchema {
         // protocol is still handing its cells over, and none may be claimed until it is gone.
         var addresses: [String: String] = [:]
         var olderMembersLive = false
+        var eventsFollowed = false
         for row in 0..<members.rowCount {
             guard let name = members.text(row, 0) else { continue }
+            if members.bool(row, 3) == true { eventsFollowed = true }
             let version = Int(members.int(row, 2) ?? 0)
             if version == protocolVersion { addresses[name] = members.text(row, 1) ?? "" }
             if version < protocolVersion { olderMembersLive = true }
@@ -270,7 +288,7 @@ public enum ClusterSchema {
         answer.isSuperseded = clusterProtocol > protocolVersion
         answer.olderMembersLive = olderMembersLive
         return Renewal(answer: answer, addresses: addresses, owners: owners, clusterProtocol: clusterProtocol,
-                       webhooksVersion: results[5].int(0, 1) ?? 0)
+                       webhooksVersion: results[5].int(0, 1) ?? 0, eventsFollowed: eventsFollowed)
     }
 
     static func claim(_ cell: Cell, from epoch: UInt64, _ settings: CellKeeper.Settings) -> PGQuery {

@@ -113,6 +113,9 @@ public struct SharedDatabaseSettings: Sendable {
     /// Where other replicas forward requests for this replica's cells (`host:port`); nil: the
     /// address the server is bound to.
     public var advertiseAddress: String?
+    /// How often a following event feed reads without a notification (tests make it long, to
+    /// show that notifications alone bring the events).
+    var eventPollMilliseconds: UInt64 = 100
 
     public init(url: String, replica: String) {
         self.url = url

@@ -152,13 +152,16 @@ extension TaskloopApplication {
         }
         hookJournal.cluster.joined(as: identity, protocolVersion: keeper.protocolVersion)
         do {
+            var feed = ClusterEventFeed.Settings(url: settings.url, timeouts: PGTimeouts(seconds: settings.timeoutSeconds))
+            feed.pollMilliseconds = settings.eventPollMilliseconds
             clusterStreams = try ClusterEventStreams(
-                loop: loop, feed: ClusterEventFeed.Settings(url: settings.url, timeouts: PGTimeouts(seconds: settings.timeoutSeconds)),
+                loop: loop, feed: feed,
                 read: { [weak host] queries, completion in
                     guard let host else { return completion(.failure(PGError(message: "the replica is stopping"))) }
                     host.read(queries, completion)
                 }, clientBufferBytes: configuration.eventClientBufferBytes,
                 historyMilliseconds: configuration.eventHistoryMilliseconds, scheduler: scheduler)
+            clusterStreams?.onFollowing = { [weak host] following in host?.keeper.followsEvents = following }
         } catch {
             // Everything else serves; the streams answer 503 meanwhile.
             logger.error("the event streams cannot follow the cluster's events: \(error)")

@@ -236,6 +236,29 @@ import TaskloopEngine
 
     /// The tables carry their version: a new cluster is at this build's, one a version behind
     /// is migrated once by the first replica, and one that is newer is refused by name.
+    /// Committers announce events only while some member follows them: a replica that starts
+    /// following is marked in its row at once and the others learn it; one that stops is
+    /// unmarked by its next renewal.
+    @Test func membersLearnWhetherAnyoneFollowsTheEvents() throws {
+        let cluster = try Cluster()
+        let postgres = try PostgresCluster.shared()
+        try cluster.start("a")
+        try cluster.start("b")
+        _ = try cluster.settle()
+        func followed(_ key: String) -> Bool { cluster.thread.run { cluster.keepers[key]!.eventsFollowed } }
+        func marked() throws -> String {
+            try postgres.sql("SELECT string_agg(name, ',' ORDER BY name) FROM taskloop.members WHERE follows_events",
+                             database: cluster.url).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        try pollUntil("the renewals to find no follower") { !followed("a") && !followed("b") }
+        cluster.thread.run { cluster.keepers["b"]!.followsEvents = true }
+        #expect(followed("b"))
+        try pollUntil("b's row to be marked and a to learn it") { try marked() == "b" && followed("a") }
+        cluster.thread.run { cluster.keepers["b"]!.followsEvents = false }
+        try pollUntil("b's renewal to unmark it and a to learn it", timeout: 10) { try marked() == "" && !followed("a") && !followed("b") }
+        try cluster.finish()
+    }
+
     @Test func theTablesAreMigratedAndNewerOnesRefused() throws {
         let cluster = try Cluster()
         let postgres = try PostgresCluster.shared()

@@ -315,6 +315,24 @@ extension CellServiceTests {
         try service.stop()
     }
 
+    /// Committers announce their events only while some replica follows them, and a replica
+    /// whose stream opens is followed at once: with the feeds' polls an hour apart, a stream on
+    /// one replica gets the events of the other's cells by notifications alone.
+    @Test func aStreamIsWokenByTheOtherReplicasCommits() throws {
+        let (_, replicas) = try Self.startCellReplicas("n0", "n1") { $0.sharedDatabase!.eventPollMilliseconds = 3_600_000 }
+        let queue = Self.queue(ownedBy: replicas[0], "na")
+        try replicas[0].waitUntil("the renewals to find no follower") { !$0.cellHost!.keeper.eventsFollowed }
+        let stream = try Stream(port: replicas[1].port, "/events")
+        #expect(stream.head.contains("200 OK"))
+        try replicas[0].waitUntil("n0 to learn that n1 follows") { $0.cellHost!.keeper.eventsFollowed }
+        let id = try #require(try replicas[0].client().submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String)
+        let seen = try stream.waitUntil { Self.ended([id], in: $0) }
+        #expect(Self.history(of: id, in: seen) == Self.noopHistory)
+        stream.connection.shutdownWrite()
+        try replicas[0].waitUntil("n1's renewal to say it follows no more", timeout: 20) { !$0.cellHost!.keeper.eventsFollowed }
+        for replica in replicas { try replica.stop() }
+    }
+
     /// A stream that finds the feed at rest waits a moment for it to follow again: while the
     /// cluster's events cannot be read, it is 503 `database_unavailable` after that moment, and
     /// a stream once they can be read is served from where they then stand.

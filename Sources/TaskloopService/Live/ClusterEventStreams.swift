@@ -187,6 +187,9 @@ final class ClusterEventStreams {
     var subscriberCount: Int { subscribers.count }
     /// Whether the feed follows the cluster's events, and how many reads it has sent (tests).
     var feedIsFollowing: Bool { feed.isFollowing }
+    /// Told when the feed starts or stops following (`CellKeeper.followsEvents`: committers
+    /// announce events only while some replica follows them).
+    var onFollowing: ((Bool) -> Void)?
     var feedReadsSent: Int { feed.readsSent }
 
     /// Calls `serve(true)` once the feed knows where it is (at once if it does), to `subscribe`
@@ -203,6 +206,7 @@ final class ClusterEventStreams {
             restIfUnneeded()
         }
         feed.follow()
+        onFollowing?(true)
     }
 
     private func serveWaiting() {
@@ -217,7 +221,9 @@ final class ClusterEventStreams {
     }
 
     private func restIfUnneeded() {
-        if subscribers.isEmpty, waiting.isEmpty { feed.pause() }
+        guard subscribers.isEmpty, waiting.isEmpty, feed.isFollowing else { return }
+        feed.pause()
+        onFollowing?(false)
     }
 
     private func deliver(_ read: [ClusterEvents.Read]) {
