@@ -191,9 +191,7 @@ extension TaskloopApplication {
         // ordered by the event's time instead (`event_seq`).
         let events = written.compactMap { event in
             EventKind(rawValue: event.type).map { kind in
-                StreamEvent(shared: SharedEvent(seq: UInt64(max(0, event.time)), type: event.type, time: event.time,
-                                                task: event.task.flatMap(TaskID.init), workflow: event.workflow.flatMap(TaskID.init),
-                                                queue: event.queue, data: event.data), kind: kind)
+                StreamEvent(committed: event, kind: kind, seq: UInt64(max(0, event.time)))
             }
         }
         journal.number(events, of: cell, into: webhooks) { [weak self] round in self?.webhooks?.committed(through: round) }

@@ -1,32 +1,5 @@
 import TaskloopEngine
 
-/// One numbered event as the shared database keeps it: what filters look at, and its JSON as
-/// first rendered (every replica streams the same bytes).
-public struct SharedEvent: Sendable, Equatable {
-    public var seq: UInt64
-    public var type: String
-    /// Wall-clock milliseconds.
-    public var time: Int64
-    public var task: TaskID?
-    public var workflow: TaskID?
-    public var queue: String?
-    /// A task's terminal state (its own stream ends with it).
-    public var endsTask: Bool
-    public var data: [UInt8]
-
-    public init(seq: UInt64, type: String, time: Int64, task: TaskID?, workflow: TaskID?, queue: String?, endsTask: Bool = false,
-                data: [UInt8]) {
-        self.seq = seq
-        self.type = type
-        self.time = time
-        self.task = task
-        self.workflow = workflow
-        self.queue = queue
-        self.endsTask = endsTask
-        self.data = data
-    }
-}
-
 /// Binary forms of the webhook records for the shared database (the SQLite store keeps them in
 /// columns of their own, a delivery's earlier attempts in this form too).
 public enum SharedRecordCodec {

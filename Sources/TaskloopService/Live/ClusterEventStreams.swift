@@ -10,21 +10,21 @@ import TaskloopPostgres
 /// that id as `seq`.
 ///
 /// Threading: loop thread only.
-final class ClusterStreamEvent {
+final class ClusterStreamEvent: FilterableEvent {
     let position: EventPosition
     let kind: EventKind
-    let task: String?
-    let workflow: String?
-    let queue: String?
+    let taskID: TaskID?
+    let workflowID: TaskID?
+    let queueName: String?
     private let data: [UInt8]
 
     init?(_ read: ClusterEvents.Read) {
         guard let kind = EventKind(rawValue: read.event.type), read.event.data.first == UInt8(ascii: "{") else { return nil }
         position = read.position
         self.kind = kind
-        task = read.event.task
-        workflow = read.event.workflow
-        queue = read.event.queue
+        taskID = read.event.task.flatMap(TaskID.init)
+        workflowID = read.event.workflow.flatMap(TaskID.init)
+        queueName = read.event.queue
         data = read.event.data
     }
 
@@ -72,34 +72,11 @@ final class ClusterStreamEvent {
 final class ClusterEventStreams {
     typealias Read = (_ queries: [PGQuery], _ completion: @escaping (Result<[PGResult], PGError>) -> Void) -> Void
 
-    /// What a stream wants, as `EventFilter`, with the ids as the events carry them.
-    struct Filter {
-        var task: String?
-        var workflow: String?
-        var queue: String?
-        var kinds: Set<EventKind>?
-
-        init(_ filter: EventFilter) {
-            task = filter.task?.description
-            workflow = filter.workflow?.description
-            queue = filter.queue
-            kinds = filter.kinds
-        }
-
-        func matches(_ event: ClusterStreamEvent) -> Bool {
-            if let kinds, !kinds.contains(event.kind) { return false }
-            if let task, event.task != task { return false }
-            if let workflow, event.workflow != workflow { return false }
-            if let queue, event.queue != queue { return false }
-            return true
-        }
-    }
-
     final class Subscriber: StreamSubscriber {
         let reply: Reply
-        let filter: Filter
+        let filter: EventFilter
         /// `GET /tasks/{id}/events`: the stream ends after this task's terminal event.
-        let endsWith: String?
+        let endsWith: TaskID?
         let until: EventPosition?
         /// Every event up to here has been written to it or passed over by its filter.
         var position: EventPosition
@@ -111,7 +88,7 @@ final class ClusterEventStreams {
         var isDirty = false
         var ending = false
 
-        init(reply: Reply, filter: Filter, endsWith: String?, until: EventPosition?, position: EventPosition, catchingUp: Bool) {
+        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, until: EventPosition?, position: EventPosition, catchingUp: Bool) {
             self.reply = reply
             self.filter = filter
             self.endsWith = endsWith
@@ -246,7 +223,7 @@ final class ClusterEventStreams {
             subscriber.position = event.position
             guard subscriber.filter.matches(event) else { continue }
             subscriber.pending += event.frame
-            if let task = subscriber.endsWith, event.task == task, event.endsTask {
+            if let task = subscriber.endsWith, event.taskID == task, event.endsTask {
                 subscriber.ending = true
                 return
             }
@@ -321,7 +298,7 @@ final class ClusterEventStreams {
                    snapshot: [UInt8]? = nil, endsWith: TaskID? = nil) {
         guard let live = feed.position else { preconditionFailure("a stream before the feed knows where it is") }
         let position = since ?? live
-        let subscriber = Subscriber(reply: reply, filter: Filter(filter), endsWith: endsWith?.description, until: until,
+        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, until: until,
                                     position: position, catchingUp: position < live)
         subscribers.subscribe(subscriber, eventSeq: live.description, snapshot: snapshot) {
             if subscriber.catchingUp {

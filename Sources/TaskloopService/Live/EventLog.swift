@@ -1,4 +1,5 @@
 import DequeModule
+import TaskloopCluster
 import TaskloopEngine
 import TaskloopHTTP
 import TaskloopJSON
@@ -75,7 +76,7 @@ struct EventMapping {
 /// nothing, and a replay shows each change as it was. A queue event is rendered when numbered.
 ///
 /// Threading: loop thread only.
-final class StreamEvent {
+final class StreamEvent: FilterableEvent {
     let seq: UInt64
     let kind: EventKind
     /// Wall-clock milliseconds of the change.
@@ -117,9 +118,10 @@ final class StreamEvent {
         if queue != nil { _ = data }
     }
 
-    /// An event of the cluster's history, rendered where it was made (a replica on cells).
-    init(shared event: SharedEvent, kind: EventKind) {
-        seq = event.seq
+    /// An event a cell's commit wrote, rendered by the engine that made it (a replica on cells).
+    /// `seq` numbers it where no position is known yet.
+    init(committed event: ClusterEvents.Written, kind: EventKind, seq: UInt64) {
+        self.seq = seq
         self.kind = kind
         time = event.time
         task = nil
@@ -129,10 +131,10 @@ final class StreamEvent {
         workflow = nil
         queue = nil
         batch = 0
-        taskID = event.task
-        workflowID = event.workflow
+        taskID = event.task.flatMap(TaskID.init)
+        workflowID = event.workflow.flatMap(TaskID.init)
         queueName = event.queue
-        endsTask = event.endsTask
+        endsTask = false
         renderedData = event.data
     }
 
@@ -186,13 +188,22 @@ final class StreamEvent {
 }
 
 /// What a subscriber wants: every filter given must match.
+/// What a stream's filter looks at: a single server's events and those of the cluster's one
+/// order (cells) alike.
+protocol FilterableEvent {
+    var kind: EventKind { get }
+    var taskID: TaskID? { get }
+    var workflowID: TaskID? { get }
+    var queueName: String? { get }
+}
+
 struct EventFilter {
     var task: TaskID?
     var workflow: TaskID?
     var queue: String?
     var kinds: Set<EventKind>?
 
-    func matches(_ event: StreamEvent) -> Bool {
+    func matches(_ event: some FilterableEvent) -> Bool {
         if let kinds, !kinds.contains(event.kind) { return false }
         if let task, event.taskID != task { return false }
         if let workflow, event.workflowID != workflow { return false }
