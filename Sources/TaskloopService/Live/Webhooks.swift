@@ -62,21 +62,8 @@ final class Webhooks {
         /// the oldest delivery's earliest attempts, then the delivery itself. Returns the
         /// deliveries gone and those that lost attempts.
         fileprivate func trimFinished(toEntries limit: Int) -> (gone: [String], shortened: [DeliveryRecord]) {
-            var gone: [String] = []
-            var shortened: [DeliveryRecord] = []
-            while finishedEntries > limit, var oldest = finished.first {
-                let excess = finishedEntries - limit
-                finishedEntries -= min(excess, oldest.logEntries)
-                if excess < oldest.logEntries {
-                    oldest.earlierAttempts.removeFirst(excess)
-                    finished[0] = oldest
-                    shortened.append(oldest)
-                } else {
-                    finished.removeFirst()
-                    gone.append(oldest.id)
-                }
-            }
-            return (gone, shortened)
+            let (gone, shortened) = finished.trimLog(entries: &finishedEntries, to: limit)
+            return (gone, shortened.map { [$0] } ?? [])
         }
     }
 
@@ -166,27 +153,17 @@ final class Webhooks {
         Self.log(of: hook.pending.values.map(\.record) + hook.finished, limit: limit)
     }
 
-    /// The log of these deliveries of one webhook, as `deliveryLog` gives it.
     /// What a log bounded to `limit` entries of finished deliveries keeps of `all`, as
     /// `trimFinished` leaves it: the oldest delivery's earliest attempts leave first, then the
     /// delivery. Pending ones are all kept.
     static func bounded(_ all: [DeliveryRecord], finishedEntries limit: Int) -> [DeliveryRecord] {
         var finished = all.filter { $0.state != .pending }.sorted { ($0.eventSeq, $0.id) < ($1.eventSeq, $1.id) }
         var entries = finished.reduce(0) { $0 + $1.logEntries }
-        var first = 0
-        while entries > limit, first < finished.count {
-            let excess = entries - limit
-            if excess < finished[first].logEntries {
-                finished[first].earlierAttempts.removeFirst(excess)
-                entries -= excess
-            } else {
-                entries -= finished[first].logEntries
-                first += 1
-            }
-        }
-        return all.filter { $0.state == .pending } + finished[first...]
+        finished.trimLog(entries: &entries, to: limit)
+        return all.filter { $0.state == .pending } + finished
     }
 
+    /// The log of these deliveries of one webhook, as `deliveryLog` gives it.
     static func log(of all: [DeliveryRecord], limit: Int) -> [DeliveryRecord] {
         var entries: [DeliveryRecord] = []
         for record in all.sorted(by: { ($0.eventSeq, $0.id) > ($1.eventSeq, $1.id) }) {
@@ -503,5 +480,31 @@ final class Webhooks {
             hook.due.removeAll()
         }
         awaitingCommit.removeAll()
+    }
+}
+
+extension RangeReplaceableCollection where Self: MutableCollection, Element == DeliveryRecord {
+    /// Drops log entries of these finished deliveries, oldest first, until `entries` (their
+    /// count, kept up to date) is at most `limit`: the oldest delivery's earliest attempts,
+    /// then the delivery itself. Returns the deliveries gone and the one left shorter, if any.
+    @discardableResult
+    mutating func trimLog(entries: inout Int, to limit: Int) -> (gone: [String], shortened: DeliveryRecord?) {
+        var gone: [String] = []
+        var shortened: DeliveryRecord?
+        var index = startIndex
+        while entries > limit, index != endIndex {
+            let excess = entries - limit
+            if excess < self[index].logEntries {
+                self[index].earlierAttempts.removeFirst(excess)
+                entries -= excess
+                shortened = self[index]
+            } else {
+                entries -= self[index].logEntries
+                gone.append(self[index].id)
+                index = self.index(after: index)
+            }
+        }
+        removeFirst(gone.count)
+        return (gone, shortened)
     }
 }
