@@ -1,6 +1,6 @@
 # Taskloop in a container: built with the official Swift image on Debian bookworm, run on
 # bookworm-slim with only the C libraries the binary links (the Swift runtime is static) and the
-# CA certificates that `http` tasks verify HTTPS servers against.
+# CA certificates that `http` tasks verify HTTPS servers against, and tzdata for schedules' time zones.
 #   docker build -t taskloop . && docker run --rm -p 8080:8080 taskloop
 
 FROM swift:6.3-bookworm AS build
@@ -18,7 +18,7 @@ RUN swift build -c release --static-swift-stdlib --product taskloop \
 
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 libcurl4 libsqlite3-0 libpq5 ca-certificates \
+    && apt-get install -y --no-install-recommends libuv1 libhttp-parser2.9 libcurl4 libsqlite3-0 libpq5 ca-certificates tzdata \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin taskloop \
     && install -d -o taskloop -g taskloop -m 0700 /var/lib/taskloop

@@ -4,7 +4,7 @@
 SWIFT ?= swift
 HOST ?= 127.0.0.1
 PORT ?= 8080
-BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config
+BUILD_PACKAGES := libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config tzdata
 BENCH_PACKAGES := wrk util-linux gcc chromium chromium-driver postgresql
 TEST_PACKAGES := curl jq openssl tmux postgresql
 FUZZ_SECONDS ?= 20

@@ -52,6 +52,9 @@ let package = Package(
         // Byte-level helpers the wire formats share: UTF-8 with an ASCII fast path, decimals.
         .target(name: "TaskloopBytes", swiftSettings: hotPathSettings),
         .target(name: "TaskloopJSON", dependencies: ["TaskloopBytes"], swiftSettings: hotPathSettings),
+        // Schedules' time arithmetic, pure: cron expressions, zones read from the system's tzdata,
+        // and the slots a schedule fires at across DST changes.
+        .target(name: "TaskloopTime"),
         .target(
             name: "TaskloopLoop",
             dependencies: ["CLibUV"],
@@ -201,6 +204,10 @@ let package = Package(
         .testTarget(
             name: "TaskloopEngineTests",
             dependencies: ["TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport"]
+        ),
+        .testTarget(
+            name: "TaskloopTimeTests",
+            dependencies: ["TaskloopTime"]
         ),
         .testTarget(
             name: "TaskloopJSONTests",
