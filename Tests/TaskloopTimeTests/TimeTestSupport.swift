@@ -1,4 +1,5 @@
 import Foundation
+import TaskloopTime
 
 /// An RFC 3339 time with its offset, as UTC epoch seconds: tests write the wall time and offset
 /// they expect, so each expectation reads as the clock on the wall would show it.
@@ -7,6 +8,10 @@ func at(_ text: String) -> Int64 {
     formatter.formatOptions = [.withInternetDateTime]
     guard let date = formatter.date(from: text) else { fatalError("not RFC 3339: \(text)") }
     return Int64(date.timeIntervalSince1970)
+}
+
+func schedule(_ cron: String, _ zone: String = "UTC") throws -> CronSchedule {
+    try CronSchedule(expression: CronExpression(cron), zone: TimeZoneRules.load(named: zone))
 }
 
 /// A fresh directory under the system's temporary one, removed by the caller.
