@@ -14,6 +14,10 @@ public struct CronSchedule: Sendable {
     public let expression: CronExpression
     public let zone: TimeZoneRules
 
+    /// Instants from 0001-01-01 to 9999-12-31 (UTC): outside them a schedule has no slots, and
+    /// the wall-time arithmetic stays far from overflowing.
+    public static let supportedInstants: ClosedRange<Int64> = -62_135_596_800...253_402_300_799
+
     /// Searches end this many years past their start: every expression that can fire at all does
     /// within the 400-year Gregorian cycle, so this is a bound, not a limit anyone meets.
     static let searchYears: Int64 = 401
@@ -25,6 +29,7 @@ public struct CronSchedule: Sendable {
 
     /// The first slot strictly after `instant`.
     public func next(after instant: Int64) -> Int64? {
+        guard Self.supportedInstants.contains(instant) else { return nil }
         var start = zone.localTime(at: instant) + 1
         // Inside the second pass of a repeated hour, the wall times left in that hour already
         // ran at their first occurrence, before `instant`.
@@ -48,6 +53,7 @@ public struct CronSchedule: Sendable {
 
     /// The last slot at or before `instant`.
     public func previous(atOrBefore instant: Int64) -> Int64? {
+        guard Self.supportedInstants.contains(instant) else { return nil }
         var end = zone.localTime(at: instant)
         // Inside the second pass of a repeated hour, the rest of that hour's wall times had their
         // first occurrence before `instant`.

@@ -7,10 +7,18 @@ import Synchronization
 
 /// Why a time zone could not be had: the name refused before any file was opened, no such zone,
 /// or a file that is not a zone this reads.
-public enum TimeZoneError: Error, Equatable, Sendable {
+public enum TimeZoneError: Error, Equatable, Sendable, CustomStringConvertible {
     case invalidName(String)
     case unknownZone(String)
     case malformed(String, reason: String)
+
+    public var description: String {
+        switch self {
+        case .invalidName(let name): "\(name.debugDescription) is not an IANA zone name (letters, digits, _ + - and /)"
+        case .unknownZone(let name): "no zone named \(name) in the system's tzdata"
+        case .malformed(let name, let reason): "the zone \(name) cannot be read: \(reason)"
+        }
+    }
 }
 
 /// What a local wall time is in a zone: one instant, two (the clock was set back over it; the
@@ -41,7 +49,8 @@ public enum LocalTimeResolution: Equatable, Sendable {
 /// A zone's offsets from UTC, read from the system's tzdata (TZif, RFC 8536, versions 1 to 3): its
 /// table of transitions, and past the last one the POSIX TZ rule of the file's footer. Instants
 /// and local wall times are seconds from 1970-01-01T00:00:00 (local ones as if the wall clock were
-/// UTC); offsets are seconds east of UTC.
+/// UTC); offsets are seconds east of UTC. Instants are meant within `CronSchedule.supportedInstants`
+/// (years 1 to 9999), where none of the arithmetic can overflow.
 public final class TimeZoneRules: Sendable {
     public static let maximumNameLength = 64
     /// Zone files are a few kilobytes; the largest in tzdata 2025 is under 4 KiB.

@@ -78,6 +78,14 @@ import Testing
             == ["2026-11-01T01:00:00-04:00", "2026-11-01T01:30:00-04:00", "2026-11-01T02:00:00-05:00", "2026-11-01T02:30:00-05:00"].map(at))
     }
 
+    @Test func instantsBeyondYearsOneTo9999HaveNoSlots() throws {
+        let everySecond = try schedule("* * * * * *", "Europe/Berlin")
+        #expect(everySecond.next(after: .max) == nil)
+        #expect(everySecond.previous(atOrBefore: .min) == nil)
+        #expect(everySecond.slots(after: .min, through: .max, limit: 5).isEmpty)
+        #expect(everySecond.next(after: at("9999-12-31T23:59:58Z")) == at("9999-12-31T23:59:59Z"))
+    }
+
     /// Against a scan of every wall-clock minute around each zone's changes of 2026 and 2100: the
     /// slots are the distinct instants the matching minutes resolve to (first occurrence, or the
     /// gap's end), and `next` and `previous` walk exactly them, forwards and backwards.
