@@ -153,7 +153,7 @@ extension TaskloopApplication {
                 let count = try reply.engine.retryWorkflow(workflow.id)
                 reply.send(.json(.ok, Array(#"{"retried":\#(count)}"#.utf8)))
             },
-            Route(.GET, "/queues", [200], placement: .everyCell) { [unowned self] _, reply in
+            Route(.GET, "/queues", [200], placement: .everyCell) { _, reply in
                 var json = JSONWriter(capacity: 1_024)
                 json.beginObject()
                 json.key(static: "queues")
