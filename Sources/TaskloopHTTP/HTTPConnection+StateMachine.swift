@@ -121,9 +121,15 @@ struct HTTPConnectionStateMachine: Equatable {
     }
 
     /// The server is stopping. Returns true when the connection should close now; otherwise
-    /// the request in progress is answered with `Connection: close` and the connection closes.
-    mutating func drain() -> Bool {
+    /// the request in progress (or, not `closingIdle`, the next one) is answered with
+    /// `Connection: close` and the connection closes.
+    mutating func drain(closingIdle: Bool = true) -> Bool {
         isDraining = true
+        return closingIdle && closeIfIdle()
+    }
+
+    /// Whether the connection waits for a request (and is now closing).
+    mutating func closeIfIdle() -> Bool {
         if case .idle = state {
             state = .closing
             return true

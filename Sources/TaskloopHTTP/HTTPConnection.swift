@@ -167,9 +167,14 @@ final class HTTPConnection {
         }
     }
 
-    /// The server is stopping: close if idle, else close after the current response.
-    func drain() {
-        if machine.drain() { transport?.close(linger: false) }
+    /// The server is stopping: close if idle (unless `closingIdle` is false: then after the
+    /// next response, or at `closeIfIdle`), else close after the current response.
+    func drain(closingIdle: Bool = true) {
+        if machine.drain(closingIdle: closingIdle) { transport?.close(linger: false) }
+    }
+
+    func closeIfIdle() {
+        if machine.closeIfIdle() { transport?.close(linger: false) }
     }
 
     // MARK: parsing

@@ -18,6 +18,7 @@ public final class HTTPServer {
     private var connections: [TCPConnection] = []
     private var sweepTimer: LoopTimer?
     private var graceTimer: LoopTimer?
+    private var lingerTimer: LoopTimer?
     private var shutdownCompletion: (() -> Void)?
     private var isDraining = false
     /// The bound address, known once `start()` returns.
@@ -151,12 +152,18 @@ public final class HTTPServer {
     /// Stops accepting, lets requests in flight finish (their answers say `Connection: close`),
     /// closes idle connections at once and the rest after `gracePeriodMilliseconds`, then calls
     /// `completion` when every handle of the server is closed.
-    public func shutdown(gracePeriodMilliseconds: UInt64, completion: @escaping () -> Void) {
+    /// `idleLingerMilliseconds`: how long a kept-alive connection waiting for a request stays
+    /// open (0: it closes at once). A peer may have sent its next request before it could learn
+    /// that this server stops (a replica forwarding to one that leaves): closed at once, the
+    /// connection would cut that request off unanswered, where open it gets an answer (and
+    /// `Connection: close`). The lingering connections close at its end, or at the grace's.
+    public func shutdown(gracePeriodMilliseconds: UInt64, idleLingerMilliseconds: UInt64 = 0, completion: @escaping () -> Void) {
         guard !isDraining else { return }
         isDraining = true
         shutdownCompletion = completion
         if let listener, listenerOpen { UVHandle.close(listener) } else { listenerOpen = false }
-        for connection in connections { connection.http?.drain() }
+        let linger = min(idleLingerMilliseconds, gracePeriodMilliseconds)
+        for connection in connections { connection.http?.drain(closingIdle: linger == 0) }
         if let timer = try? LoopTimer(loop: loop) {
             timer.start(after: gracePeriodMilliseconds) { [unowned self] in
                 for connection in connections { connection.closeNow() }
@@ -164,6 +171,14 @@ public final class HTTPServer {
             graceTimer = timer
         } else {
             for connection in connections { connection.closeNow() }
+        }
+        if linger > 0, let timer = try? LoopTimer(loop: loop) {
+            timer.start(after: linger) { [unowned self] in
+                for connection in connections { connection.http?.closeIfIdle() }
+            }
+            lingerTimer = timer
+        } else {
+            for connection in connections { connection.http?.closeIfIdle() }
         }
         finishShutdownIfDone()
     }
@@ -179,8 +194,10 @@ public final class HTTPServer {
         shutdownCompletion = nil
         sweepTimer?.close()
         graceTimer?.close()
+        lingerTimer?.close()
         sweepTimer = nil
         graceTimer = nil
+        lingerTimer = nil
         completion()
     }
 

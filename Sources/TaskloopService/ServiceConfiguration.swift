@@ -116,6 +116,12 @@ public struct SharedDatabaseSettings: Sendable {
     /// How often a following event feed reads without a notification (tests make it long, to
     /// show that notifications alone bring the events).
     var eventPollMilliseconds: UInt64 = 100
+    /// How long a replica whose cells have moved keeps its kept-alive connections open as it
+    /// stops: the others learn of the move at their next renewal, which its announcement brings
+    /// forward to a round trip; meanwhile a request they forward here is answered (the cell
+    /// moved on, and they ask its new owner) instead of being cut off with its connection,
+    /// which for a change could not be told from one made.
+    var releasedCellsLingerMilliseconds: UInt64 = 500
 
     public init(url: String, replica: String) {
         self.url = url

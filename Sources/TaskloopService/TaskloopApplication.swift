@@ -262,7 +262,8 @@ public final class TaskloopApplication {
         if cellHost != nil {
             // The server answers on until the cells have moved: requests other replicas send
             // for them meanwhile are held, then go to the cells' next owners.
-            stopCells(grace: grace) { [unowned self] in closeServer(grace: grace) }
+            let linger = configuration.sharedDatabase?.releasedCellsLingerMilliseconds ?? 0
+            stopCells(grace: grace) { [unowned self] in closeServer(grace: grace, idleLinger: linger) }
         } else {
             closeServer(grace: grace)
         }
@@ -292,12 +293,12 @@ public final class TaskloopApplication {
         finishStopping()
     }
 
-    private func closeServer(grace: UInt64) {
+    private func closeServer(grace: UInt64, idleLinger: UInt64 = 0) {
         guard let server else {
             serverClosed = true
             return
         }
-        server.shutdown(gracePeriodMilliseconds: grace) { [unowned self] in
+        server.shutdown(gracePeriodMilliseconds: grace, idleLingerMilliseconds: idleLinger) { [unowned self] in
             serverClosed = true
             finishStopping()
         }
@@ -450,6 +451,12 @@ public final class TaskloopApplication {
         }
         if cellHost != nil && route.placement != .none {
             return serveInCell(route, request, reply)
+        }
+        // A replica whose cells have gone (it is stopping) holds no task: a request still
+        // reaching it (forwarded before the others learned, or in flight on a kept-alive
+        // connection) is told the cell moves on, and its forwarder asks the next owner.
+        if configuration.sharedDatabase != nil && route.placement != .none {
+            return reply.send(Self.cellMoving.response())
         }
         reply.engine = engine
         run(route, request, reply)

@@ -457,6 +457,35 @@ import TaskloopTestSupport
         #expect(throws: ClientError.self) { try RawClient(port: port) }
     }
 
+    /// With a linger, a kept-alive connection waiting for a request stays open a while after
+    /// the stop begins: a request its peer sent before it could know is answered (with
+    /// `Connection: close`), not cut off; the stop then ends without waiting the linger out.
+    @Test func aLingeringIdleConnectionAnswersTheRequestItGetsThenCloses() throws {
+        let server = try Self.start()
+        let kept = try RawClient(port: server.port)
+        try kept.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try kept.readResponse().status == 200)
+        try server.waitUntil("connected") { $0.openConnections == 1 }
+        let port = server.port
+        let stopped = DispatchSemaphore(value: 0)
+        let outcome = Locked<Error?>(nil)
+        Thread.detachNewThread {
+            do { try server.stop(gracePeriodMilliseconds: 20_000, idleLingerMilliseconds: 20_000) } catch {
+                outcome.withLock { $0 = error }
+            }
+            stopped.signal()
+        }
+        try pollUntil("the listener to close") { (try? RawClient(port: port)) == nil }
+        try kept.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+        let answer = try kept.readResponse()
+        #expect(answer.status == 200)
+        #expect(answer.header("Connection") == "close")
+        try kept.readUntilClosed()
+        #expect(kept.sawEOF)
+        #expect(stopped.wait(timeout: .now() + 5) == .success, "the stop waited for the linger")
+        #expect(outcome.value == nil)
+    }
+
     @Test func gracePeriodEndsRequestsThatNeverFinish() throws {
         let server = try Self.start()
         let client = try RawClient(port: server.port)

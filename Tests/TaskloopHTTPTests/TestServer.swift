@@ -61,11 +61,13 @@ final class TestServer: Sendable {
 
     /// Graceful shutdown; returns once the loop thread has ended. Throws if it did not end in
     /// time or the loop did not close clean.
-    func stop(gracePeriodMilliseconds: UInt64 = 1_000, timeout: Double = 10) throws {
+    func stop(gracePeriodMilliseconds: UInt64 = 1_000, idleLingerMilliseconds: UInt64 = 0, timeout: Double = 10) throws {
         let server = self.server
         let loop = self.loop
         loop.execute {
-            server.value.shutdown(gracePeriodMilliseconds: gracePeriodMilliseconds) { loop.finish() }
+            server.value.shutdown(gracePeriodMilliseconds: gracePeriodMilliseconds, idleLingerMilliseconds: idleLingerMilliseconds) {
+                loop.finish()
+            }
         }
         try waitForExit(timeout: timeout)
     }

@@ -344,6 +344,30 @@ extension CellServiceTests {
 }
 
 extension CellServiceTests {
+    /// A replica whose cells have gone as it stops holds no task: a request that still
+    /// reaches it on a kept-alive connection (as one its peer forwarded before it learned) is
+    /// told the cell moved on, 503, for its forwarder to ask the next owner, never answered
+    /// from the empty engine left behind (a 404 for a task that exists).
+    @Test func aStoppingReplicaWhoseCellsHaveGoneSendsRequestsOn() throws {
+        let (_, replicas) = try Self.startCellReplicas("s0", "s1") { $0.sharedDatabase!.releasedCellsLingerMilliseconds = 30_000 }
+        let queue = Self.queue(ownedBy: replicas[1], "sq")
+        let id = try #require(try replicas[0].client().submit(#"{"kind":"noop","queue":"\#(queue)"}"#)["id"] as? String)
+        let kept = try APIClient(port: replicas[1].port)
+        #expect(try kept.call("GET", "/tasks/\(id)").status == 200)
+        let stopping = Thread { try? replicas[1].stop(timeout: 60) }
+        stopping.start()
+        // Its cells gone, it closes its listener; its kept-alive connections linger.
+        let port = replicas[1].port
+        try pollUntil("s1's cells to be gone", timeout: 30) { (try? RawClient(port: port)) == nil }
+        let answer = try kept.call("GET", "/tasks/\(id)", headers: [ClusterForwarder.forwardedByField: "s0"])
+        #expect(answer.status == 503, "\(answer.status) \(answer.text)")
+        #expect(answer.text.contains("moving"), "\(answer.text)")
+        #expect(try replicas[0].client().call("GET", "/tasks/\(id)").status == 200)
+        try replicas[0].stop()
+    }
+}
+
+extension CellServiceTests {
     /// A forwarded request's answer was made durable by the owner: the replica that forwarded it
     /// passes it on at once, even while a commit of its own waits (here on a row lock). It held
     /// such answers for its own commits, which cost every forwarded request a commit more.
