@@ -124,7 +124,7 @@ let package = Package(
             name: "TaskloopService",
             dependencies: [
                 "TaskloopBytes", "TaskloopCluster", "TaskloopLoop", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopEngine",
-                "TaskloopExecutors", "TaskloopJSON", "TaskloopStore",
+                "TaskloopExecutors", "TaskloopJSON", "TaskloopStore", "TaskloopTime",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

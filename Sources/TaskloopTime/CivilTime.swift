@@ -1,7 +1,7 @@
 /// Proleptic Gregorian dates as day numbers from 1970-01-01, after Howard Hinnant's
 /// `days_from_civil`: exact for every Int64 year the schedules reach, with no table and no
 /// Foundation, so local wall times and UTC instants convert by arithmetic alone.
-enum CivilTime {
+public enum CivilTime {
     static let secondsPerDay: Int64 = 86_400
 
     static func days(year: Int64, month: Int64, day: Int64) -> Int64 {
@@ -14,7 +14,8 @@ enum CivilTime {
         return era * 146_097 + dayOfEra - 719_468
     }
 
-    static func date(days: Int64) -> (year: Int64, month: Int64, day: Int64) {
+    @inlinable
+    public static func date(days: Int64) -> (year: Int64, month: Int64, day: Int64) {
         let shifted = days + 719_468
         let era = (shifted >= 0 ? shifted : shifted - 146_096) / 146_097
         let dayOfEra = shifted - era * 146_097

@@ -2,6 +2,7 @@ import Glibc
 import TaskloopEngine
 import TaskloopExecutors
 import TaskloopJSON
+import TaskloopTime
 
 /// How engine objects look on the wire. One place, so every endpoint shows a task the same way.
 ///
@@ -363,7 +364,7 @@ enum Representation {
     }
 
     /// Writes the 24 bytes of `2026-11-22T14:50:00.123Z` (UTC, proleptic Gregorian; Howard
-    /// Hinnant's days-to-civil) and returns 24.
+    /// Hinnant's days-to-civil, in `CivilTime`) and returns 24.
     ///
     /// With `reusingDay` (it keeps the last day per thread), a time on the same day as the last
     /// one copies the date instead of working it out again.
@@ -411,15 +412,8 @@ enum Representation {
 
     /// Writes `YYYY-MM-DDT` for a count of days since the epoch (11 bytes).
     private static func writeDate(_ days: Int64, to output: UnsafeMutablePointer<UInt8>) {
-        let shifted = days + 719_468
-        let era = (shifted >= 0 ? shifted : shifted - 146_096) / 146_097
-        let dayOfEra = shifted - era * 146_097
-        let yearOfEra = (dayOfEra - dayOfEra / 1_460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
-        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
-        let monthIndex = (5 * dayOfYear + 2) / 153
-        let day = dayOfYear - (153 * monthIndex + 2) / 5 + 1
-        let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
-        let year = min(9_999, max(0, yearOfEra + era * 400 + (month <= 2 ? 1 : 0)))
+        let (civilYear, month, day) = CivilTime.date(days: days)
+        let year = min(9_999, max(0, civilYear))
         var position = 0
         func digits(_ value: Int64, _ width: Int) {
             var value = value
