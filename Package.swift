@@ -79,7 +79,7 @@ let package = Package(
         // `watch`): their runs on a loop, the watch's model, and its displays as pure functions.
         .target(
             name: "TaskloopCLI",
-            dependencies: ["TaskloopClient", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop"]
+            dependencies: ["TaskloopClient", "TaskloopHTTPClient", "TaskloopJSON", "TaskloopLoop", "TaskloopTime"]
         ),
         // PostgreSQL on the loop: libpq's asynchronous API in pipeline mode, its socket watched
         // by libuv.

@@ -1,4 +1,5 @@
 import Glibc
+import TaskloopTime
 
 /// The API's times (RFC 3339 in UTC with milliseconds, `2026-11-24T19:55:33.837Z`) as
 /// milliseconds since the epoch, and back; and spans as a person reads them.
@@ -6,57 +7,7 @@ enum Timestamp {
     /// Milliseconds since the epoch of an RFC 3339 time (`Z` or a `±hh:mm` offset, any number
     /// of fraction digits); nil when `text` is not one.
     static func milliseconds(_ text: String) -> Int64? {
-        let bytes = Array(text.utf8)
-        func number(_ start: Int, _ count: Int) -> Int? {
-            guard start + count <= bytes.count else { return nil }
-            var value = 0
-            for byte in bytes[start..<start + count] {
-                guard (0x30...0x39).contains(byte) else { return nil }
-                value = value * 10 + Int(byte - 0x30)
-            }
-            return value
-        }
-        guard bytes.count >= 20, bytes[4] == UInt8(ascii: "-"), bytes[7] == UInt8(ascii: "-"),
-              bytes[10] == UInt8(ascii: "T") || bytes[10] == UInt8(ascii: "t"),
-              bytes[13] == UInt8(ascii: ":"), bytes[16] == UInt8(ascii: ":"),
-              let year = number(0, 4), let month = number(5, 2), let day = number(8, 2),
-              let hour = number(11, 2), let minute = number(14, 2), let second = number(17, 2),
-              (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61 else { return nil }
-        var index = 19
-        var milliseconds: Int64 = 0
-        if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
-            index += 1
-            var scale: Int64 = 100
-            let start = index
-            while index < bytes.count, (0x30...0x39).contains(bytes[index]) {
-                milliseconds += Int64(bytes[index] - 0x30) * scale
-                scale /= 10
-                index += 1
-            }
-            guard index > start else { return nil }
-        }
-        var offsetSeconds = 0
-        switch index < bytes.count ? bytes[index] : 0 {
-        case UInt8(ascii: "Z"), UInt8(ascii: "z"):
-            index += 1
-        case UInt8(ascii: "+"), UInt8(ascii: "-"):
-            guard index + 6 == bytes.count, bytes[index + 3] == UInt8(ascii: ":"),
-                  let hours = number(index + 1, 2), let minutes = number(index + 4, 2) else { return nil }
-            offsetSeconds = (hours * 3_600 + minutes * 60) * (bytes[index] == UInt8(ascii: "+") ? 1 : -1)
-            index += 6
-        default:
-            return nil
-        }
-        guard index == bytes.count else { return nil }
-        var parts = tm()
-        parts.tm_year = Int32(year - 1900)
-        parts.tm_mon = Int32(month - 1)
-        parts.tm_mday = Int32(day)
-        parts.tm_hour = Int32(hour)
-        parts.tm_min = Int32(minute)
-        parts.tm_sec = Int32(second)
-        let seconds = Int64(timegm(&parts)) - Int64(offsetSeconds)
-        return seconds * 1_000 + milliseconds
+        RFC3339.milliseconds(text)
     }
 
     /// `2026-11-24T19:55:33.837Z`.
@@ -76,6 +27,28 @@ enum Timestamp {
         var spec = timespec()
         clock_gettime(CLOCK_REALTIME, &spec)
         return Int64(spec.tv_sec) * 1_000 + Int64(spec.tv_nsec) / 1_000_000
+    }
+
+    /// Milliseconds of a span written as numbers with units, largest first: `90s`, `1h30m`,
+    /// `2d`, `250ms`; nil for anything else (a bare number has no unit to trust).
+    static func spanMilliseconds(_ text: String) -> Int64? {
+        let units: [(suffix: String, milliseconds: Int64)] = [("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)]
+        var rest = Substring(text)
+        var total: Int64 = 0
+        var lastUnit = Int64.max
+        guard !rest.isEmpty else { return nil }
+        while !rest.isEmpty {
+            let digits = rest.prefix { $0.isASCII && $0.isNumber }
+            guard !digits.isEmpty, digits.count <= 12, let value = Int64(digits) else { return nil }
+            rest = rest.dropFirst(digits.count)
+            // "ms" before "m", so that 250ms is not read as 250 minutes and an "s".
+            guard let unit = units.sorted(by: { $0.suffix.count > $1.suffix.count }).first(where: { rest.hasPrefix($0.suffix) }),
+                  unit.milliseconds < lastUnit else { return nil }
+            rest = rest.dropFirst(unit.suffix.count)
+            lastUnit = unit.milliseconds
+            total += value * unit.milliseconds
+        }
+        return total
     }
 
     /// A span in its two largest units, whole: `0s`, `42s`, `3m07s`, `2h05m`, `4d03h`.
