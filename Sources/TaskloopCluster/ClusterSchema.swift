@@ -5,8 +5,9 @@ import TaskloopStore
 /// them is the database's `clock_timestamp()` (the moment of the statement, not of its
 /// transaction's start): leases are compared on one clock, the database's.
 public enum ClusterSchema {
-    /// Bumped when replicas must not own cells together with older ones.
-    public static let protocolVersion = 1
+    /// Bumped when replicas must not own cells together with older ones. 2: task records and
+    /// cell messages may hold the `scheduled` state and run and expiry times.
+    public static let protocolVersion = 2
 
     /// Serialises the creation of the tables ("TLCELLS" would read better in a lock listing;
     /// the number only has to be fixed and unlikely to collide).

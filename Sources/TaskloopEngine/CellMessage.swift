@@ -104,16 +104,19 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
 
     // MARK: bytes
 
-    /// The encoding's version, its first byte: 1 for the dependency kinds, 2 for the workflow kinds.
+    /// The encoding's version, its first byte: 1 for the dependency kinds, 3 for the workflow
+    /// kinds (2 before members had optional fields; still read).
     static let version: UInt8 = 1
-    static let workflowVersion: UInt8 = 2
+    static let workflowVersion: UInt8 = 3
     /// Version 1's size: version, kind, from, to, dependency (16), epoch, state; big-endian.
     public static let encodedSize = 27
 
     /// The stable binary form a store keeps. Version 2 is version 1's fields (its state byte
     /// codes every state), then the workflow (16), the fraction (a presence byte, then its 8
     /// bytes), and the members (a count, then each: id, created at, the spec's fields in a
-    /// fixed order, strings and JSON as a 4-byte length and UTF-8).
+    /// fixed order, strings and JSON as a 4-byte length and UTF-8). Version 3 ends each member
+    /// with its optional fields: a 2-byte set of which follow, then each in the set's order
+    /// (`MemberFields`).
     public var encoded: [UInt8] {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(Self.encodedSize)
@@ -138,7 +141,7 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
     public init?(encoded bytes: some Collection<UInt8>) {
         var reader = Reader(bytes: Array(bytes))
         guard let version = reader.byte(), let kind = reader.byte().flatMap(Kind.init(rawValue:)),
-              version == (kind.isAboutWorkflow ? Self.workflowVersion : Self.version),
+              kind.isAboutWorkflow ? (version == 2 || version == Self.workflowVersion) : version == Self.version,
               let from = reader.integer(2), let to = reader.integer(2), let dependency = reader.id(),
               let epoch = reader.integer(4), let stateCode = reader.byte().map(Int.init),
               stateCode <= (version == Self.version ? Self.terminalStateCount : Self.states.count) else { return nil }
@@ -154,14 +157,23 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
             }
             guard let count = reader.integer(4), count <= reader.remaining else { return nil }
             for _ in 0..<count {
-                guard let member = reader.member() else { return nil }
+                guard let member = reader.member(withOptionalFields: version >= 3) else { return nil }
                 members.append(member)
             }
         }
         guard reader.remaining == 0 else { return nil }
     }
 
-    private static let states: [TaskState] = [.succeeded, .failed, .cancelled, .pending, .queued, .running]
+    private static let states: [TaskState] = [.succeeded, .failed, .cancelled, .pending, .queued, .running, .scheduled]
+
+    /// A member's optional fields (version 3), in the order they follow. Times are wall-clock
+    /// milliseconds, resolved from the home's submission.
+    private struct MemberFields: OptionSet {
+        let rawValue: UInt16
+        static let runAt = MemberFields(rawValue: 1 << 0)
+        static let expiry = MemberFields(rawValue: 1 << 1)
+        static let known: MemberFields = [.runAt, .expiry]
+    }
     private static let terminalStateCount = 3
 
     private static func append(_ value: UInt64, bytes count: Int, to bytes: inout [UInt8]) {
@@ -197,6 +209,14 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         append(spec.retry.backoffMilliseconds, bytes: 8, to: &bytes)
         append(spec.retry.backoffFactor.bitPattern, bytes: 8, to: &bytes)
         append(spec.metadata?.encoded, to: &bytes)
+        let runAt = spec.runAt?.instant(submittedAt: member.createdAt)
+        let expiry = spec.expiry?.instant(submittedAt: member.createdAt)
+        var fields: MemberFields = []
+        if runAt != nil { fields.insert(.runAt) }
+        if expiry != nil { fields.insert(.expiry) }
+        append(UInt64(fields.rawValue), bytes: 2, to: &bytes)
+        if let runAt { append(UInt64(bitPattern: runAt), bytes: 8, to: &bytes) }
+        if let expiry { append(UInt64(bitPattern: expiry), bytes: 8, to: &bytes) }
     }
 
     private struct Reader {
@@ -243,7 +263,7 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
             return .some(value)
         }
 
-        mutating func member() -> Member? {
+        mutating func member(withOptionalFields: Bool) -> Member? {
             guard let id = id(), let createdAt = integer(8), let kind = string(), case .some(.some(let params)) = json(),
                   case .some(let name) = text(), let queue = string(), let priority = integer(8),
                   let count = integer(4), count <= remaining else { return nil }
@@ -267,12 +287,25 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
             } else {
                 nameText = nil
             }
-            let spec = TaskSpec(
+            var spec = TaskSpec(
                 kind: kind, params: params, name: nameText, queue: queue, priority: Int(Int64(bitPattern: priority)),
                 dependencies: dependencies, onDependencyFailure: policy == 0 ? .cancel : .run, timeoutMilliseconds: timeout,
                 retry: RetryPolicy(maxAttempts: Int(Int64(bitPattern: maxAttempts)), backoffMilliseconds: backoff,
                                    backoffFactor: Double(bitPattern: factor)),
                 metadata: metadata)
+            if withOptionalFields {
+                guard let rawFields = integer(2) else { return nil }
+                let fields = MemberFields(rawValue: UInt16(rawFields))
+                guard fields.isSubset(of: .known) else { return nil }
+                if fields.contains(.runAt) {
+                    guard let runAt = integer(8) else { return nil }
+                    spec.runAt = .at(Int64(bitPattern: runAt))
+                }
+                if fields.contains(.expiry) {
+                    guard let expiry = integer(8) else { return nil }
+                    spec.expiry = .at(Int64(bitPattern: expiry))
+                }
+            }
             return Member(id: id, spec: spec, createdAt: Int64(bitPattern: createdAt))
         }
     }

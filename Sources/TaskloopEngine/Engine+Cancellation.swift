@@ -17,7 +17,7 @@ extension Engine {
 
     func requestCancel(_ record: TaskRecord) -> CancelOutcome {
         switch record.state {
-        case .pending, .queued:
+        case .scheduled, .pending, .queued:
             finish(record, as: .cancelled, error: .cancelled)
             return .cancelled
         case .running:
@@ -49,8 +49,7 @@ extension Engine {
     @discardableResult
     public func cancelAll(inQueue name: String) -> Int {
         guard let queue = queues[name] else { return 0 }
-        let counts = queue.counts
-        guard counts[.pending] + counts[.queued] + counts[.running] > 0 else { return 0 }
+        guard queue.counts.unfinished > 0 else { return 0 }
         return settling {
             var count = 0
             // Nothing starts meanwhile: a running task that confirms its cancellation at once

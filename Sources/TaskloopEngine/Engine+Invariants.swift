@@ -8,7 +8,7 @@ extension Engine {
         var unfinished = 0
         for queue in queues.values {
             let counts = queue.counts
-            unfinished += counts[.pending] + counts[.queued] + counts[.running]
+            unfinished += counts.unfinished
             let hasRoom = !halted && !queue.paused && queue.running < queue.maxConcurrency && counts[.queued] > 0
             if hasRoom && (queue.dispatch == .server || queue.lessees.contains { $0.isWaiting && $0.kinds == nil }) {
                 violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
@@ -27,6 +27,7 @@ extension Engine {
             if standIn.references != naming { violations.append("stand-in \(id) counts \(standIn.references) tasks, \(naming) name it") }
         }
         var checkedWorkflows = Set<ObjectIdentifier>()
+        let wallTimed = wallTimers.purposesByRecord()
         for record in records where tasks[record.id] === record {
             let name = "\(record.id) (\(record.state.rawValue))"
             if let workflow = record.workflow, checkedWorkflows.insert(ObjectIdentifier(workflow)).inserted {
@@ -47,7 +48,14 @@ extension Engine {
                 }
             }
             if record.state != .running && record.lease != nil { violations.append("\(name) holds a lease") }
+            if let expiresAt = record.expiresAt, expiresAt > scheduler.wallClock, record.startedAt == nil, !record.state.isTerminal,
+               !wallTimed[ObjectIdentifier(record), default: []].contains(.expiry) {
+                violations.append("\(name) has an expiry without its timer")
+            }
             switch record.state {
+            case .scheduled:
+                if !wallTimed[ObjectIdentifier(record), default: []].contains(.start) { violations.append("\(name) is scheduled without its timer") }
+                if record.attemptTimer != nil { violations.append("\(name) has an attempt timer") }
             case .pending:
                 if record.blockingDependencies == 0 && record.attemptTimer == nil {
                     violations.append("\(name) waits for nothing")

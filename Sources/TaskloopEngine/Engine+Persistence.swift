@@ -15,7 +15,8 @@ extension Engine {
                 LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds,
                               expiresAt: $0.expiresAt)
             },
-            releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings)
+            releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings,
+            scheduledFor: record.scheduledFor, expiresAt: record.expiresAt)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -115,10 +116,11 @@ extension Engine {
                         record.notBefore = nil
                         makeReady(record)
                     }
-                case .succeeded, .failed, .cancelled:
+                case .scheduled, .succeeded, .failed, .cancelled:
                     break
                 }
             }
+            restoreWallTimers(of: unfinished)
             retainedByFinish.sort { ($0.finishedAt ?? 0, $0.sequence) < ($1.finishedAt ?? 0, $1.sequence) }
             for record in retainedByFinish { retained.append(RetainedEntry(record: record, epoch: record.retentionEpoch)) }
             while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() { evict(oldest.record) }
@@ -132,7 +134,8 @@ extension Engine {
     func makeRecord(from saved: TaskSnapshot, executor: TaskExecutor) -> TaskRecord {
         let spec = TaskSpec(kind: saved.kind, params: saved.params, name: saved.name, queue: saved.queue,
                             priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
-                            timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata)
+                            timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata,
+                            runAt: saved.scheduledFor.map { .at($0) }, expiry: saved.expiresAt.map { .at($0) })
         let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
                                 queue: queue(named: saved.queue), dependencies: saved.dependencies, createdAt: saved.createdAt)
         copy(saved, into: record)

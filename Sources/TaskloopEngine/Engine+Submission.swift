@@ -78,6 +78,7 @@ extension Engine {
         emit(.submitted(record))
         unfinishedCount += 1
         record.queue.count(.pending, 1)
+        if record.scheduledFor != nil || record.expiresAt != nil { waitForTime(record) }
     }
 
     /// Checks a spec's own fields (not its dependencies) and finds its executor. `at` prefixes
@@ -95,6 +96,7 @@ extension Engine {
             throw EngineError(error.code, error.message, field: field)
         }
         try SubmissionValidator.check(spec, at: at)
+        if spec.runAt != nil || spec.expiry != nil { try checkTimes(of: spec, at: at) }
         guard lastQueue?.name == spec.queue || queues[spec.queue] != nil || SubmissionValidator.isValidQueueName(spec.queue) else {
             throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "\(at())queue")
         }
@@ -103,6 +105,30 @@ extension Engine {
             if configuration.cells != nil { try checkCell(ofQueue: spec.queue, field: "\(at())queue") }
         }
         return executor
+    }
+
+    /// `run_at`/`delay_ms` and `expires_at`/`ttl_ms` against the clock: within
+    /// `maxScheduleAheadMilliseconds`, an expiry still to come and after the run time.
+    func checkTimes(of spec: TaskSpec, at: () -> String) throws(EngineError) {
+        let now = scheduler.wallClock
+        let horizon = now &+ Int64(clamping: configuration.maxScheduleAheadMilliseconds)
+        let runAt = spec.runAt?.instant(submittedAt: now)
+        if let runAt, runAt > horizon {
+            let field = if case .after = spec.runAt { "delay_ms" } else { "run_at" }
+            throw EngineError(.invalid, "\(field) reaches more than \(configuration.maxScheduleAheadMilliseconds) ms ahead.",
+                              field: "\(at())\(field)")
+        }
+        guard let expiry = spec.expiry else { return }
+        let field = if case .after = expiry { "ttl_ms" } else { "expires_at" }
+        let expiresAt = expiry.instant(submittedAt: now)
+        if expiresAt > horizon {
+            throw EngineError(.invalid, "\(field) reaches more than \(configuration.maxScheduleAheadMilliseconds) ms ahead.",
+                              field: "\(at())\(field)")
+        }
+        if expiresAt <= now { throw EngineError(.invalid, "\(field) has passed already.", field: "\(at())\(field)") }
+        if let runAt, expiresAt <= runAt {
+            throw EngineError(.invalid, "\(field) comes before the task may run (its run_at or delay_ms).", field: "\(at())\(field)")
+        }
     }
 
     /// Makes `record` wait for `dependency`, or applies a dependency that already finished.

@@ -26,6 +26,11 @@ public struct EngineConfiguration: Sendable {
     public var startsAfterCommit = false
     /// With cells (docs/SCALING.md): the one cell this engine holds. Nil for a server on its own.
     public var cells: CellPlacement?
+    /// The longest the engine sleeps while a wall-clock deadline (`run_at`, an expiry) waits:
+    /// a wall clock set forward is noticed within this.
+    public var wallClockCheckMilliseconds: UInt64 = 1_000
+    /// How far ahead `run_at`, `delay_ms`, `expires_at` and `ttl_ms` may reach.
+    public var maxScheduleAheadMilliseconds: UInt64 = 366 * 86_400_000
 
     public init() {}
 }
@@ -118,6 +123,10 @@ public final class Engine {
     /// Entries of `retained` whose task a retry brought back.
     var staleRetained = 0
     var retentionTimer: ScheduledAction?
+    /// Wall-clock deadlines (Engine+WallTime) and the one timer that wakes the engine for them.
+    var wallTimers = WallClockTimers()
+    var wallTimer: ScheduledAction?
+    var wallTimerFiresAt: UInt64 = 0
     var queuesToDispatch: [TaskQueue] = []
     var dispatching = false
     /// Set by `suspendForShutdown`: nothing starts any more.

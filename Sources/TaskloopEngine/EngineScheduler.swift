@@ -100,7 +100,11 @@ public final class VirtualScheduler: EngineScheduler {
     private let wallClockOrigin: Int64
     private var timers = TimerQueue()
 
-    public var wallClock: Int64 { wallClockOrigin + Int64(now) }
+    /// Where the wall clock stands apart from the monotonic one: a test sets the clock
+    /// forward or back by changing it.
+    public var wallClockSkew: Int64 = 0
+
+    public var wallClock: Int64 { wallClockOrigin + Int64(now) + wallClockSkew }
 
     public init(wallClockOrigin: Int64 = 1_795_000_000_000) {
         self.wallClockOrigin = wallClockOrigin

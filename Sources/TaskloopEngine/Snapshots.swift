@@ -35,6 +35,9 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var watchers: [UInt16]
     /// See `TaskRecord.reopenings`.
     public var reopenings: UInt32
+    /// See `TaskRecord.scheduledFor` and `expiresAt`.
+    public var scheduledFor: Int64?
+    public var expiresAt: Int64?
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
@@ -42,7 +45,8 @@ public struct TaskSnapshot: Sendable, Equatable {
         retry: RetryPolicy, metadata: JSONValue?, workflow: TaskID?, createdAt: Int64, state: TaskState,
         cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
-        releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0
+        releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0, scheduledFor: Int64? = nil,
+        expiresAt: Int64? = nil
     ) {
         self.id = id
         self.sequence = sequence
@@ -71,6 +75,8 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.releasedBy = releasedBy
         self.watchers = watchers
         self.reopenings = reopenings
+        self.scheduledFor = scheduledFor
+        self.expiresAt = expiresAt
     }
 }
 

@@ -9,6 +9,9 @@ public enum SubmissionValidator {
     public static let backoffMilliseconds: ClosedRange<Int64> = 0...86_400_000
     public static let backoffFactors: ClosedRange<Double> = 1...10
     public static let maxConcurrency: ClosedRange<Int64> = 1...10_000
+    /// `delay_ms` and `ttl_ms` (the engine's `maxScheduleAheadMilliseconds` bounds them further).
+    public static let delayMilliseconds: ClosedRange<Int64> = 0...315_360_000_000
+    public static let ttlMilliseconds: ClosedRange<Int64> = 1...315_360_000_000
     /// Lengths in Unicode scalars, as JSON Schema counts them.
     public static let maxKindLength = 64
     public static let maxQueueNameLength = 64

@@ -24,6 +24,11 @@ public final class TaskRecord {
     public internal(set) var workflow: WorkflowRecord?
     /// Wall-clock milliseconds.
     public let createdAt: Int64
+    /// Wall-clock milliseconds of its `run_at` (or `delay_ms` after submission), if given: it
+    /// waits `scheduled` until then.
+    public let scheduledFor: Int64?
+    /// Wall-clock milliseconds of its expiry, if given: not started by then, it is cancelled.
+    public let expiresAt: Int64?
 
     public internal(set) var state: TaskState = .pending
     /// A running task whose cancellation is under way.
@@ -83,6 +88,8 @@ public final class TaskRecord {
         retry = spec.retry
         metadata = spec.metadata
         self.createdAt = createdAt
+        scheduledFor = spec.runAt?.instant(submittedAt: createdAt)
+        expiresAt = spec.expiry?.instant(submittedAt: createdAt)
     }
 
     public var maxAttempts: Int { retry.maxAttempts }
@@ -140,13 +147,14 @@ public final class TaskQueue {
 
 /// Counts indexed by state.
 public struct StateCounts: Sendable, Equatable {
-    public private(set) var pending = 0, queued = 0, running = 0, succeeded = 0, failed = 0, cancelled = 0
+    public private(set) var scheduled = 0, pending = 0, queued = 0, running = 0, succeeded = 0, failed = 0, cancelled = 0
 
     public init() {}
 
     public subscript(state: TaskState) -> Int {
         get {
             switch state {
+            case .scheduled: scheduled
             case .pending: pending
             case .queued: queued
             case .running: running
@@ -157,6 +165,7 @@ public struct StateCounts: Sendable, Equatable {
         }
         set {
             switch state {
+            case .scheduled: scheduled = newValue
             case .pending: pending = newValue
             case .queued: queued = newValue
             case .running: running = newValue
@@ -167,5 +176,6 @@ public struct StateCounts: Sendable, Equatable {
         }
     }
 
-    public var total: Int { pending + queued + running + succeeded + failed + cancelled }
+    public var unfinished: Int { scheduled + pending + queued + running }
+    public var total: Int { unfinished + succeeded + failed + cancelled }
 }

@@ -1,6 +1,8 @@
 import TaskloopJSON
 
 public enum TaskState: String, Sendable, CaseIterable {
+    /// Waiting for its time (`run_at`, `TaskRecord.scheduledFor`); then it is `pending`.
+    case scheduled
     /// Waiting for dependencies (or for a retry's backoff).
     case pending
     /// Ready, waiting for a slot in its queue.
@@ -13,7 +15,7 @@ public enum TaskState: String, Sendable, CaseIterable {
     public var isTerminal: Bool {
         switch self {
         case .succeeded, .failed, .cancelled: true
-        case .pending, .queued, .running: false
+        case .scheduled, .pending, .queued, .running: false
         }
     }
 }
@@ -75,6 +77,12 @@ public struct TaskError: Error, Sendable, Equatable {
     }
 
     public static let cancelled = TaskError(code: "cancelled", message: "The task was cancelled.")
+
+    /// A task that had not started by its `expires_at`.
+    public static func expired(at milliseconds: Int64) -> TaskError {
+        TaskError(code: "expired", message: "The task had not started by its expiry.",
+                  details: ["expires_at_ms": .int(milliseconds)])
+    }
 }
 
 public struct TaskProgress: Sendable, Equatable {
@@ -99,6 +107,22 @@ public enum DependencyReference: Sendable, Equatable {
     case sibling(key: String)
 }
 
+/// A moment a client gives: a wall-clock time, or a span counted from the submission.
+public enum TaskTime: Sendable, Equatable {
+    /// Wall-clock milliseconds since the Unix epoch.
+    case at(Int64)
+    /// Milliseconds after the task is submitted.
+    case after(UInt64)
+
+    /// Wall-clock milliseconds, for a task submitted at `submittedAt`.
+    public func instant(submittedAt: Int64) -> Int64 {
+        switch self {
+        case .at(let instant): instant
+        case .after(let span): submittedAt &+ Int64(clamping: span)
+        }
+    }
+}
+
 /// Everything a client says about a task; validated by the engine on submission.
 public struct TaskSpec: Sendable, Equatable {
     public var kind: String
@@ -111,11 +135,16 @@ public struct TaskSpec: Sendable, Equatable {
     public var timeoutMilliseconds: UInt64?
     public var retry: RetryPolicy
     public var metadata: JSONValue?
+    /// `run_at` or `delay_ms`: the task waits `scheduled` until then.
+    public var runAt: TaskTime?
+    /// `expires_at` or `ttl_ms`: a task that has not started by then ends `cancelled` (`expired`).
+    public var expiry: TaskTime?
 
     public init(
         kind: String, params: JSONValue = [:], name: String? = nil, queue: String = "default", priority: Int = 0,
         dependencies: [DependencyReference] = [], onDependencyFailure: DependencyFailurePolicy = .cancel,
-        timeoutMilliseconds: UInt64? = nil, retry: RetryPolicy = RetryPolicy(), metadata: JSONValue? = nil
+        timeoutMilliseconds: UInt64? = nil, retry: RetryPolicy = RetryPolicy(), metadata: JSONValue? = nil,
+        runAt: TaskTime? = nil, expiry: TaskTime? = nil
     ) {
         self.kind = kind
         self.params = params
@@ -127,5 +156,7 @@ public struct TaskSpec: Sendable, Equatable {
         self.timeoutMilliseconds = timeoutMilliseconds
         self.retry = retry
         self.metadata = metadata
+        self.runAt = runAt
+        self.expiry = expiry
     }
 }

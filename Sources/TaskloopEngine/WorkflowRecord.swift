@@ -84,7 +84,7 @@ public final class WorkflowRecord {
     /// terminal and one failed; `cancelled` when all are terminal, none failed and one was
     /// cancelled; else `running`.
     public static func state(of counts: StateCounts) -> TaskState {
-        if counts.pending + counts.queued + counts.running > 0 { return .running }
+        if counts.unfinished > 0 { return .running }
         return counts.failed > 0 ? .failed : counts.cancelled > 0 ? .cancelled : .succeeded
     }
 

@@ -234,7 +234,7 @@ final class ServiceMetrics {
         case .succeeded: collectors.finished[0].increment()
         case .failed: collectors.finished[1].increment()
         case .cancelled: collectors.finished[2].increment()
-        case .pending, .queued, .running: return
+        case .scheduled, .pending, .queued, .running: return
         }
         guard let started = task.startedAt, let ended = task.finishedAt else { return }
         collectors.runTime.record(Double(max(0, ended - started)) / 1_000)

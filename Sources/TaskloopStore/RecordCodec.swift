@@ -49,7 +49,9 @@ enum RecordCodec {
         /// Cells waiting for the task's end (a cluster's dependencies across cells).
         static let watchers = TaskFields(rawValue: 1 << 18)
         static let reopenings = TaskFields(rawValue: 1 << 19)
-        static let known = TaskFields(rawValue: (1 << 20) - 1)
+        static let scheduledFor = TaskFields(rawValue: 1 << 20)
+        static let expiresAt = TaskFields(rawValue: 1 << 21)
+        static let known = TaskFields(rawValue: (1 << 22) - 1)
     }
 
     /// The task without its sequence number, which is the row's key.
@@ -74,6 +76,8 @@ enum RecordCodec {
         if !task.releasedBy.isEmpty { fields.insert(.releasedBy) }
         if !task.watchers.isEmpty { fields.insert(.watchers) }
         if task.reopenings != 0 { fields.insert(.reopenings) }
+        if task.scheduledFor != nil { fields.insert(.scheduledFor) }
+        if task.expiresAt != nil { fields.insert(.expiresAt) }
 
         output.byte(taskFormat)
         output.unsigned(fields.rawValue)
@@ -124,6 +128,8 @@ enum RecordCodec {
             for cell in task.watchers { output.unsigned(UInt64(cell)) }
         }
         if task.reopenings != 0 { output.unsigned(UInt64(task.reopenings)) }
+        if let scheduledFor = task.scheduledFor { output.signed(scheduledFor) }
+        if let expiresAt = task.expiresAt { output.signed(expiresAt) }
     }
 
     static func decodeTask(_ bytes: UnsafeRawBufferPointer, sequence: UInt64) throws(RecordDecodingError) -> TaskSnapshot {
@@ -188,6 +194,8 @@ enum RecordCodec {
             guard let count = UInt32(exactly: try input.unsigned()) else { throw input.failure("too many reopenings") }
             reopenings = count
         }
+        let scheduledFor = fields.contains(.scheduledFor) ? try input.signed() : nil
+        let expiresAt = fields.contains(.expiresAt) ? try input.signed() : nil
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
         return TaskSnapshot(
             id: id, sequence: sequence, kind: kind, params: params, name: name, queue: queue, priority: priority,
@@ -195,7 +203,8 @@ enum RecordCodec {
             retry: retry, metadata: metadata, workflow: workflow, createdAt: createdAt, state: state,
             cancelRequested: fields.contains(.cancelRequested), attempt: attempt, startedAt: startedAt,
             finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease,
-            releasedBy: releasedBy, watchers: watchers, reopenings: reopenings)
+            releasedBy: releasedBy, watchers: watchers, reopenings: reopenings, scheduledFor: scheduledFor,
+            expiresAt: expiresAt)
     }
 
     /// Which optional fields a workflow record holds.
@@ -272,6 +281,7 @@ enum RecordCodec {
         case .succeeded: 3
         case .failed: 4
         case .cancelled: 5
+        case .scheduled: 6
         }
     }
 
@@ -283,6 +293,7 @@ enum RecordCodec {
         case 3: .succeeded
         case 4: .failed
         case 5: .cancelled
+        case 6: .scheduled
         default: nil
         }
     }

@@ -121,6 +121,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Most unfinished tasks held; submissions beyond are refused with 429. [env: TASKLOOP_MAX_UNFINISHED_TASKS]")
     var maxUnfinishedTasks: Int = Environment.int("MAX_UNFINISHED_TASKS") ?? 100_000
 
+    @Option(help: "How far ahead run_at, delay_ms, expires_at and ttl_ms may reach, in milliseconds; beyond is refused with 422. [env: TASKLOOP_MAX_SCHEDULE_AHEAD_MS]")
+    var maxScheduleAheadMs: Int = Environment.int("MAX_SCHEDULE_AHEAD_MS") ?? 366 * 86_400_000
+
     @Option(help: "Seconds a finished task stays readable. [env: TASKLOOP_RETENTION_SECONDS]")
     var retentionSeconds: Double = Environment.double("RETENTION_SECONDS") ?? 3_600
 
@@ -217,6 +220,7 @@ struct Taskloop: ParsableCommand {
             throw ValidationError("--default-concurrency must be 1...10000")
         }
         guard maxUnfinishedTasks >= 1 else { throw ValidationError("--max-unfinished-tasks must be at least 1") }
+        guard maxScheduleAheadMs >= 1 else { throw ValidationError("--max-schedule-ahead-ms must be at least 1") }
         guard maxQueues >= 1 else { throw ValidationError("--max-queues must be at least 1") }
         guard maxRetainedTasks >= 0 else { throw ValidationError("--max-retained-tasks must not be negative") }
         guard retentionSeconds >= 0 && retentionSeconds <= 31_536_000 else {
@@ -343,6 +347,7 @@ struct Taskloop: ParsableCommand {
                                               denyPrivateAddresses: httpDenyPrivate ?? listensBeyondThisMachine)
         configuration.engine.defaultConcurrency = defaultConcurrency
         configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks
+        configuration.engine.maxScheduleAheadMilliseconds = UInt64(maxScheduleAheadMs)
         configuration.engine.maxQueues = maxQueues
         configuration.engine.maxRetainedTasks = maxRetainedTasks
         configuration.engine.retentionMilliseconds = UInt64(retentionSeconds * 1000)

@@ -350,7 +350,10 @@ import TaskloopJSON
             CellMessage(.members, from: 1, to: 2, workflow: workflow, members: [
                 CellMessage.Member(id: member, spec: spec, createdAt: 1_795_000_000_000),
                 CellMessage.Member(id: workflow, spec: TaskSpec(kind: "noop"), createdAt: -1),
+                CellMessage.Member(id: member, spec: TaskSpec(kind: "noop", runAt: .at(1_795_000_005_000), expiry: .at(-7)),
+                                   createdAt: 1_795_000_000_000),
             ]),
+            CellMessage(.memberChanged, from: 2, to: 1, workflow: workflow, member: member, state: .scheduled),
             CellMessage(.memberChanged, from: 2, to: 1, workflow: workflow, member: member, epoch: 7, state: .pending, fraction: 0.25),
             CellMessage(.memberChanged, from: 2, to: 1, workflow: workflow, member: member, state: .running),
             CellMessage(.memberChanged, from: 2, to: 1, workflow: workflow, member: member, state: .cancelled, fraction: 1),
@@ -359,7 +362,7 @@ import TaskloopJSON
         ]
         for message in messages {
             let bytes = message.encoded
-            #expect(bytes[0] == 2)
+            #expect(bytes[0] == 3)
             #expect(CellMessage(encoded: bytes) == message)
             // Any shorter form, a byte more, or the dependency kinds' version is refused.
             for length in 0..<bytes.count { #expect(CellMessage(encoded: bytes[..<length]) == nil) }
@@ -368,6 +371,24 @@ import TaskloopJSON
             wrong[0] = 1
             #expect(CellMessage(encoded: wrong) == nil)
         }
+        // Version 2, written before members had optional fields, still reads.
+        for message in messages where message.kind != .members {
+            var older = message.encoded
+            older[0] = 2
+            #expect(CellMessage(encoded: older) == message)
+        }
+        let plain = CellMessage(.members, from: 1, to: 2, workflow: workflow, members: [
+            CellMessage.Member(id: member, spec: spec, createdAt: 1_795_000_000_000),
+        ])
+        var older = Array(plain.encoded.dropLast(2))
+        older[0] = 2
+        #expect(CellMessage(encoded: older) == plain)
+        // A delay travels as the time it gives.
+        let delayed = CellMessage(.members, from: 1, to: 2, workflow: workflow, members: [
+            CellMessage.Member(id: member, spec: TaskSpec(kind: "noop", runAt: .after(5_000), expiry: .after(9_000)), createdAt: 1_000),
+        ])
+        let read = try #require(CellMessage(encoded: delayed.encoded))
+        #expect(read.members.first?.spec.runAt == .at(6_000) && read.members.first?.spec.expiry == .at(10_000))
         // The dependency kinds keep version 1, and cannot name a state other than an end.
         let ended = CellMessage(.ended, from: 1, to: 2, dependency: member, state: .failed)
         #expect(ended.encoded.count == CellMessage.encodedSize && ended.encoded[0] == 1)

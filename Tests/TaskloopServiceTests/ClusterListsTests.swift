@@ -93,6 +93,7 @@ import TaskloopTestSupport
             _ = try post("/tasks", #"{"kind":"noop","name":"after mail \#(number)","dependencies":["\#(mailIDs[number])"],"timeout_ms":5000}"#)
         }
         for number in 0..<8 { _ = try post("/tasks", #"{"kind":"noop","name":"done \#(number)"}"#) }
+        _ = try post("/tasks", #"{"kind":"noop","queue":"later","name":"later","delay_ms":600000,"ttl_ms":900000}"#)
         var externals: [String] = []
         for number in 0..<6 {
             externals.append(try post("/tasks", #"{"kind":"external","queue":"batch","name":"External \#(number)","retry":{"max_attempts":1}}"#)["id"] as! String)

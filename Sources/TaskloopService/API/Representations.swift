@@ -72,6 +72,8 @@ enum Representation {
         json.double(moment.retry.backoffFactor)
         json.endObject()
         timestamp("created_at", task.createdAt, into: &json)
+        timestamp("scheduled_for", task.scheduledFor, into: &json)
+        timestamp("expires_at", task.expiresAt, into: &json)
         timestamp("started_at", moment.startedAt, into: &json)
         timestamp("finished_at", moment.finishedAt, into: &json)
         if let resultLimit {
@@ -172,6 +174,7 @@ enum Representation {
     /// The state's name, as a literal: no String is made for it.
     static func name(of state: TaskState) -> StaticString {
         switch state {
+        case .scheduled: "scheduled"
         case .pending: "pending"
         case .queued: "queued"
         case .running: "running"
@@ -230,6 +233,7 @@ enum Representation {
             guard let id = ids[member.key] else { return nil }
             if let record = here[id] { return engine.snapshot(of: record) }
             let spec = member.spec
+            let scheduledFor = spec.runAt?.instant(submittedAt: workflow.createdAt)
             let dependencies = spec.dependencies.compactMap { reference -> TaskID? in
                 switch reference {
                 case .task(let id): id
@@ -240,8 +244,10 @@ enum Representation {
                 id: id, sequence: 0, kind: spec.kind, params: spec.params, name: spec.name, queue: spec.queue,
                 priority: spec.priority, dependencies: dependencies, onDependencyFailure: spec.onDependencyFailure,
                 timeoutMilliseconds: spec.timeoutMilliseconds, retry: spec.retry, metadata: spec.metadata, workflow: workflow.id,
-                createdAt: workflow.createdAt, state: .pending, cancelRequested: false, attempt: 1, startedAt: nil, finishedAt: nil,
-                result: nil, error: nil, progress: TaskProgress(), notBefore: nil)
+                createdAt: workflow.createdAt, state: scheduledFor.map { $0 > workflow.createdAt } == true ? .scheduled : .pending,
+                cancelRequested: false, attempt: 1, startedAt: nil, finishedAt: nil, result: nil, error: nil,
+                progress: TaskProgress(), notBefore: nil, scheduledFor: scheduledFor,
+                expiresAt: spec.expiry?.instant(submittedAt: workflow.createdAt))
         }
         return write(workflow: workflow.id, name: workflow.name, state: workflow.state, fraction: workflow.fraction,
                      createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys)
@@ -522,6 +528,8 @@ protocol RepresentedTask {
     var onDependencyFailure: DependencyFailurePolicy { get }
     var timeoutMilliseconds: UInt64? { get }
     var createdAt: Int64 { get }
+    var scheduledFor: Int64? { get }
+    var expiresAt: Int64? { get }
     var metadata: JSONValue? { get }
     var workflowID: TaskID? { get }
     /// What changes over its life, as it is now.

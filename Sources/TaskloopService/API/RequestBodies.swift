@@ -1,6 +1,7 @@
 import TaskloopEngine
 import TaskloopHTTP
 import TaskloopJSON
+import TaskloopTime
 
 /// Reads request bodies into engine values, field by field. Every problem found is reported at
 /// once as `errors[{field, message}]` (422); bodies that are not JSON are 400, bodies that are
@@ -132,6 +133,17 @@ struct BodyReader {
         }
     }
 
+    /// An RFC 3339 time, as wall-clock milliseconds.
+    mutating func time(_ object: JSONObject, _ key: String, prefix: String, nullable: Bool = false) -> Int64?? {
+        field(object, key, prefix: prefix, nullable: nullable) { value in
+            guard let text = value.stringValue else { return .failure(Refusal("must be an RFC 3339 time, not \(value.kindDescription).")) }
+            guard let milliseconds = RFC3339.milliseconds(text) else {
+                return .failure(Refusal("must be an RFC 3339 time such as 2026-11-27T02:00:00Z."))
+            }
+            return .success(milliseconds)
+        }
+    }
+
     mutating func number(_ object: JSONObject, _ key: String, prefix: String, in range: ClosedRange<Double>,
                          nullable: Bool = false) -> Double?? {
         field(object, key, prefix: prefix, nullable: nullable) { value in
@@ -169,7 +181,7 @@ struct BodyReader {
 
     static let taskFields: [String] = [
         "kind", "params", "name", "queue", "priority", "dependencies", "on_dependency_failure", "timeout_ms", "retry",
-        "metadata",
+        "metadata", "run_at", "delay_ms", "expires_at", "ttl_ms",
     ]
 
     /// A task submission. Inside a workflow (`siblingKeys` non-nil), dependencies may name
@@ -243,7 +255,24 @@ struct BodyReader {
                 fail(prefix + "metadata", "must be an object, not \(metadata.kindDescription).")
             }
         }
+        spec.runAt = taskTime(object, at: "run_at", after: "delay_ms", in: Rules.delayMilliseconds, prefix: prefix)
+        spec.expiry = taskTime(object, at: "expires_at", after: "ttl_ms", in: Rules.ttlMilliseconds, prefix: prefix)
         return errors.count == errorsBefore ? spec : nil
+    }
+
+    /// A time given as an RFC 3339 `atKey` or as milliseconds after submission `afterKey`, not both.
+    private mutating func taskTime(_ object: JSONObject, at atKey: String, after afterKey: String,
+                                   in range: ClosedRange<Int64>, prefix: String) -> TaskTime? {
+        let instant = time(object, atKey, prefix: prefix, nullable: true)
+        let span = integer(object, afterKey, prefix: prefix, in: range, nullable: true)
+        switch (instant, span) {
+        case (.some(.some), .some(.some)):
+            fail(prefix + afterKey, "cannot be given with \(atKey): give one of them.")
+            return nil
+        case (.some(.some(let instant)), _): return .at(instant)
+        case (_, .some(.some(let span))): return .after(UInt64(span))
+        default: return nil
+        }
     }
 }
 
