@@ -97,7 +97,7 @@ public enum ProgressFrame {
             switch task.state {
             case "running": 0
             case "failed", "cancelled": 1
-            case "queued", "pending": 2
+            case "queued", "pending", "scheduled": 2
             default: 3
             }
         }
@@ -110,7 +110,7 @@ public enum ProgressFrame {
         let shownSet = Set(shown)
         var counts: [String: Int] = [:]
         for index in tasks.indices where !shownSet.contains(index) { counts[tasks[index].shownState, default: 0] += 1 }
-        let order = ["running", "cancelling", "queued", "pending", "failed", "cancelled", "succeeded"]
+        let order = ["running", "cancelling", "queued", "pending", "scheduled", "failed", "cancelled", "succeeded"]
         let parts = counts.sorted { (order.firstIndex(of: $0.key) ?? order.count, $0.key) < (order.firstIndex(of: $1.key) ?? order.count, $1.key) }
             .map { "\($0.value) \($0.key)" }
         return "+ \(tasks.count - shown.count) more: " + parts.joined(separator: ", ")

@@ -12,10 +12,43 @@ public struct Submission: Sendable {
     public let body: [UInt8]
     public let isWorkflow: Bool
 
+    /// When a task from flags may run and until when it may start: `--at`/`--expires-at` are
+    /// RFC 3339 times, `--delay`/`--ttl` spans such as `90s`, `1h30m` or `250ms`.
+    public struct Times: Sendable {
+        public var at: String?
+        public var delay: String?
+        public var expiresAt: String?
+        public var ttl: String?
+
+        public init(at: String? = nil, delay: String? = nil, expiresAt: String? = nil, ttl: String? = nil) {
+            self.at = at
+            self.delay = delay
+            self.expiresAt = expiresAt
+            self.ttl = ttl
+        }
+
+        func write(into object: inout JSONObject) throws(UsageError) {
+            for (flag, text, key) in [("--at", at, "run_at"), ("--expires-at", expiresAt, "expires_at")] {
+                guard let text else { continue }
+                guard Timestamp.milliseconds(text) != nil else {
+                    throw UsageError("\(flag) must be an RFC 3339 time such as 2026-11-27T02:00:00Z, not \(text)")
+                }
+                object[key] = .string(text)
+            }
+            for (flag, text, key) in [("--delay", delay, "delay_ms"), ("--ttl", ttl, "ttl_ms")] {
+                guard let text else { continue }
+                guard let milliseconds = Timestamp.spanMilliseconds(text) else {
+                    throw UsageError("\(flag) must be a span such as 90s, 1h30m or 250ms, not \(text)")
+                }
+                object[key] = .int(milliseconds)
+            }
+        }
+    }
+
     /// A task from flags. `params` must be JSON; everything else the server checks, so its
     /// messages are the ones users see.
-    public static func task(kind: String, params: String?, queue: String?, priority: Int?, name: String?) throws(UsageError)
-        -> Submission {
+    public static func task(kind: String, params: String?, queue: String?, priority: Int?, name: String?,
+                            times: Times = Times()) throws(UsageError) -> Submission {
         var object: JSONObject = ["kind": .string(kind)]
         if let params {
             do {
@@ -27,6 +60,7 @@ public struct Submission: Sendable {
         if let queue { object["queue"] = .string(queue) }
         if let priority { object["priority"] = .int(Int64(priority)) }
         if let name { object["name"] = .string(name) }
+        try times.write(into: &object)
         return Submission(body: JSONValue.object(object).encoded, isWorkflow: false)
     }
 

@@ -132,6 +132,18 @@ struct Submit: ClientCommandLine {
     @Option(help: "A name to show for the task.")
     var name: String?
 
+    @Option(help: ArgumentHelp("Run it no sooner than this RFC 3339 time, e.g. 2026-11-28T02:00:00+01:00 (it waits scheduled).", valueName: "time"))
+    var at: String?
+
+    @Option(help: ArgumentHelp("Run it no sooner than this long from now, e.g. 90s, 1h30m, 250ms.", valueName: "span"))
+    var delay: String?
+
+    @Option(help: ArgumentHelp("Cancel it (expired) if it has not started by this RFC 3339 time.", valueName: "time"))
+    var expiresAt: String?
+
+    @Option(help: ArgumentHelp("Cancel it (expired) if it has not started this long after submission, e.g. 10m.", valueName: "span"))
+    var ttl: String?
+
     @Option(name: [.customShort("f"), .long], help: ArgumentHelp(
         "A JSON file holding a task, or a workflow ({\"name\", \"tasks\": [...]}); - reads standard input.", valueName: "file"))
     var file: String?
@@ -147,9 +159,12 @@ struct Submit: ClientCommandLine {
 
     func validate() throws {
         guard (kind == nil) != (file == nil) else { throw ValidationError("give either --kind or -f FILE") }
-        if file != nil, params != nil || queue != nil || priority != nil || name != nil {
-            throw ValidationError("--params, --queue, --priority and --name go with --kind; a file says them itself")
+        if file != nil, params != nil || queue != nil || priority != nil || name != nil || at != nil || delay != nil
+            || expiresAt != nil || ttl != nil {
+            throw ValidationError("--params, --queue, --priority, --name and the times go with --kind; a file says them itself")
         }
+        guard at == nil || delay == nil else { throw ValidationError("give --at or --delay, not both") }
+        guard expiresAt == nil || ttl == nil else { throw ValidationError("give --expires-at or --ttl, not both") }
         guard !(wait && watch) else { throw ValidationError("give --wait or --watch, not both") }
     }
 
@@ -157,7 +172,8 @@ struct Submit: ClientCommandLine {
         let submission = if let file {
             try Submission.file(file)
         } else {
-            try Submission.task(kind: kind!, params: params, queue: queue, priority: priority, name: name)
+            try Submission.task(kind: kind!, params: params, queue: queue, priority: priority, name: name,
+                                times: Submission.Times(at: at, delay: delay, expiresAt: expiresAt, ttl: ttl))
         }
         return .submit(submission, idempotencyKey: idempotencyKey, then: wait ? .wait : watch ? .watch : .printID)
     }

@@ -149,6 +149,17 @@ import TaskloopJSON
         #expect(String(decoding: task.body, as: UTF8.self) == #"{"kind":"sleep","params":{"duration_ms":10},"queue":"q","priority":-2,"name":"nap"}"#)
         #expect(!task.isWorkflow)
         #expect(throws: UsageError.self) { try Submission.task(kind: "sleep", params: "{duration: 1}", queue: nil, priority: nil, name: nil) }
+        let timed = try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, times: Submission.Times(
+            at: "2026-11-28T02:00:00+01:00", ttl: "1h30m"))
+        #expect(String(decoding: timed.body, as: UTF8.self) == #"{"kind":"noop","run_at":"2026-11-28T02:00:00+01:00","ttl_ms":5400000}"#)
+        let delayed = try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, times: Submission.Times(
+            delay: "250ms", expiresAt: "2026-11-28T02:00:00Z"))
+        #expect(String(decoding: delayed.body, as: UTF8.self) == #"{"kind":"noop","expires_at":"2026-11-28T02:00:00Z","delay_ms":250}"#)
+        for bad in [Submission.Times(at: "tomorrow"), Submission.Times(delay: "90"), Submission.Times(delay: "5s1m"),
+                    Submission.Times(ttl: "m"), Submission.Times(expiresAt: "2026-02-30T00:00:00Z")] {
+            #expect(throws: UsageError.self) { try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, times: bad) }
+        }
+        #expect(["90s", "1h30m", "2d", "250ms", "1m30s500ms"].map(Timestamp.spanMilliseconds) == [90_000, 5_400_000, 172_800_000, 250, 90_500])
         let workflow = Array(#"{ "tasks": [{"key": "a", "kind": "noop"}] }"#.utf8)
         let document = try Submission.document(workflow, source: "wf.json")
         #expect(document.isWorkflow && document.body == workflow, "sent as written")
