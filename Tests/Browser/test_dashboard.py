@@ -357,6 +357,30 @@ def test_task_page_shows_what_was_asked_and_what_happened(page, api, server):
                message="the second failure, with its error, in the history")
 
 
+def test_a_scheduled_task_shows_its_time_then_runs(page, api, server):
+    later = submit(api, "noop", name="nightly-report", delay_ms=600000, ttl_ms=900000, queue="reports")
+    soon = submit(api, "noop", name="in-a-moment", delay_ms=1500, queue="reports")
+    assert later["state"] == "scheduled" and soon["state"] == "scheduled"
+
+    page.open("/tasks?queue=reports")
+    page.wait_live()
+    page.wait_row_state(later["id"], "scheduled")
+    assert "runs " in page.row(later["id"]).text
+    # The other one's time comes: its row moves on by itself.
+    page.wait_row_state(soon["id"], "succeeded")
+
+    page.go(f"/tasks/{later['id']}")
+    wait_until(lambda: page.find("h1").text == "nightly-report", message="the scheduled task's page")
+    wait_until(lambda: "Scheduled for" in page.section("Timings").text, message="its time among the timings")
+    timings = page.section("Timings").text
+    assert "Expires" in timings and "Started\n—" in timings
+
+    # The queues page counts it among the scheduled.
+    page.go("/queues")
+    wait_until(lambda: "scheduled" in [cell.text.lower() for cell in page.find_all("table thead th")],
+               message="a scheduled column")
+
+
 def test_task_page_follows_a_running_task(page, api, server):
     task = submit(api, "external", name="transcode", metadata={"file": "talk.mp4"})
     server.wait_task(task["id"], lambda t: t["state"] == "running")

@@ -3,7 +3,7 @@
 
 import { refusal } from './api.js';
 
-export const STATES = ['pending', 'queued', 'running', 'succeeded', 'failed', 'cancelled'];
+export const STATES = ['scheduled', 'pending', 'queued', 'running', 'succeeded', 'failed', 'cancelled'];
 export const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 /** The states a retry takes a task out of. */
 export const RETRYABLE = new Set(['failed', 'cancelled']);

@@ -108,7 +108,8 @@ export async function mount(view, target) {
     retry.hidden = !RETRYABLE.has(task.state);
     setProgress(bar, task.state === 'succeeded' ? 1 : task.progress.fraction);
     bar.dataset.state = task.state;
-    progressText.textContent = task.progress.message || (task.state === 'running' ? 'Running' : task.state);
+    progressText.textContent = task.state === 'scheduled' ? `Scheduled for ${formatTime(task.scheduled_for)}`
+      : task.progress.message || (task.state === 'running' ? 'Running' : task.state);
     fill(details, task.progress.details ? jsonBlock(task.progress.details, 'Progress details') : null);
     fill(summary,
       row('Id', h('span', { class: 'id' }, task.id)),
@@ -124,6 +125,8 @@ export async function mount(view, target) {
     const waited = task.started_at ? Date.parse(task.started_at) - Date.parse(task.created_at) : null;
     fill(timings,
       row('Created', h('time', { datetime: task.created_at }, formatTime(task.created_at))),
+      row('Scheduled for', task.scheduled_for ? h('time', { datetime: task.scheduled_for }, formatTime(task.scheduled_for)) : '—'),
+      row('Expires', task.expires_at ? h('time', { datetime: task.expires_at }, formatTime(task.expires_at)) : '—'),
       row('Started', task.started_at ? h('time', { datetime: task.started_at }, formatTime(task.started_at)) : '—'),
       row('Finished', task.finished_at ? h('time', { datetime: task.finished_at }, formatTime(task.finished_at)) : '—'),
       row('Waited', formatDuration(waited)),

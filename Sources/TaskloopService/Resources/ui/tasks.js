@@ -160,7 +160,9 @@ export async function mount(view, target) {
         setProgress(bar, task.state === 'succeeded' ? 1 : task.progress.fraction);
         bar.dataset.state = task.state;
         bar.setAttribute('aria-label', `Progress of ${label}`);
-        message.textContent = task.progress.message || (task.error ? task.error.message : '');
+        message.textContent = task.state === 'scheduled' ? `runs ${formatTime(task.scheduled_for)}`
+          : task.progress.message || (task.error ? task.error.message : '');
+        message.title = task.state === 'scheduled' ? task.scheduled_for : '';
         attempt.textContent = `${task.attempt}/${task.max_attempts}`;
         created.textContent = formatTime(task.created_at);
         created.title = task.created_at;
