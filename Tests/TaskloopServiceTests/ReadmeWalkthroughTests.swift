@@ -77,6 +77,21 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    @Test func timeAndFlowRunsAsDocumented() throws {
+        let service = try ServiceHarness()
+        let run = try Self.run(try Self.block(after: "<!-- time-and-flow -->"), environment: ProcessInfo.processInfo.environment.merging(
+            ["TASKLOOP": "http://127.0.0.1:\(service.port)"]) { $1 })
+        #expect(run.status == 0, "the block failed: \(run.stderr)")
+        #expect(run.lines == [
+            #"{"state":"scheduled","scheduled":true}"#,
+            #"{"state":"succeeded"}"#,
+            #"{"state":"cancelled","error":"expired"}"#,
+            #"{"state":"cancelled"}"#,
+            #"{"status":422,"field":"ttl_ms"}"#,
+        ])
+        try service.stop()
+    }
+
     /// The workers section, against a server with a token of its own, the built `taskloop` first
     /// on the PATH; it prints what the README says it prints.
     @Test func readmeWorkersSectionRunsAsDocumented() throws {
