@@ -9,7 +9,8 @@ import TaskloopJSON
 /// - `watch` (W to D's cell): tasks of W depend on D. D's cell keeps W among D's watchers
 ///   (with the record) and answers at once with `ended` if D is already terminal, `missing` if
 ///   it holds no D.
-/// - `ended` (D's cell to each watcher): D reached `state`.
+/// - `ended` (D's cell to each watcher): D reached `state`, with its `result`: W's tasks take
+///   their inputs from it (Engine+Outputs), as D itself may be forgotten before they start.
 /// - `reopened` (D's cell to each watcher): a retry brought D back; W brings back the tasks D
 ///   cancelled, as a local retry does, and waits for D again.
 /// - `missing` (D's cell to W): no such task; W's tasks waiting on D are cancelled
@@ -73,14 +74,18 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
     public var members: [Member]
     /// The member's progress `memberChanged` reports.
     public var fraction: Double?
+    /// The result of the dependency `ended` reports, if it has one.
+    public var result: JSONValue?
 
-    public init(_ kind: Kind, from: UInt16, to: UInt16, dependency: TaskID, epoch: UInt32 = 0, state: TaskState? = nil) {
+    public init(_ kind: Kind, from: UInt16, to: UInt16, dependency: TaskID, epoch: UInt32 = 0, state: TaskState? = nil,
+                result: JSONValue? = nil) {
         self.kind = kind
         self.from = from
         self.to = to
         self.dependency = dependency
         self.epoch = epoch
         self.state = state
+        self.result = result
         workflow = nil
         members = []
         fraction = nil
@@ -104,9 +109,10 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
 
     // MARK: bytes
 
-    /// The encoding's version, its first byte: 1 for the dependency kinds, 3 for the workflow
-    /// kinds (2 before members had optional fields; still read).
+    /// The encoding's version, its first byte: 1 for the dependency kinds (3 for an `ended`
+    /// with a result), 3 for the workflow kinds (2 before members had optional fields; still read).
     static let version: UInt8 = 1
+    static let resultVersion: UInt8 = 3
     static let workflowVersion: UInt8 = 3
     /// Version 1's size: version, kind, from, to, dependency (16), epoch, state; big-endian.
     public static let encodedSize = 27
@@ -114,13 +120,14 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
     /// The stable binary form a store keeps. Version 2 is version 1's fields (its state byte
     /// codes every state), then the workflow (16), the fraction (a presence byte, then its 8
     /// bytes), and the members (a count, then each: id, created at, the spec's fields in a
-    /// fixed order, strings and JSON as a 4-byte length and UTF-8). Version 3 ends each member
-    /// with its optional fields: a 2-byte set of which follow, then each in the set's order
-    /// (`MemberFields`).
+    /// fixed order, strings and JSON as a 4-byte length and UTF-8). Version 3 of the workflow
+    /// kinds ends each member with its optional fields: a 2-byte set of which follow, then each
+    /// in the set's order (`MemberFields`). Version 3 of `ended` is version 1's fields, then the
+    /// result as JSON.
     public var encoded: [UInt8] {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(Self.encodedSize)
-        bytes.append(kind.isAboutWorkflow ? Self.workflowVersion : Self.version)
+        bytes.append(kind.isAboutWorkflow ? Self.workflowVersion : result == nil ? Self.version : Self.resultVersion)
         bytes.append(kind.rawValue)
         Self.append(UInt64(from), bytes: 2, to: &bytes)
         Self.append(UInt64(to), bytes: 2, to: &bytes)
@@ -128,7 +135,10 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         Self.append(UInt64(epoch), bytes: 4, to: &bytes)
         // 0 for none, else 1 + its place among the states (terminal ones first, as version 1 has them).
         bytes.append(state.flatMap { Self.states.firstIndex(of: $0) }.map { UInt8($0 + 1) } ?? 0)
-        guard kind.isAboutWorkflow else { return bytes }
+        guard kind.isAboutWorkflow else {
+            if let result { Self.append(result.encoded, to: &bytes) }
+            return bytes
+        }
         Self.append(workflow ?? dependency, to: &bytes)
         bytes.append(fraction == nil ? 0 : 1)
         if let fraction { Self.append(fraction.bitPattern, bytes: 8, to: &bytes) }
@@ -141,13 +151,18 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
     public init?(encoded bytes: some Collection<UInt8>) {
         var reader = Reader(bytes: Array(bytes))
         guard let version = reader.byte(), let kind = reader.byte().flatMap(Kind.init(rawValue:)),
-              kind.isAboutWorkflow ? (version == 2 || version == Self.workflowVersion) : version == Self.version,
+              kind.isAboutWorkflow ? (version == 2 || version == Self.workflowVersion)
+                : version == Self.version || (version == Self.resultVersion && kind == .ended),
               let from = reader.integer(2), let to = reader.integer(2), let dependency = reader.id(),
               let epoch = reader.integer(4), let stateCode = reader.byte().map(Int.init),
-              stateCode <= (version == Self.version ? Self.terminalStateCount : Self.states.count) else { return nil }
+              stateCode <= (kind.isAboutWorkflow ? Self.states.count : Self.terminalStateCount) else { return nil }
         let state = stateCode == 0 ? nil : Self.states[stateCode - 1]
         guard (kind == .ended || kind == .memberChanged) == (state != nil) else { return nil }
         self.init(kind, from: UInt16(from), to: UInt16(to), dependency: dependency, epoch: UInt32(epoch), state: state)
+        if version == Self.resultVersion {
+            guard case .some(.some(let result)) = reader.json() else { return nil }
+            self.result = result
+        }
         if kind.isAboutWorkflow {
             guard let workflow = reader.id(), let hasFraction = reader.byte(), hasFraction <= 1 else { return nil }
             self.workflow = workflow

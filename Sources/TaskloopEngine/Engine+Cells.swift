@@ -1,3 +1,5 @@
+import TaskloopJSON
+
 /// Dependencies across cells (docs/SCALING.md, "Under way: cells"). An engine configured with
 /// `EngineConfiguration.cells` holds the tasks of its own cell's queues only; a task may still
 /// depend on a task of another cell. The rules stay the engine's own, on both sides:
@@ -28,6 +30,8 @@ final class RemoteDependency {
 
     let id: TaskID
     var knowledge = Knowledge.asked
+    /// Its result, once `ended` brought it: tasks linked later take their inputs from it.
+    var result: JSONValue?
     /// The dependency's `reopenings` when the last message applied was sent; nil before any.
     var epoch: UInt32?
     /// Tasks waiting for its end (some may have ended meanwhile, as on a task's list).
@@ -92,6 +96,9 @@ extension Engine {
             record.blockingDependencies += 1
             standIn.dependents.append(record)
         case .ended(let state):
+            if state == .succeeded || record.onDependencyFailure == .run {
+                takeInputs(of: record, from: standIn.id, result: standIn.result)
+            }
             link(record, toEnded: standIn.id, as: state)
             if !record.state.isTerminal { record.releasedBy.append(standIn.id) }
         case .missing:
@@ -124,7 +131,8 @@ extension Engine {
         guard let cell, let watchers = watchersByTask[record.id] else { return }
         for watcher in watchers {
             emit(.messageSent(CellMessage(kind, from: cell, to: watcher, dependency: record.id, epoch: record.reopenings,
-                                          state: kind == .ended ? record.state : nil)))
+                                          state: kind == .ended ? record.state : nil,
+                                          result: kind == .ended ? record.result : nil)))
         }
     }
 
@@ -167,7 +175,7 @@ extension Engine {
         }
         if record.state.isTerminal {
             emit(.messageSent(CellMessage(.ended, from: cell!, to: message.from, dependency: record.id,
-                                          epoch: record.reopenings, state: record.state)))
+                                          epoch: record.reopenings, state: record.state, result: record.result)))
         }
     }
 
@@ -183,7 +191,8 @@ extension Engine {
         var cascade: [(dependent: TaskRecord, error: TaskError)] = []
         if let state = message.state {
             standIn.knowledge = .ended(state)
-            release(dependents, endOf: standIn.id, as: state, cascade: &cascade)
+            standIn.result = message.result
+            release(dependents, endOf: standIn.id, as: state, result: message.result, cascade: &cascade)
             // Its end is not at hand after a restart: the record says it no longer holds these up.
             for dependent in dependents
             where !dependent.state.isTerminal && (state == .succeeded || dependent.onDependencyFailure == .run) {
@@ -204,6 +213,7 @@ extension Engine {
         if let epoch = standIn.epoch, message.epoch <= epoch { return }
         standIn.epoch = message.epoch
         standIn.knowledge = .unfinished
+        standIn.result = nil
         // The retry was admitted in its own cell; what it brings back here is not refused.
         bringBack([], dependents: cancelledDependents(of: [standIn.id]), reopenedElsewhere: standIn.id)
     }

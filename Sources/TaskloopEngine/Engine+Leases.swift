@@ -242,8 +242,10 @@ extension Engine {
             record.lease = Lease(token: newLeaseToken(), worker: request.worker, grantedAt: now,
                                  milliseconds: request.milliseconds, expiresAt: now + Int64(clamping: request.milliseconds))
             leasedCount += 1
-            queue.leaseCounts.granted += 1
             start(record)
+            // Its inputs were missing (Engine+Outputs): it failed instead.
+            guard record.state == .running else { continue }
+            queue.leaseCounts.granted += 1
             tasks.append(record)
         }
         return tasks

@@ -16,7 +16,8 @@ extension Engine {
                               expiresAt: $0.expiresAt)
             },
             releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings,
-            scheduledFor: record.scheduledFor, expiresAt: record.expiresAt)
+            scheduledFor: record.scheduledFor, expiresAt: record.expiresAt, inputs: record.inputs,
+            resolvedParams: record.resolvedParams)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -156,6 +157,8 @@ extension Engine {
         record.releasedBy = saved.releasedBy
         if !saved.watchers.isEmpty { watchersByTask[saved.id] = saved.watchers }
         record.reopenings = saved.reopenings
+        record.inputs = saved.inputs
+        record.resolvedParams = saved.resolvedParams
     }
 
     /// A workflow as kept, over the tasks of it the table holds (nothing left to keep: nil, not made).

@@ -93,6 +93,7 @@ extension Engine {
         record.result = nil
         record.notBefore = nil
         record.progress = TaskProgress()
+        record.resolvedParams = nil
         emit(.stateChanged(record, from: from, to: .pending))
         record.blockingDependencies = 0
         record.releasedBy = []

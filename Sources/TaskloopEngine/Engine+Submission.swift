@@ -22,6 +22,7 @@ extension Engine {
                 dependencies.append(id)
             }
         }
+        try checkOutputReferences(in: spec.params, naming: spec.dependencies, at: "")
         try admit(1)
         let now = scheduler.wallClock
         let record = makeRecord(spec, executor: executor, dependencies: dependencies, createdAt: now)
@@ -91,6 +92,8 @@ extension Engine {
         }
         do {
             try executor.validate(spec.params)
+        } catch let error where awaitsOutputs(error.field, in: spec.params) {
+            // Checked once the references are resolved, at start (Engine+Outputs).
         } catch {
             let field = error.field.map { $0.isEmpty ? "\(at())params" : "\(at())params.\($0)" }
             throw EngineError(error.code, error.message, field: field)
@@ -134,6 +137,9 @@ extension Engine {
     /// Makes `record` wait for `dependency`, or applies a dependency that already finished.
     func link(_ record: TaskRecord, to dependency: TaskRecord) {
         if dependency.state.isTerminal {
+            if dependency.state == .succeeded || record.onDependencyFailure == .run {
+                takeInputs(of: record, from: dependency.id, result: dependency.result)
+            }
             link(record, toEnded: dependency.id, as: dependency.state)
             return
         }

@@ -26,6 +26,7 @@ extension Engine {
         let memberIDs = batch.indices.map { position in
             memberCells?[position].map { ids.next(wallClockMilliseconds: now, carrying: $0) } ?? ids.next(wallClockMilliseconds: now)
         }
+        let siblingIDs = memberCells == nil ? [:] : Dictionary(zip(batch.map(\.key), memberIDs), uniquingKeysWith: { first, _ in first })
         var records: [TaskRecord?] = []
         records.reserveCapacity(batch.count)
         var remote: [UInt16: [CellMessage.Member]] = [:]
@@ -40,6 +41,7 @@ extension Engine {
             if let memberCell = memberCells?[position] {
                 var spec = member.spec
                 spec.dependencies = dependencyIDs.map { .task($0) }
+                spec.params = Self.namingByID(spec.params, keys: siblingIDs)
                 remote[memberCell, default: []].append(CellMessage.Member(id: memberIDs[position], spec: spec, createdAt: now))
                 records.append(nil)
                 continue
@@ -151,6 +153,7 @@ extension Engine {
                     dependencies.append(.sibling(sibling))
                 }
             }
+            try checkOutputReferences(in: member.spec.params, naming: member.spec.dependencies, at: "tasks[\(index)].")
             checked.append(CheckedMember(executor: executor, dependencies: dependencies))
         }
         let newQueues = Set(batch.indices.lazy.filter { memberCells?[$0] == nil }.map { batch[$0].spec.queue }

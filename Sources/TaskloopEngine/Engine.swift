@@ -31,6 +31,12 @@ public struct EngineConfiguration: Sendable {
     public var wallClockCheckMilliseconds: UInt64 = 1_000
     /// How far ahead `run_at`, `delay_ms`, `expires_at` and `ttl_ms` may reach.
     public var maxScheduleAheadMilliseconds: UInt64 = 366 * 86_400_000
+    /// Params' output references are checked at submission and resolved at start
+    /// (Engine+Outputs). Off for a worker's engine: what it runs was resolved by the server.
+    public var resolvesOutputs = true
+    /// The most bytes a task's params may take once resolved: as a request body may, so that
+    /// a client or worker can read the task back.
+    public var maxResolvedParamsBytes = 1 << 20
 
     public init() {}
 }
@@ -67,7 +73,8 @@ public enum EngineEvent {
     /// A worker's heartbeat moved its lease's expiry.
     case leaseRenewed(TaskRecord)
     /// A task no longer waits on a dependency that had released it and was retried, or that
-    /// ended in another cell (`TaskRecord.releasedBy`); its state did not change.
+    /// ended in another cell (`TaskRecord.releasedBy`), or took its inputs from a dependency's
+    /// end (`TaskRecord.inputs`); its state did not change.
     case releasedByRetry(TaskRecord)
     /// A message for another cell, to be committed with the rest of its batch (Engine+Cells).
     case messageSent(CellMessage)
@@ -283,6 +290,7 @@ public final class Engine {
     }
 
     func start(_ record: TaskRecord) {
+        guard resolveInputs(of: record) else { return }
         transition(record, to: .running)
         if record.startedAt == nil { record.startedAt = scheduler.wallClock }
         let hadFraction = record.progress.fraction != nil
@@ -376,7 +384,7 @@ public final class Engine {
         if wasRunning { needsDispatch(record.queue) }
         let dependents = record.dependents
         record.dependents = []
-        release(dependents, endOf: record.id, as: state, cascade: &cascade)
+        release(dependents, endOf: record.id, as: state, result: record.result, cascade: &cascade)
         if cell != nil {
             tellWatchers(of: record, .ended)
             reportToHome(record)
@@ -385,14 +393,16 @@ public final class Engine {
     }
 
     /// A dependency ended, here or in another cell (Engine+Cells): each waiting dependent is
-    /// cancelled (`dependency_failed`, by the cascade) or no longer waits for it.
+    /// cancelled (`dependency_failed`, by the cascade) or no longer waits for it, taking what
+    /// its params need of `result` (Engine+Outputs).
     @inline(__always)
-    func release(_ dependents: [TaskRecord], endOf dependency: TaskID, as state: TaskState,
+    func release(_ dependents: [TaskRecord], endOf dependency: TaskID, as state: TaskState, result: JSONValue?,
                  cascade: inout [(dependent: TaskRecord, error: TaskError)]) {
         for dependent in dependents where !dependent.state.isTerminal {
             if state != .succeeded && dependent.onDependencyFailure == .cancel {
                 cascade.append((dependent, .dependencyFailed(dependency, state: state)))
             } else {
+                takeInputs(of: dependent, from: dependency, result: result)
                 dependent.blockingDependencies -= 1
                 if dependent.blockingDependencies == 0 && dependent.state == .pending && dependent.attemptTimer == nil {
                     makeReady(dependent)

@@ -38,6 +38,10 @@ public struct TaskSnapshot: Sendable, Equatable {
     /// See `TaskRecord.scheduledFor` and `expiresAt`.
     public var scheduledFor: Int64?
     public var expiresAt: Int64?
+    /// See `TaskRecord.inputs`.
+    public var inputs: [TaskInput]
+    /// See `TaskRecord.resolvedParams`.
+    public var resolvedParams: JSONValue?
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
@@ -46,7 +50,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
         releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0, scheduledFor: Int64? = nil,
-        expiresAt: Int64? = nil
+        expiresAt: Int64? = nil, inputs: [TaskInput] = [], resolvedParams: JSONValue? = nil
     ) {
         self.id = id
         self.sequence = sequence
@@ -77,6 +81,8 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.reopenings = reopenings
         self.scheduledFor = scheduledFor
         self.expiresAt = expiresAt
+        self.inputs = inputs
+        self.resolvedParams = resolvedParams
     }
 }
 

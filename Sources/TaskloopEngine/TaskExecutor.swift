@@ -63,7 +63,7 @@ public final class TaskRun {
         self.record = record
         taskID = record.id
         kind = record.kind
-        params = record.params
+        params = record.resolvedParams ?? record.params
         attempt = record.attempt
     }
 

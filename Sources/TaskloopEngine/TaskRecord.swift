@@ -71,6 +71,12 @@ public final class TaskRecord {
     /// messages about it (Engine+Cells). Kept with the record; beside `retentionEpoch`, the two
     /// share one word.
     public internal(set) var reopenings: UInt32 = 0
+    /// What its output references point at, taken from each dependency as it released the
+    /// task (Engine+Outputs).
+    public internal(set) var inputs: [TaskInput] = []
+    /// `params` with their references resolved, from the start of an attempt until a retry
+    /// brings the task back; nil when they hold none.
+    public internal(set) var resolvedParams: JSONValue?
 
     init(id: TaskID, sequence: UInt64, spec: TaskSpec, executor: TaskExecutor, queue: TaskQueue, dependencies: [TaskID],
          createdAt: Int64) {

@@ -108,6 +108,8 @@ public final class TaskloopWorker {
             engineConfiguration.defaultConcurrency = configuration.concurrency
             // A copy's end is reported at once; nothing needs it afterwards.
             engineConfiguration.maxRetainedTasks = 0
+            // The server resolved the params' references; a result that looks like one is data.
+            engineConfiguration.resolvesOutputs = false
             engine = Engine(configuration: engineConfiguration, scheduler: scheduler, extraExecutors: executors)
             engine.addObserver { [unowned self] events in settled(events) }
             self.scheduler = scheduler
