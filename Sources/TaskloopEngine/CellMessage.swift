@@ -159,7 +159,7 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         let state = stateCode == 0 ? nil : Self.states[stateCode - 1]
         guard (kind == .ended || kind == .memberChanged) == (state != nil) else { return nil }
         self.init(kind, from: UInt16(from), to: UInt16(to), dependency: dependency, epoch: UInt32(epoch), state: state)
-        if version == Self.resultVersion {
+        if !kind.isAboutWorkflow && version == Self.resultVersion {
             guard case .some(.some(let result)) = reader.json() else { return nil }
             self.result = result
         }

@@ -51,7 +51,10 @@ enum RecordCodec {
         static let reopenings = TaskFields(rawValue: 1 << 19)
         static let scheduledFor = TaskFields(rawValue: 1 << 20)
         static let expiresAt = TaskFields(rawValue: 1 << 21)
-        static let known = TaskFields(rawValue: (1 << 22) - 1)
+        /// What the task's output references took from its dependencies (Engine+Outputs).
+        static let inputs = TaskFields(rawValue: 1 << 22)
+        static let resolvedParams = TaskFields(rawValue: 1 << 23)
+        static let known = TaskFields(rawValue: (1 << 24) - 1)
     }
 
     /// The task without its sequence number, which is the row's key.
@@ -78,6 +81,8 @@ enum RecordCodec {
         if task.reopenings != 0 { fields.insert(.reopenings) }
         if task.scheduledFor != nil { fields.insert(.scheduledFor) }
         if task.expiresAt != nil { fields.insert(.expiresAt) }
+        if !task.inputs.isEmpty { fields.insert(.inputs) }
+        if task.resolvedParams != nil { fields.insert(.resolvedParams) }
 
         output.byte(taskFormat)
         output.unsigned(fields.rawValue)
@@ -130,6 +135,15 @@ enum RecordCodec {
         if task.reopenings != 0 { output.unsigned(UInt64(task.reopenings)) }
         if let scheduledFor = task.scheduledFor { output.signed(scheduledFor) }
         if let expiresAt = task.expiresAt { output.signed(expiresAt) }
+        if !task.inputs.isEmpty {
+            output.unsigned(UInt64(task.inputs.count))
+            for input in task.inputs {
+                output.string(input.from)
+                output.string(input.pointer.description)
+                output.json(input.value)
+            }
+        }
+        if let resolvedParams = task.resolvedParams { output.json(resolvedParams) }
     }
 
     static func decodeTask(_ bytes: UnsafeRawBufferPointer, sequence: UInt64) throws(RecordDecodingError) -> TaskSnapshot {
@@ -196,6 +210,16 @@ enum RecordCodec {
         }
         let scheduledFor = fields.contains(.scheduledFor) ? try input.signed() : nil
         let expiresAt = fields.contains(.expiresAt) ? try input.signed() : nil
+        var inputs: [TaskInput] = []
+        if fields.contains(.inputs) {
+            for _ in 0..<(try input.count(ofAtLeast: 3)) {
+                let from = try input.string()
+                let text = try input.string()
+                guard let pointer = try? JSONPointer(text) else { throw input.failure("an input's pointer is not a JSON Pointer") }
+                inputs.append(TaskInput(from: from, pointer: pointer, value: try input.json()))
+            }
+        }
+        let resolvedParams = try input.json(if: fields.contains(.resolvedParams))
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
         return TaskSnapshot(
             id: id, sequence: sequence, kind: kind, params: params, name: name, queue: queue, priority: priority,
@@ -204,7 +228,7 @@ enum RecordCodec {
             cancelRequested: fields.contains(.cancelRequested), attempt: attempt, startedAt: startedAt,
             finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease,
             releasedBy: releasedBy, watchers: watchers, reopenings: reopenings, scheduledFor: scheduledFor,
-            expiresAt: expiresAt)
+            expiresAt: expiresAt, inputs: inputs, resolvedParams: resolvedParams)
     }
 
     /// Which optional fields a workflow record holds.
