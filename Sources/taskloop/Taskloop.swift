@@ -328,6 +328,7 @@ struct Taskloop: ParsableCommand {
         configuration.http.host = host
         configuration.http.port = port
         configuration.http.parserLimits.maxBodyBytes = maxBodyBytes
+        configuration.engine.maxResolvedParamsBytes = maxBodyBytes
         configuration.http.parserLimits.maxHeaderBytes = maxHeaderBytes
         configuration.http.headerTimeoutMilliseconds = UInt64(headerTimeoutSeconds * 1000)
         configuration.http.bodyTimeoutMilliseconds = UInt64(bodyTimeoutSeconds * 1000)

@@ -42,10 +42,11 @@ enum Representation {
         json.field("name", task.name)
         json.field("kind", task.kind)
         json.key(static: "params")
-        if !forLessee, let secrets = secretParameter(of: task.kind), let params = task.params.objectValue, params[secrets] != nil {
-            writeMasking(secrets, of: params, into: &json)
+        let params = moment.resolvedParams ?? task.params
+        if !forLessee, let secrets = secretParameter(of: task.kind), let object = params.objectValue, object[secrets] != nil {
+            writeMasking(secrets, of: object, into: &json)
         } else {
-            json.value(task.params)
+            json.value(params)
         }
         json.field("queue", task.queueName)
         json.field("priority", task.priority)
@@ -483,6 +484,8 @@ struct TaskMoment {
     let progress: TaskProgress
     /// As it was: a live lease's expiry moves on with each heartbeat.
     let lease: LeaseSnapshot?
+    /// The params it shows once started (Engine+Outputs).
+    let resolvedParams: JSONValue?
 
     /// `state`: the state to show instead of the task's own (an event announcing a state the
     /// task has already left within the same engine call).
@@ -499,6 +502,7 @@ struct TaskMoment {
         lease = task.lease.map {
             LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds, expiresAt: $0.expiresAt)
         }
+        resolvedParams = task.resolvedParams
     }
 
     init(_ task: TaskSnapshot) {
@@ -512,6 +516,7 @@ struct TaskMoment {
         error = task.error
         progress = task.progress
         lease = task.lease
+        resolvedParams = task.resolvedParams
     }
 }
 
