@@ -234,3 +234,14 @@ import TaskloopJSON
         #expect(later.state == .running && later.resolvedParams == ["v": ["v": ["deep": true]]])
     }
 }
+
+extension OutputTests {
+    /// A worker's engine runs copies of leased tasks, resolved by the server: a value that looks
+    /// like a reference is data there, neither refused nor replaced.
+    @Test func anEngineThatResolvesNothingTakesReferencesAsData() throws {
+        let f = Fixture { $0.resolvesOutputs = false }
+        let data: JSONValue = ["body": Self.reference("elsewhere", "/x")]
+        let copy = try f.submit("copy", params: data)
+        #expect(copy.state == .running && f.run(of: copy)?.params == data && copy.resolvedParams == nil)
+    }
+}
