@@ -23,7 +23,7 @@ struct Taskloop: ParsableCommand {
     @Option(help: "TCP port; 0 picks a free one. [env: TASKLOOP_PORT]")
     var port: Int = Environment.int("PORT") ?? 8080
 
-    @Option(help: "Largest accepted request body in bytes. [env: TASKLOOP_MAX_BODY_BYTES]")
+    @Option(help: "Largest accepted request body in bytes, and largest task params once resolved. [env: TASKLOOP_MAX_BODY_BYTES]")
     var maxBodyBytes: Int = Environment.int("MAX_BODY_BYTES") ?? 1024 * 1024
 
     @Option(help: "Largest accepted request header section in bytes, at most 81920. [env: TASKLOOP_MAX_HEADER_BYTES]")
