@@ -245,3 +245,30 @@ extension OutputTests {
         #expect(copy.state == .running && f.run(of: copy)?.params == data && copy.resolvedParams == nil)
     }
 }
+
+extension OutputTests {
+    /// A workflow over three cells: its home (cell 1) names a sibling of cell 2 by key, and a
+    /// member made in cell 3 names the home's member, its key turned into the id it has.
+    @Test func workflowKeysNameSiblingsInOtherCells() throws {
+        let cells = try CellWorkflowTests.Cells()
+        let workflow = try cells.engines[1]!.submitWorkflow(name: "flow", tasks: [
+            (key: "fetch", spec: TaskSpec(kind: "manual", name: "fetch", queue: "b")),
+            (key: "use", spec: TaskSpec(kind: "manual", params: ["v": Self.reference("fetch", "/v")], name: "use", queue: "a",
+                                        dependencies: [.sibling(key: "fetch")])),
+            (key: "last", spec: TaskSpec(kind: "manual", params: ["w": Self.reference("use")], name: "last", queue: "c",
+                                         dependencies: [.sibling(key: "use")])),
+        ])
+        cells.deliverAll()
+        let ids = Dictionary(uniqueKeysWithValues: workflow.keys.map { ($0.key, $0.id) })
+        let last = try #require(cells.task(ids["last"]!))
+        #expect(last.params == ["w": Self.reference(ids["use"]!.description)])
+        cells.run(of: ids["fetch"]!)?.succeed(["v": "fetched"])
+        cells.deliverAll()
+        let use = try #require(cells.task(ids["use"]!))
+        #expect(use.state == .running && use.resolvedParams == ["v": "fetched"])
+        cells.run(of: ids["use"]!)?.succeed(["used": true])
+        cells.deliverAll()
+        #expect(last.state == .running && last.resolvedParams == ["w": ["used": true]])
+        #expect(cells.violations.isEmpty, "\(cells.violations)")
+    }
+}
