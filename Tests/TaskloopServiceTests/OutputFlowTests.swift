@@ -110,12 +110,13 @@ import TaskloopTestSupport
         _ = try client.waitForState(running, "queued")
         let leased = try LeaseAPITests.lease(client, "held")
         #expect(leased.first.flatMap(OutputFlowTests.params) == OutputFlowTests.resolved)
+        // Forgotten before the restart: what the waiting task took is all there is of it.
+        try pollUntil("the first step to be forgotten", timeout: 10) { try client.call("GET", "/tasks/\(first)").status == 404 }
         #expect(try binary.stop() == 0)
 
         (binary, client) = try DurabilityTests.start(directory, ["--retention-seconds", "1"])
         let restarted = try client.task(running)
         #expect(restarted["state"] as? String == "running" && OutputFlowTests.params(restarted) == OutputFlowTests.resolved)
-        try pollUntil("the first step to be forgotten", timeout: 10) { try client.call("GET", "/tasks/\(first)").status == 404 }
         let answer = try client.call("POST", "/tasks/\(blocker)/complete", json: "{}")
         #expect(answer.status == 200)
         #expect(OutputFlowTests.params(try client.waitForState(waiting, "succeeded")) == OutputFlowTests.resolved)
