@@ -77,6 +77,32 @@ extension Engine {
         }
     }
 
+    /// `params` for the executor's check at submission: each reference's member left out (an
+    /// element of an array made `null`), so that the fields around it are checked; one it
+    /// then misses is `awaitsOutputs`.
+    func maskingOutputs(in params: JSONValue) -> JSONValue {
+        guard configuration.resolvesOutputs, let found = try? OutputReference.references(in: params),
+              !found.isEmpty else { return params }
+        return found.reduce(params) { masked, occurrence in Self.removing(occurrence.location.tokens[...], from: masked) }
+    }
+
+    private static func removing(_ tokens: ArraySlice<String>, from value: JSONValue) -> JSONValue {
+        guard let token = tokens.first else { return .object([:]) }
+        let rest = tokens.dropFirst()
+        switch value {
+        case .object(let object):
+            var object = object
+            if rest.isEmpty { object[token] = nil } else if let member = object[token] { object[token] = removing(rest, from: member) }
+            return .object(object)
+        case .array(var elements):
+            guard let index = Int(token), elements.indices.contains(index) else { return value }
+            elements[index] = rest.isEmpty ? .null : removing(rest, from: elements[index])
+            return .array(elements)
+        default:
+            return value
+        }
+    }
+
     /// Whether the executor's refusal of `field` (relative to `params`) may be about a value a
     /// reference stands for, at or under or around it: then only the resolved params can say.
     /// Params with a malformed reference are refused for that (`checkOutputReferences`).

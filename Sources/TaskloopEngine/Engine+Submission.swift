@@ -91,7 +91,7 @@ extension Engine {
                               field: "\(at())kind")
         }
         do {
-            try executor.validate(spec.params)
+            try executor.validate(maskingOutputs(in: spec.params))
         } catch let error where awaitsOutputs(error.field, in: spec.params) {
             // Checked once the references are resolved, at start (Engine+Outputs).
         } catch {

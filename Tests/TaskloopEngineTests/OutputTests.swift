@@ -5,13 +5,16 @@ import TaskloopJSON
 /// Outputs flowing to dependents on the virtual clock: `{"$from", "pointer"}` in params checked
 /// at submission and replaced at start by part of a dependency's result (Engine+Outputs).
 @Suite struct OutputTests {
-    /// Wants `url` to be a string starting with `https://`, then a `retries` that is an integer
-    /// if any; it names the first field it refuses.
+    /// Wants a `label` that is a string if any, then `url`, a string starting with `https://`,
+    /// then a `retries` that is an integer if any; it names the first field it refuses.
     final class StrictExecutor: TaskExecutor {
         var runs: [TaskRun] = []
 
         func validate(_ params: JSONValue) throws(EngineError) {
             guard let object = params.objectValue else { throw EngineError(.invalid, "params must be an object.", field: "") }
+            if let label = object["label"], label.stringValue == nil {
+                throw EngineError(.invalid, "label must be a string.", field: "label")
+            }
             guard object["url"]?.stringValue?.hasPrefix("https://") ?? false else {
                 throw EngineError(.invalid, "url must be an https URL.", field: "url")
             }
@@ -123,6 +126,11 @@ import TaskloopJSON
             try f.submit("refused", "strict", params: ["url": "ftp://example.test/", "retries": url], after: [first])
         }
         #expect(error?.field == "params.url")
+        // Nor does a reference checked before it hide it.
+        let hidden = #expect(throws: EngineError.self) {
+            try f.submit("refused", "strict", params: ["label": url, "url": "ftp://example.test/"], after: [first])
+        }
+        #expect(hidden?.field == "params.url")
         f.run(of: first)?.succeed(["url": "https://example.test/", "port": 443])
         #expect(good.state == .running && f.strict.runs.map(\.params) == [["url": "https://example.test/"]])
         #expect(bad.state == .failed && bad.error?.code == "invalid_params" && bad.error?.details["field"] == "params.url")
