@@ -5,7 +5,8 @@ import TaskloopJSON
 /// sibling's key), replaced when the task starts by that part of the dependency's result.
 ///
 /// - Submission refuses a malformed reference or one naming no dependency; the executor checks
-///   the params with what a reference stands for left to the start (`awaitsOutputs`).
+///   the params with the references left out (`maskingOutputs`), and a refusal where one stood
+///   is left to the start (`awaitsOutputs`).
 /// - When a dependency releases a task (it ended, here or in another cell, or had ended when
 ///   the task was linked), the task takes the values its references point at into its record
 ///   (`TaskRecord.inputs`): the dependency may be forgotten by retention, or live in another
