@@ -159,3 +159,26 @@ extension CellServiceTests {
         }
     }
 }
+
+extension WorkerTests {
+    /// The reference worker runs what its lease answer carries, resolved by the server; a value
+    /// taken from a result that looks like a reference is data it sends as it is.
+    @Test func aWorkerRunsATaskWithItsInputsResolved() throws {
+        let (service, client) = try Self.server()
+        let origin = try OriginServer()
+        defer { origin.stop() }
+        let worker = try Self.worker(port: service.port)
+        let first = try OutputFlowTests.id(try client.submit(#"{"kind":"external"}"#))
+        let completed = try client.call("POST", "/tasks/\(first)/complete", json: #"{"result":{"payload":{"$from":"elsewhere"}}}"#)
+        try #require(completed.status == 200, "\(completed.text)")
+        let post = try Self.submit(client, ["kind": "http", "dependencies": [first],
+                                            "params": ["method": "POST", "url": origin.url("/echo"),
+                                                       "body": ["$from": first, "pointer": "/payload"]]])
+        let done = try client.waitForState(post, "succeeded", timeout: 20)
+        #expect((done["params"] as? [String: Any])?["body"] as? [String: String] == ["$from": "elsewhere"])
+        let sent = origin.requests.value.last { $0.path == "/echo" }?.body
+        #expect(sent.map { String(decoding: $0, as: UTF8.self) } == #"{"$from":"elsewhere"}"#)
+        #expect(try worker.stop() == 0)
+        try service.stop()
+    }
+}
