@@ -17,14 +17,18 @@ extension Engine {
     }
 
     /// After an explicit retry or a dependency's retry reopened `record` (now `pending`): its
-    /// time, if still to come, holds it again, and so does an expiry still to come (one that
-    /// passed no longer applies: the task was brought back on purpose).
+    /// time, if still to come, holds it again, and so does an expiry still to come; one that
+    /// passed is cleared (the task was brought back on purpose).
     func waitForTimeAgain(_ record: TaskRecord) {
         let wallClock = scheduler.wallClock
         var armed = false
-        if let expiresAt = record.expiresAt, expiresAt > wallClock, record.startedAt == nil {
-            wallTimers.insert(record, at: expiresAt, for: .expiry)
-            armed = true
+        if let expiresAt = record.expiresAt, record.startedAt == nil {
+            if expiresAt > wallClock {
+                wallTimers.insert(record, at: expiresAt, for: .expiry)
+                armed = true
+            } else {
+                record.expiresAt = nil
+            }
         }
         if let scheduledFor = record.scheduledFor, scheduledFor > wallClock {
             transition(record, to: .scheduled)
@@ -88,6 +92,15 @@ extension Engine {
         }
         dispatching = wasDispatching
         dispatch()
+    }
+
+    /// Whether `record` is cancelled as expired rather than started: its expiry came, and the
+    /// timer has not fired yet (it fires in the same millisecond, after a start, or up to
+    /// `wallClockCheckMilliseconds` late when the wall clock was set forward).
+    func expiresInsteadOfStarting(_ record: TaskRecord) -> Bool {
+        guard let expiresAt = record.expiresAt, record.startedAt == nil, scheduler.wallClock >= expiresAt else { return false }
+        finish(record, as: .cancelled, error: .expired(at: expiresAt))
+        return true
     }
 
     /// Entries whose tasks moved on (cancelled, started, forgotten) go all at once when they

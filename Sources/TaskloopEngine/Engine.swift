@@ -290,7 +290,7 @@ public final class Engine {
     }
 
     func start(_ record: TaskRecord) {
-        guard resolveInputs(of: record) else { return }
+        guard !expiresInsteadOfStarting(record), resolveInputs(of: record) else { return }
         transition(record, to: .running)
         if record.startedAt == nil { record.startedAt = scheduler.wallClock }
         let hadFraction = record.progress.fraction != nil

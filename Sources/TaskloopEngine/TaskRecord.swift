@@ -28,7 +28,8 @@ public final class TaskRecord {
     /// waits `scheduled` until then.
     public let scheduledFor: Int64?
     /// Wall-clock milliseconds of its expiry, if given: not started by then, it is cancelled.
-    public let expiresAt: Int64?
+    /// A retry after it clears it.
+    public internal(set) var expiresAt: Int64?
 
     public internal(set) var state: TaskState = .pending
     /// A running task whose cancellation is under way.

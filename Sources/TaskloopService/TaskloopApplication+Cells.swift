@@ -387,7 +387,7 @@ extension TaskloopApplication {
     private func withWebhooksRead(_ request: HTTPRequest, _ reply: Reply, _ body: @escaping () throws -> Void) {
         guard let journal = cellWebhooks else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
         journal.cluster.read { [weak self] result in
-            guard let self else { return }
+            guard self != nil else { return }
             guard case .success = result else { return reply.send(Self.sharedDatabaseUnavailable.response()) }
             do {
                 try body()

@@ -62,7 +62,19 @@ import TaskloopTestSupport
                 }
             }
             if to.isTerminal { finishedStates[record.id] = to }
+            // Wall-clock times hold, whichever way the clock was set meanwhile. (A task that left
+            // `scheduled` on time may start after the clock was set back before its time.)
+            if from == .scheduled, to == .pending, let scheduledFor = record.scheduledFor, clock.wallClock < scheduledFor {
+                fail("\(record.id) left scheduled at \(clock.wallClock), before its time \(scheduledFor)")
+            }
+            if to == .cancelled, record.error?.code == "expired" {
+                if let expiresAt = record.expiresAt, clock.wallClock < expiresAt { fail("\(record.id) expired early") }
+                if record.startedAt != nil { fail("\(record.id) expired after it had started") }
+            }
             guard to == .running, from == .queued else { return }
+            if record.attempt == 1, !reopened.contains(record.id), let expiresAt = record.expiresAt, clock.wallClock >= expiresAt {
+                fail("\(record.id) started at \(clock.wallClock), after its expiry \(expiresAt)")
+            }
             // Dependencies allow the start.
             // A dependency that a retry brought back had already released its `run` dependents.
             for id in record.dependencies where !reopened.contains(id) {
@@ -106,12 +118,17 @@ import TaskloopTestSupport
                 params = ["duration_ms": .int(Int64(random.below(200))), "steps": .int(Int64(1 + random.below(4))),
                           "outcome": random.below(5) == 0 ? "fail" : "succeed"]
             }
+            // Some wait for a time (some already passed), some may expire.
+            let delay = random.below(4) == 0 ? random.below(400) - 50 : nil
+            let runAt: TaskTime? = delay.map { $0 < 0 ? .at(clock.wallClock + Int64($0)) : .after(UInt64($0)) }
+            let expiry: TaskTime? = random.below(5) == 0 ? .after(UInt64(max(0, delay ?? 0) + 1 + random.below(400))) : nil
             return TaskSpec(
                 kind: kind, params: params, queue: queueNames[random.below(queueNames.count)],
                 priority: random.below(17) - 8, dependencies: dependencies,
                 onDependencyFailure: random.below(3) == 0 ? .run : .cancel,
                 timeoutMilliseconds: random.below(5) == 0 ? UInt64(1 + random.below(300)) : nil,
-                retry: RetryPolicy(maxAttempts: 1 + random.below(3), backoffMilliseconds: UInt64(random.below(100))))
+                retry: RetryPolicy(maxAttempts: 1 + random.below(3), backoffMilliseconds: UInt64(random.below(100))),
+                runAt: runAt, expiry: expiry)
         }
 
         func checkCounts() {
@@ -130,7 +147,7 @@ import TaskloopTestSupport
         let steps = 300 + random.below(300)
         for _ in 0..<steps {
             guard violation == nil else { break }
-            switch random.below(13) {
+            switch random.below(14) {
             case 0...4:
                 if let record = try? engine.submit(randomSpec()) { submitted.append(record) }
             case 5:
@@ -171,6 +188,9 @@ import TaskloopTestSupport
                         _ = try? engine.retryTask(record.id)
                     }
                 }
+            case 12:
+                // The wall clock is set forward or back.
+                clock.wallClockSkew += Int64(random.below(1_200)) - 600
             default:
                 clock.advance(by: UInt64(random.below(120)))
             }

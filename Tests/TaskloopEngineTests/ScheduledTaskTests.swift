@@ -105,6 +105,19 @@ import TaskloopJSON
         #expect(c.violations.isEmpty, "\(c.violations)")
     }
 
+    /// Room opens in its queue after its expiry came, with the clock set forward: it is not started.
+    @Test func aTaskWhoseExpiryCameIsNeverStarted() throws {
+        let c = Checked { $0.defaultConcurrency = 1 }
+        let blocker = try c.submit("blocker", "sleep", params: c.h.sleep(5_000))
+        let task = try c.submit("task", expiry: .after(10_000))
+        c.h.clock.advance(by: 4_999)
+        c.h.clock.wallClockSkew = 7_000
+        c.h.clock.advance(by: 1)
+        #expect(blocker.state == .succeeded)
+        #expect(task.state == .cancelled && task.error?.code == "expired" && task.startedAt == nil)
+        #expect(c.violations.isEmpty, "\(c.violations)")
+    }
+
     @Test func aTaskThatStartedBeforeItsExpiryRunsOn() throws {
         let c = Checked()
         let task = try c.submit("task", "sleep", params: c.h.sleep(5_000), expiry: .after(1_000))
@@ -193,6 +206,7 @@ import TaskloopJSON
         c.h.clock.advance(by: 1_000)
         #expect(task.error?.code == "expired")
         try c.h.engine.retryTask(task.id)
+        #expect(task.expiresAt == nil)
         c.h.clock.advance(by: 5_000)
         #expect(task.state == .succeeded)
         #expect(c.violations.isEmpty, "\(c.violations)")
