@@ -187,7 +187,10 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         let rawValue: UInt16
         static let runAt = MemberFields(rawValue: 1 << 0)
         static let expiry = MemberFields(rawValue: 1 << 1)
-        static let known: MemberFields = [.runAt, .expiry]
+        /// A string: a 4-byte length and UTF-8.
+        static let uniqueKey = MemberFields(rawValue: 1 << 2)
+        static let uniqueFor = MemberFields(rawValue: 1 << 3)
+        static let known: MemberFields = [.runAt, .expiry, .uniqueKey, .uniqueFor]
     }
     private static let terminalStateCount = 3
 
@@ -229,9 +232,13 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         var fields: MemberFields = []
         if runAt != nil { fields.insert(.runAt) }
         if expiry != nil { fields.insert(.expiry) }
+        if spec.uniqueKey != nil { fields.insert(.uniqueKey) }
+        if spec.uniqueForMilliseconds != nil { fields.insert(.uniqueFor) }
         append(UInt64(fields.rawValue), bytes: 2, to: &bytes)
         if let runAt { append(UInt64(bitPattern: runAt), bytes: 8, to: &bytes) }
         if let expiry { append(UInt64(bitPattern: expiry), bytes: 8, to: &bytes) }
+        if let uniqueKey = spec.uniqueKey { append(Array(uniqueKey.utf8), to: &bytes) }
+        if let window = spec.uniqueForMilliseconds { append(window, bytes: 8, to: &bytes) }
     }
 
     private struct Reader {
@@ -319,6 +326,14 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
                 if fields.contains(.expiry) {
                     guard let expiry = integer(8) else { return nil }
                     spec.expiry = .at(Int64(bitPattern: expiry))
+                }
+                if fields.contains(.uniqueKey) {
+                    guard let uniqueKey = string() else { return nil }
+                    spec.uniqueKey = uniqueKey
+                }
+                if fields.contains(.uniqueFor) {
+                    guard let window = integer(8) else { return nil }
+                    spec.uniqueForMilliseconds = window
                 }
             }
             return Member(id: id, spec: spec, createdAt: Int64(bitPattern: createdAt))

@@ -9,12 +9,15 @@ public struct RecordChanges: Sendable {
     public var forgottenQueues: [String] = []
     /// Messages to other cells, in the order sent (Engine+Cells).
     public var messages: [CellMessage] = []
+    /// Unique keys of forgotten tasks, made and dropped (Engine+Unique).
+    public var uniqueKeys: [UniqueKeyTombstone] = []
+    public var droppedUniqueKeys: [UniqueKeyName] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
-            && forgottenQueues.isEmpty && messages.isEmpty
+            && forgottenQueues.isEmpty && messages.isEmpty && uniqueKeys.isEmpty && droppedUniqueKeys.isEmpty
     }
 }
 
@@ -104,6 +107,7 @@ public struct ChangeCollector {
         changes.evictedWorkflows = evictedWorkflows
         changes.forgottenQueues = forgottenQueues
         changes.messages = messages
+        (changes.uniqueKeys, changes.droppedUniqueKeys) = engine.takeUniqueKeyChanges()
         self = ChangeCollector()
         return changes
     }

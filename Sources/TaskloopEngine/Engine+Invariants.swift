@@ -46,6 +46,9 @@ extension Engine {
                 if record.blockingDependencies != waitingOn {
                     violations.append("\(name) is blocked by \(record.blockingDependencies), waits on \(waitingOn)")
                 }
+                if let key = record.uniqueKey, uniqueKeyHolder(queue: record.queue.name, key: key) != record.id {
+                    violations.append("\(name) does not hold its unique key \(key)")
+                }
             }
             if record.state != .running && record.lease != nil { violations.append("\(name) holds a lease") }
             if let expiresAt = record.expiresAt, expiresAt > scheduler.wallClock, record.startedAt == nil, !record.state.isTerminal,

@@ -17,7 +17,7 @@ extension Engine {
             },
             releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings,
             scheduledFor: record.scheduledFor, expiresAt: record.expiresAt, inputs: record.inputs,
-            resolvedParams: record.resolvedParams)
+            resolvedParams: record.resolvedParams, uniqueKey: record.uniqueKey, uniqueForMilliseconds: record.uniqueForMilliseconds)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -37,11 +37,12 @@ extension Engine {
     /// - a task that was `running` lost its attempt with the process: a cancellation under way
     ///   completes, anything else ends the attempt as `interrupted` under the retry policy;
     ///   unless a worker leased it: it keeps its lease (and token) until that expires;
-    /// - terminal tasks are retained by their finishing time, and those past retention go.
+    /// - terminal tasks are retained by their finishing time, and those past retention go;
+    /// - unique keys are held as before, by the records and `savedUniqueKeys` (Engine+Unique).
     /// What this changes reaches observers as one settled batch, like any call. Throws, having
     /// changed nothing, when a task's kind has no executor on this server.
     public func restore(queues savedQueues: [QueueSnapshot], workflows savedWorkflows: [WorkflowSnapshot],
-                        tasks savedTasks: [TaskSnapshot]) throws(EngineError) {
+                        tasks savedTasks: [TaskSnapshot], uniqueKeys savedUniqueKeys: [UniqueKeyTombstone] = []) throws(EngineError) {
         precondition(tasks.count == 0 && workflows.isEmpty, "restore needs a new engine")
         var executorsByTask: [TaskExecutor] = []
         executorsByTask.reserveCapacity(savedTasks.count)
@@ -81,6 +82,7 @@ extension Engine {
             // With cells, members other cells made sort by id among this cell's own.
             if cell != nil { restored.sort { $0.id < $1.id } }
             for record in restored { tasks.append(record) }
+            restoreUniqueKeys(savedUniqueKeys, records: restored)
             for saved in savedWorkflows { makeWorkflow(from: saved) }
             if cell != nil { restoreHostedMembers(ordered) }
             let unfinished = ordered.compactMap { saved in saved.state.isTerminal ? nil : tasks[saved.id] }
@@ -136,7 +138,8 @@ extension Engine {
         let spec = TaskSpec(kind: saved.kind, params: saved.params, name: saved.name, queue: saved.queue,
                             priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
                             timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata,
-                            runAt: saved.scheduledFor.map { .at($0) }, expiry: saved.expiresAt.map { .at($0) })
+                            runAt: saved.scheduledFor.map { .at($0) }, expiry: saved.expiresAt.map { .at($0) },
+                            uniqueKey: saved.uniqueKey, uniqueForMilliseconds: saved.uniqueForMilliseconds)
         let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
                                 queue: queue(named: saved.queue), dependencies: saved.dependencies, createdAt: saved.createdAt)
         copy(saved, into: record)

@@ -66,6 +66,7 @@ extension Engine {
 
     func evict(_ record: TaskRecord) {
         tasks.remove(record.id)
+        if record.uniqueKey != nil { forgetUniqueKey(of: record) }
         if cell != nil {
             dropRemoteReferences(of: record)
             forgetHostedMember(record)

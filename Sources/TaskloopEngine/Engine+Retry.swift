@@ -26,6 +26,7 @@ extension Engine {
         let retried = workflow.tasks.filter { $0.state == .failed || $0.state == .cancelled }
         guard !workflow.remoteMembers.isEmpty else { return try reopen(retried) }
         let dependents = cancelledDependents(of: retried.map(\.id))
+        try checkUniqueKeys(ofReopened: retried + dependents)
         try admit(retried.count + dependents.count)
         return settling {
             // First: a member there cancelled by one of these is retried as a member, as on one engine.
@@ -42,6 +43,7 @@ extension Engine {
     private func reopen(_ retried: [TaskRecord]) throws(EngineError) -> Int {
         guard !retried.isEmpty else { return 0 }
         let dependents = cancelledDependents(of: retried.map(\.id))
+        try checkUniqueKeys(ofReopened: retried + dependents)
         try admit(retried.count + dependents.count)
         settling { bringBack(retried, dependents: dependents) }
         return retried.count + dependents.count
@@ -98,6 +100,7 @@ extension Engine {
         record.blockingDependencies = 0
         record.releasedBy = []
         record.reopenings &+= 1
+        if record.uniqueKey != nil { claimUniqueKey(of: record) }
         if cell != nil {
             tellWatchers(of: record, .reopened)
             reportToHome(record)

@@ -23,6 +23,7 @@ extension Engine {
             }
         }
         try checkOutputReferences(in: spec.params, naming: spec.dependencies, at: "")
+        try checkUniqueKey(spec, at: "")
         try admit(1)
         let now = scheduler.wallClock
         let record = makeRecord(spec, executor: executor, dependencies: dependencies, createdAt: now)
@@ -74,12 +75,14 @@ extension Engine {
     }
 
     /// `outOfOrder`: a workflow member another cell made, whose id may sort below others here.
-    func register(_ record: TaskRecord, outOfOrder: Bool = false) {
+    /// `claimingUniqueKey`: false for such a member that duplicates another's key (it is cancelled).
+    func register(_ record: TaskRecord, outOfOrder: Bool = false, claimingUniqueKey: Bool = true) {
         if outOfOrder { tasks.insert(record) } else { tasks.append(record) }
         emit(.submitted(record))
         unfinishedCount += 1
         record.queue.count(.pending, 1)
         if record.scheduledFor != nil || record.expiresAt != nil { waitForTime(record) }
+        if claimingUniqueKey && record.uniqueKey != nil { claimUniqueKey(of: record) }
     }
 
     /// Checks a spec's own fields (not its dependencies) and finds its executor. `at` prefixes

@@ -19,6 +19,10 @@ extension Engine {
                               field: "tasks")
         }
         let checked = try check(batch, memberCells: memberCells)
+        try checkUniqueKeys(ofMembers: batch)
+        for (index, member) in batch.enumerated() where member.spec.uniqueKey != nil {
+            try checkUniqueKey(member.spec, at: "tasks[\(index)].", inThisCell: memberCells?[index] == nil)
+        }
         try admit(batch.count)
         let now = scheduler.wallClock
         let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: now), name: name, createdAt: now)

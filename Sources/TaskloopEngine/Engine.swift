@@ -37,6 +37,11 @@ public struct EngineConfiguration: Sendable {
     /// The most bytes a task's params may take once resolved: as a request body may, so that
     /// a client or worker can read the task back.
     public var maxResolvedParamsBytes = 1 << 20
+    /// The longest `unique_for_ms` a submission may ask for, and so how long a finished task
+    /// with a unique key is remembered after retention forgets it (Engine+Unique).
+    public var maxUniqueForMilliseconds: UInt64 = 86_400_000
+    /// Most such tombstones kept; past it the oldest go before their time.
+    public var maxForgottenUniqueKeys = 100_000
 
     public init() {}
 }
@@ -114,7 +119,7 @@ public enum CancelOutcome: Equatable, Sendable {
 ///
 /// This file holds the state, observers, dispatch and the one path of state changes; the rest
 /// is by concern: `Engine+Submission`, `+Workflows`, `+Reports`, `+Cancellation`, `+Queues`,
-/// `+Retention`, `+Queries`, `+Invariants`, and the field rules in `SubmissionValidator`.
+/// `+Retention`, `+Queries`, `+Invariants`, `+Unique`, and the field rules in `SubmissionValidator`.
 public final class Engine {
     public let configuration: EngineConfiguration
     public let scheduler: EngineScheduler
@@ -179,6 +184,8 @@ public final class Engine {
     var spentWorkflows: [TaskID] = []
     /// The remote dependencies of the list being checked, for its duplicate check.
     var claimedRemote: (stamp: UInt64, ids: [TaskID]) = (0, [])
+    /// Which task holds each unique key of each queue (Engine+Unique).
+    var uniqueKeys = UniqueKeyIndex()
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()

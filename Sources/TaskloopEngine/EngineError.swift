@@ -25,6 +25,9 @@ public struct EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case notRetryable = "not_retryable"
         /// Leasing from a queue whose tasks the server runs itself.
         case notLeasable = "queue_not_leasable"
+        /// An unfinished task of the queue, or one finished within the window, holds the
+        /// submission's `unique_key` (`existing` names it).
+        case duplicateTask = "duplicate_task"
     }
 
     public let code: Code
@@ -33,12 +36,15 @@ public struct EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     public var field: String?
     /// The workflow keys on a dependency cycle, in order.
     public var keys: [String] = []
+    /// The task that holds a duplicate's unique key.
+    public var existing: TaskID?
 
-    public init(_ code: Code, _ message: String, field: String? = nil, keys: [String] = []) {
+    public init(_ code: Code, _ message: String, field: String? = nil, keys: [String] = [], existing: TaskID? = nil) {
         self.code = code
         self.message = message
         self.field = field
         self.keys = keys
+        self.existing = existing
     }
 
     public var description: String { "\(code.rawValue): \(message)" }

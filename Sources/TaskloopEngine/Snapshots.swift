@@ -42,6 +42,8 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var inputs: [TaskInput]
     /// See `TaskRecord.resolvedParams`.
     public var resolvedParams: JSONValue?
+    public var uniqueKey: String?
+    public var uniqueForMilliseconds: UInt64?
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
@@ -50,7 +52,8 @@ public struct TaskSnapshot: Sendable, Equatable {
         cancelRequested: Bool, attempt: Int, startedAt: Int64?, finishedAt: Int64?, result: JSONValue?,
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
         releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0, scheduledFor: Int64? = nil,
-        expiresAt: Int64? = nil, inputs: [TaskInput] = [], resolvedParams: JSONValue? = nil
+        expiresAt: Int64? = nil, inputs: [TaskInput] = [], resolvedParams: JSONValue? = nil, uniqueKey: String? = nil,
+        uniqueForMilliseconds: UInt64? = nil
     ) {
         self.id = id
         self.sequence = sequence
@@ -83,6 +86,8 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.expiresAt = expiresAt
         self.inputs = inputs
         self.resolvedParams = resolvedParams
+        self.uniqueKey = uniqueKey
+        self.uniqueForMilliseconds = uniqueForMilliseconds
     }
 }
 

@@ -17,6 +17,9 @@ public enum SubmissionValidator {
     public static let maxQueueNameLength = 64
     public static let maxNameLength = 256
     public static let maxKeyLength = 128
+    public static let uniqueKeyLengths = 1...255
+    /// The upper bound is the server's (`EngineConfiguration.maxUniqueForMilliseconds`).
+    public static let minUniqueForMilliseconds: Int64 = 1
     public static let queueNameRule = "queue must be 1 to 64 letters, digits, '-', '_' or '.'."
 
     /// Checks `spec`'s own fields (not its kind, params or dependencies), naming the first
@@ -40,6 +43,24 @@ public enum SubmissionValidator {
         guard spec.retry.backoffFactor.isFinite, backoffFactors.contains(spec.retry.backoffFactor) else {
             throw EngineError(.invalid, "retry.backoff_factor must be from 1 to 10.", field: "\(prefix())retry.backoff_factor")
         }
+        if let key = spec.uniqueKey, !isValidUniqueKey(key) {
+            throw EngineError(.invalid, uniqueKeyRule, field: "\(prefix())unique_key")
+        }
+        if let window = spec.uniqueForMilliseconds {
+            guard spec.uniqueKey != nil else {
+                throw EngineError(.invalid, "unique_for_ms needs a unique_key.", field: "\(prefix())unique_for_ms")
+            }
+            guard Int64(clamping: window) >= minUniqueForMilliseconds else {
+                throw EngineError(.invalid, "unique_for_ms must be at least 1.", field: "\(prefix())unique_for_ms")
+            }
+        }
+    }
+
+    public static let uniqueKeyRule = "unique_key must be 1 to 255 characters."
+
+    /// 1 to 255 Unicode scalars, as JSON Schema counts them.
+    public static func isValidUniqueKey(_ key: String) -> Bool {
+        uniqueKeyLengths.contains(key.utf8.count) || uniqueKeyLengths.contains(key.unicodeScalars.count)
     }
 
     /// 1 to 64 ASCII letters, digits, '-', '_' or '.'.

@@ -21,6 +21,9 @@ public final class TaskRecord {
     /// An explicit retry raises `maxAttempts` to allow its new attempt.
     public internal(set) var retry: RetryPolicy
     public let metadata: JSONValue?
+    /// See `TaskSpec.uniqueKey`; the window is the submission's, kept to show it.
+    public let uniqueKey: String?
+    public let uniqueForMilliseconds: UInt64?
     public internal(set) var workflow: WorkflowRecord?
     /// Wall-clock milliseconds.
     public let createdAt: Int64
@@ -94,6 +97,8 @@ public final class TaskRecord {
         timeoutMilliseconds = spec.timeoutMilliseconds
         retry = spec.retry
         metadata = spec.metadata
+        uniqueKey = spec.uniqueKey
+        uniqueForMilliseconds = spec.uniqueForMilliseconds
         self.createdAt = createdAt
         scheduledFor = spec.runAt?.instant(submittedAt: createdAt)
         expiresAt = spec.expiry?.instant(submittedAt: createdAt)

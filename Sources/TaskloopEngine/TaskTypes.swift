@@ -139,12 +139,17 @@ public struct TaskSpec: Sendable, Equatable {
     public var runAt: TaskTime?
     /// `expires_at` or `ttl_ms`: a task that has not started by then ends `cancelled` (`expired`).
     public var expiry: TaskTime?
+    /// At most one unfinished task of a queue holds a key (Engine+Unique).
+    public var uniqueKey: String?
+    /// How long after a task with the key finished this submission is still refused; nil: only
+    /// while one is unfinished.
+    public var uniqueForMilliseconds: UInt64?
 
     public init(
         kind: String, params: JSONValue = [:], name: String? = nil, queue: String = "default", priority: Int = 0,
         dependencies: [DependencyReference] = [], onDependencyFailure: DependencyFailurePolicy = .cancel,
         timeoutMilliseconds: UInt64? = nil, retry: RetryPolicy = RetryPolicy(), metadata: JSONValue? = nil,
-        runAt: TaskTime? = nil, expiry: TaskTime? = nil
+        runAt: TaskTime? = nil, expiry: TaskTime? = nil, uniqueKey: String? = nil, uniqueForMilliseconds: UInt64? = nil
     ) {
         self.kind = kind
         self.params = params
@@ -158,5 +163,7 @@ public struct TaskSpec: Sendable, Equatable {
         self.metadata = metadata
         self.runAt = runAt
         self.expiry = expiry
+        self.uniqueKey = uniqueKey
+        self.uniqueForMilliseconds = uniqueForMilliseconds
     }
 }

@@ -86,6 +86,25 @@ import TaskloopJSON
 
     static func id(of key: String, in workflow: WorkflowRecord) -> TaskID { workflow.keys.first { $0.key == key }!.id }
 
+    /// The home cannot see another cell's unique keys: a member there whose key a task of its
+    /// queue holds is made (the workflow was answered) and cancelled at once as `duplicate_task`,
+    /// naming the holder, which keeps the key.
+    @Test func aMemberInAnotherCellWhoseKeyIsHeldThereIsCancelledAsADuplicate() throws {
+        let cells = try Cells()
+        let holder = try cells.engines[2]!.submit(TaskSpec(kind: "manual", queue: "b", uniqueKey: "k"))
+        let workflow = try cells.engines[1]!.submitWorkflow(name: "flow", tasks: [
+            (key: "first", spec: TaskSpec(kind: "manual", queue: "a", uniqueKey: "k")),
+            (key: "second", spec: TaskSpec(kind: "manual", queue: "b", dependencies: [.sibling(key: "first")], uniqueKey: "k")),
+        ])
+        cells.deliverAll()
+        let second = try #require(cells.task(Self.id(of: "second", in: workflow)))
+        #expect(second.state == .cancelled && second.error?.code == "duplicate_task")
+        #expect(second.error?.details["existing_id"] == .string(holder.id.description))
+        #expect(cells.engines[2]!.uniqueKeyHolder(queue: "b", key: "k") == holder.id)
+        #expect(cells.engines[1]!.uniqueKeyHolder(queue: "a", key: "k") == Self.id(of: "first", in: workflow))
+        #expect(cells.violations.isEmpty)
+    }
+
     @Test func aWorkflowAcrossThreeCellsIsMadeInEachWithIdsOfItsCell() throws {
         let cells = try Cells()
         let workflow = try cells.submitWorkflow([
@@ -351,6 +370,8 @@ import TaskloopJSON
                 CellMessage.Member(id: member, spec: spec, createdAt: 1_795_000_000_000),
                 CellMessage.Member(id: workflow, spec: TaskSpec(kind: "noop"), createdAt: -1),
                 CellMessage.Member(id: member, spec: TaskSpec(kind: "noop", runAt: .at(1_795_000_005_000), expiry: .at(-7)),
+                                   createdAt: 1_795_000_000_000),
+                CellMessage.Member(id: member, spec: TaskSpec(kind: "noop", uniqueKey: "nap-ü", uniqueForMilliseconds: 60_000),
                                    createdAt: 1_795_000_000_000),
             ]),
             CellMessage(.memberChanged, from: 2, to: 1, workflow: workflow, member: member, state: .scheduled),

@@ -9,6 +9,8 @@ public struct APIProblem: HTTPResponseError, Equatable {
     /// Validation failures, rendered as `errors: [{field, message}]`.
     public var fieldErrors: [FieldError]
     public var keys: [String]
+    /// The task that holds a duplicate's unique key (`existing_id`).
+    public var existingID: String?
 
     public struct FieldError: Sendable, Equatable {
         public var field: String
@@ -21,11 +23,12 @@ public struct APIProblem: HTTPResponseError, Equatable {
 
     public init(
         _ status: HTTPStatus, detail: String, type: String = "about:blank", code: String? = nil,
-        headers: HTTPHeaders = [:], fieldErrors: [FieldError] = [], keys: [String] = []
+        headers: HTTPHeaders = [:], fieldErrors: [FieldError] = [], keys: [String] = [], existingID: String? = nil
     ) {
         problem = HTTPProblem(status, detail: detail, type: type, code: code, headers: headers)
         self.fieldErrors = fieldErrors
         self.keys = keys
+        self.existingID = existingID
     }
 
     /// 400 `invalid_query`, naming each bad query parameter.
@@ -38,7 +41,7 @@ public struct APIProblem: HTTPResponseError, Equatable {
     public var code: String { problem.code }
 
     public func response() -> HTTPResponse {
-        guard !fieldErrors.isEmpty || !keys.isEmpty else { return problem.response() }
+        guard !fieldErrors.isEmpty || !keys.isEmpty || existingID != nil else { return problem.response() }
         var json = JSONWriter()
         json.beginObject()
         if !fieldErrors.isEmpty {
@@ -58,6 +61,7 @@ public struct APIProblem: HTTPResponseError, Equatable {
             for key in keys { json.string(key) }
             json.endArray()
         }
+        if let existingID { json.field("existing_id", existingID) }
         json.endObject()
         // The members without the object's braces.
         return problem.response(extraMembers: Array(json.bytes.dropFirst().dropLast()))

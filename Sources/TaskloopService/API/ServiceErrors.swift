@@ -17,6 +17,10 @@ extension EngineError: HTTPResponseError {
             return APIProblem(.notFound, detail: message, code: code.rawValue, keys: keys)
         case .alreadyTerminal, .notRunning, .leaseLost, .notLeasable, .notRetryable:
             return APIProblem(.conflict, detail: message, code: code.rawValue, keys: keys)
+        case .duplicateTask:
+            return APIProblem(.conflict, detail: message, code: code.rawValue,
+                              fieldErrors: field.map { [APIProblem.FieldError(field: $0, message: message)] } ?? [],
+                              existingID: existing?.description)
         }
     }
 }
