@@ -6,7 +6,7 @@ import TaskloopStore
 /// transaction's start): leases are compared on one clock, the database's.
 public enum ClusterSchema {
     /// Bumped when replicas must not own cells together with older ones. 2: task records and
-    /// cell messages may hold the `scheduled` state and run and expiry times.
+    /// cell messages may hold the `scheduled` state, run and expiry times, and unique keys.
     public static let protocolVersion = 2
 
     /// Serialises the creation of the tables ("TLCELLS" would read better in a lock listing;
@@ -68,7 +68,7 @@ public enum ClusterSchema {
     /// The layout of the cluster's tables, kept in `taskloop.cluster.schema`. Each migration
     /// runs once, in order, in one transaction with the version's update; a replica refuses a
     /// cluster whose tables are newer than it knows.
-    public static let schemaVersion = 3
+    public static let schemaVersion = 4
 
     struct Migration {
         let version: Int
@@ -127,6 +127,8 @@ public enum ClusterSchema {
         Migration(version: 3, statements: [
             PGQuery("ALTER TABLE taskloop.members ADD COLUMN IF NOT EXISTS follows_events boolean NOT NULL DEFAULT false"),
         ]),
+        // The unique keys of tasks retention forgot (`CellSchema.uniqueKeysSetUp`).
+        Migration(version: 4, statements: CellSchema.uniqueKeysSetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.

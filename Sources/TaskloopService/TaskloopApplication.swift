@@ -332,7 +332,8 @@ public final class TaskloopApplication {
         engine.addObserver { events in durable.record(events) }
         var loaded = store.takeLoaded()
         do {
-            try engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks)
+            try engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks,
+                               uniqueKeys: loaded.uniqueKeys)
         } catch {
             durable.close()
             throw error

@@ -54,6 +54,16 @@ public enum CellSchema {
             """),
     ]
 
+    /// A cell's tombstones of unique keys (the engine's, Engine+Unique), one per queue and key;
+    /// a queue is in one cell, so a key is too.
+    public static let uniqueKeysSetUp = [
+        PGQuery("""
+            CREATE TABLE IF NOT EXISTS taskloop.cell_unique_keys (queue text NOT NULL, key text NOT NULL, cell int NOT NULL,
+                id text NOT NULL, finished_at bigint NOT NULL, PRIMARY KEY (queue, key))
+            """),
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_unique_keys_cell ON taskloop.cell_unique_keys (cell)"),
+    ]
+
     static let insertTasks = PGRowsStatement(
         name: "cell_insert_tasks",
         head: "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, kind, name_folded, dependencies, workflow, "
@@ -74,6 +84,11 @@ public enum CellSchema {
     static let deleteQueue = PGStatement("cell_delete_queue", "DELETE FROM taskloop.cell_queues WHERE name = $1")
     static let upsertKey = PGStatement("cell_keep_key", "SELECT taskloop.keep_idempotency_key($1, $2, $3, $4, $5, $6)")
     static let deleteKey = PGStatement("cell_delete_key", "DELETE FROM taskloop.cell_idempotency_keys WHERE key = $1")
+    static let upsertUniqueKey = PGStatement("cell_keep_unique_key", """
+        INSERT INTO taskloop.cell_unique_keys (queue, key, cell, id, finished_at) VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (queue, key) DO UPDATE SET cell = excluded.cell, id = excluded.id, finished_at = excluded.finished_at
+        """)
+    static let deleteUniqueKey = PGStatement("cell_drop_unique_key", "DELETE FROM taskloop.cell_unique_keys WHERE queue = $1 AND key = $2")
 
     /// The statements that write `batch`, a settled batch of `cell`'s engine. Webhooks and
     /// their deliveries are not a cell's (the batch must carry none).
@@ -119,6 +134,11 @@ public enum CellSchema {
                                                    .text(key.resource), .int(key.expiresAt)]))
             }
             for key in batch.expiredIdempotencyKeys { queries.append(PGQuery(deleteKey, [.text(key)])) }
+            for tombstone in batch.uniqueKeys {
+                queries.append(PGQuery(upsertUniqueKey, [.text(tombstone.queue), .text(tombstone.key), cellValue,
+                                                         .text(tombstone.id.description), .int(tombstone.finishedAt)]))
+            }
+            for name in batch.droppedUniqueKeys { queries.append(PGQuery(deleteUniqueKey, [.text(name.queue), .text(name.key)])) }
         }
         return queries
     }
@@ -134,6 +154,7 @@ public enum CellSchema {
                     binaryResults: true),
             PGQuery("SELECT key, request_hash, status, resource, expires_at FROM taskloop.cell_idempotency_keys WHERE cell = $1",
                     cellValue, binaryResults: true),
+            PGQuery("SELECT queue, key, id, finished_at FROM taskloop.cell_unique_keys WHERE cell = $1", cellValue),
             PGQuery("COMMIT"),
         ]
     }
@@ -168,6 +189,7 @@ public enum CellSchema {
         state.workflows = try PostgresRows.workflows(results[2])
         state.queues = PostgresRows.queues(results[3])
         state.idempotencyKeys = PostgresRows.keys(results[4])
+        state.uniqueKeys = try PostgresRows.uniqueKeys(results[5])
         return state
     }
 

@@ -38,4 +38,12 @@ enum PostgresRows {
                               resource: rows.text(row, 3) ?? "", expiresAt: rows.int(row, 4) ?? 0)
         }
     }
+
+    static func uniqueKeys(_ rows: PGResult) throws -> [UniqueKeyTombstone] {
+        try (0..<rows.rowCount).map { row in
+            guard let id = rows.text(row, 2).flatMap({ TaskID($0) }) else { throw RecordDecodingError(table: "unique_keys", reason: "a bad id") }
+            return UniqueKeyTombstone(queue: rows.text(row, 0) ?? "", key: rows.text(row, 1) ?? "", id: id,
+                                      finishedAt: rows.int(row, 3) ?? 0)
+        }
+    }
 }

@@ -54,7 +54,9 @@ enum RecordCodec {
         /// What the task's output references took from its dependencies (Engine+Outputs).
         static let inputs = TaskFields(rawValue: 1 << 22)
         static let resolvedParams = TaskFields(rawValue: 1 << 23)
-        static let known = TaskFields(rawValue: (1 << 24) - 1)
+        static let uniqueKey = TaskFields(rawValue: 1 << 24)
+        static let uniqueFor = TaskFields(rawValue: 1 << 25)
+        static let known = TaskFields(rawValue: (1 << 26) - 1)
     }
 
     /// The task without its sequence number, which is the row's key.
@@ -83,6 +85,8 @@ enum RecordCodec {
         if task.expiresAt != nil { fields.insert(.expiresAt) }
         if !task.inputs.isEmpty { fields.insert(.inputs) }
         if task.resolvedParams != nil { fields.insert(.resolvedParams) }
+        if task.uniqueKey != nil { fields.insert(.uniqueKey) }
+        if task.uniqueForMilliseconds != nil { fields.insert(.uniqueFor) }
 
         output.byte(taskFormat)
         output.unsigned(fields.rawValue)
@@ -144,6 +148,8 @@ enum RecordCodec {
             }
         }
         if let resolvedParams = task.resolvedParams { output.json(resolvedParams) }
+        if let uniqueKey = task.uniqueKey { output.string(uniqueKey) }
+        if let uniqueFor = task.uniqueForMilliseconds { output.unsigned(uniqueFor) }
     }
 
     static func decodeTask(_ bytes: UnsafeRawBufferPointer, sequence: UInt64) throws(RecordDecodingError) -> TaskSnapshot {
@@ -220,6 +226,8 @@ enum RecordCodec {
             }
         }
         let resolvedParams = try input.json(if: fields.contains(.resolvedParams))
+        let uniqueKey = fields.contains(.uniqueKey) ? try input.string() : nil
+        let uniqueFor = fields.contains(.uniqueFor) ? try input.unsigned() : nil
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
         return TaskSnapshot(
             id: id, sequence: sequence, kind: kind, params: params, name: name, queue: queue, priority: priority,
@@ -228,7 +236,8 @@ enum RecordCodec {
             cancelRequested: fields.contains(.cancelRequested), attempt: attempt, startedAt: startedAt,
             finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease,
             releasedBy: releasedBy, watchers: watchers, reopenings: reopenings, scheduledFor: scheduledFor,
-            expiresAt: expiresAt, inputs: inputs, resolvedParams: resolvedParams)
+            expiresAt: expiresAt, inputs: inputs, resolvedParams: resolvedParams, uniqueKey: uniqueKey,
+            uniqueForMilliseconds: uniqueFor)
     }
 
     /// Which optional fields a workflow record holds.

@@ -167,6 +167,17 @@ public final class SQLiteTaskStore: TaskStore {
             let delete = try database.statement("DELETE FROM idempotency_keys WHERE key = ?")
             for key in batch.expiredIdempotencyKeys { try delete.bind(1, key).run() }
         }
+        if !batch.uniqueKeys.isEmpty {
+            let upsert = try database.statement("INSERT OR REPLACE INTO unique_keys (queue, key, id, finished_at) VALUES (?, ?, ?, ?)")
+            for tombstone in batch.uniqueKeys {
+                try upsert.bind(1, tombstone.queue).bind(2, tombstone.key).bind(3, tombstone.id.description)
+                    .bind(4, tombstone.finishedAt).run()
+            }
+        }
+        if !batch.droppedUniqueKeys.isEmpty {
+            let delete = try database.statement("DELETE FROM unique_keys WHERE queue = ? AND key = ?")
+            for name in batch.droppedUniqueKeys { try delete.bind(1, name.queue).bind(2, name.key).run() }
+        }
         if batch.hasWebhookChanges { try applyWebhookChanges(batch, to: database) }
         if let sequence = batch.eventSequence {
             try database.statement("""
@@ -288,6 +299,15 @@ public final class SQLiteTaskStore: TaskStore {
                 resource: keys.string(3) ?? "", expiresAt: keys.int64(4)))
         }
         keys.reset()
+        let uniqueKeys = try database.statement("SELECT queue, key, id, finished_at FROM unique_keys")
+        while try uniqueKeys.step() {
+            guard let id = TaskID(uniqueKeys.string(2) ?? "") else {
+                throw RecordDecodingError(table: "unique_keys", reason: "an id is not a task id")
+            }
+            state.uniqueKeys.append(UniqueKeyTombstone(queue: uniqueKeys.string(0) ?? "", key: uniqueKeys.string(1) ?? "", id: id,
+                                                       finishedAt: uniqueKeys.int64(3)))
+        }
+        uniqueKeys.reset()
         try loadWebhooks(database, into: &state)
         state.eventSequence = UInt64(bitPattern: try database.integer("SELECT value FROM meta WHERE name = 'event_seq'") ?? 0)
         // In key order, which is submission order, as `Engine.restore` wants them.

@@ -69,6 +69,8 @@ public struct StoreBatchBuilder {
         batch.queues = shared.queues
         batch.forgottenQueues = shared.forgottenQueues
         batch.messages = shared.messages
+        batch.uniqueKeys = shared.uniqueKeys
+        batch.droppedUniqueKeys = shared.droppedUniqueKeys
         batch.idempotencyKeys = idempotencyKeys
         batch.expiredIdempotencyKeys = expiredIdempotencyKeys
         batch.webhooks = Array(webhooks.values)

@@ -96,6 +96,17 @@ public enum StoreSchema {
         { database in
             try database.execute("ALTER TABLE webhook_deliveries ADD COLUMN earlier_attempts BLOB")
         },
+        // 6: the unique keys of finished tasks retention forgot while a submission's window may
+        // still reach them (the engine's tombstones), one per queue and key.
+        { database in try database.execute("""
+        CREATE TABLE unique_keys (
+            queue TEXT NOT NULL,
+            key TEXT NOT NULL,
+            id TEXT NOT NULL,
+            finished_at INTEGER NOT NULL,
+            PRIMARY KEY (queue, key)
+        ) WITHOUT ROWID;
+        """) },
     ]
 
     /// The version this server writes.

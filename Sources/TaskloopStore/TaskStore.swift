@@ -45,13 +45,16 @@ public struct StoreBatch: Sendable {
     public var messages: [CellMessage] = []
     /// The event stream's last number when the batch was made: numbers go on after a restart.
     public var eventSequence: UInt64?
+    /// Unique keys of forgotten tasks, made and dropped (the engine's `takeUniqueKeyChanges`).
+    public var uniqueKeys: [UniqueKeyTombstone] = []
+    public var droppedUniqueKeys: [UniqueKeyName] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
             && forgottenQueues.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty && !hasWebhookChanges
-            && messages.isEmpty
+            && messages.isEmpty && uniqueKeys.isEmpty && droppedUniqueKeys.isEmpty
     }
 
     public var hasWebhookChanges: Bool {
@@ -66,6 +69,15 @@ public struct StoreBatch: Sendable {
         changes.deletedWebhooks = deletedWebhooks
         changes.deliveries = deliveries
         changes.deletedDeliveries = deletedDeliveries
+        return changes
+    }
+
+    /// Only the unique keys' changes, carried into the next batch like `webhookChanges` (the
+    /// engine hands each out once).
+    public var uniqueKeyChanges: StoreBatch {
+        var changes = StoreBatch()
+        changes.uniqueKeys = uniqueKeys
+        changes.droppedUniqueKeys = droppedUniqueKeys
         return changes
     }
 
@@ -86,6 +98,8 @@ public struct StoreBatch: Sendable {
         (result.deliveries, result.deletedDeliveries) = Self.merge(
             (deliveries.filter { !deletedLater.contains($0.webhook) }, deletedDeliveries),
             (later.deliveries, later.deletedDeliveries), key: \.id)
+        (result.uniqueKeys, result.droppedUniqueKeys) = Self.merge(
+            (uniqueKeys, droppedUniqueKeys), (later.uniqueKeys, later.droppedUniqueKeys), key: \.name)
         result.eventSequence = [eventSequence, later.eventSequence].compactMap { $0 }.max()
         return result
     }
@@ -113,6 +127,7 @@ public struct StoredState: Sendable {
     public var deliveries: [DeliveryRecord] = []
     /// The event stream's last number before the restart (0 for a new database).
     public var eventSequence: UInt64 = 0
+    public var uniqueKeys: [UniqueKeyTombstone] = []
 
     public init() {}
 }

@@ -15,7 +15,8 @@ import TaskloopJSON
         state: .failed, cancelRequested: true, attempt: 5, startedAt: 1_795_000_000_001, finishedAt: 1_795_000_000_002,
         result: .null, error: TaskError(code: "http_status", message: "502", details: ["status": 502]),
         progress: TaskProgress(fraction: 0.25, message: "a quarter", details: .null, updatedAt: 1_795_000_000_003),
-        notBefore: -1, releasedBy: [TaskID(high: 3, low: 4)], watchers: [3, 65_535], reopenings: 2)
+        notBefore: -1, releasedBy: [TaskID(high: 3, low: 4)], watchers: [3, 65_535], reopenings: 2, uniqueKey: "invoice ✓",
+        uniqueForMilliseconds: 86_400_000)
 
     static func encoded(_ task: TaskSnapshot) -> [UInt8] {
         var output = RecordWriter()
@@ -93,7 +94,7 @@ import TaskloopJSON
         #expect(throws: RecordDecodingError.self) { try Self.decoded([RecordCodec.taskFormat, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]) }
         // An attempt count beyond Int.max: refused, not trapped on.
         var huge = bytes
-        let attempt = 1 + 3 + 16 + 5 + 1  // format, fields, id, kind, state
+        let attempt = 1 + 4 + 16 + 5 + 1  // format, fields (22 bits: four bytes), id, kind, state
         #expect(huge[attempt] == 5)
         huge.replaceSubrange(attempt...attempt, with: [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01])
         #expect(throws: RecordDecodingError.self) { try Self.decoded(huge) }

@@ -46,7 +46,8 @@ import TaskloopTestSupport
             store = nil
             let next = try Durable(path: path, wallClock: clock.wallClock + later, configure: configure)
             let loaded = next.store!.takeLoaded()
-            try next.engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks)
+            try next.engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks,
+                                    uniqueKeys: loaded.uniqueKeys)
             try next.flush()
             return next
         }
@@ -62,9 +63,9 @@ import TaskloopTestSupport
             }
         }
 
-        func rows() throws -> Int64? {
+        func rows(of table: String = "tasks") throws -> Int64? {
             let reader = try SQLiteDatabase(path: path + "/taskloop.db", mode: .readOnly)
-            return try reader.integer("SELECT count(*) FROM tasks")
+            return try reader.integer("SELECT count(*) FROM \(table)")
         }
 
         deinit {
@@ -156,6 +157,24 @@ import TaskloopTestSupport
         #expect(try durable.rows() == 10)
         let restarted = try durable.restart { $0.maxRetainedTasks = 10 }
         #expect(restarted.everything().map(\.name) == (90..<100).map { "t\($0)" })
+    }
+
+    /// The unique key of a task retention forgot is written with the eviction, deleted when
+    /// another task claims the key, and read back after a restart.
+    @Test func uniqueKeysOfForgottenTasksSurviveARestart() throws {
+        let durable = try Durable { $0.retentionMilliseconds = 10 }
+        defer { try? FileManager.default.removeItem(atPath: durable.path) }
+        let gone = try durable.engine.submit(TaskSpec(kind: "noop", uniqueKey: "a"))
+        try durable.engine.submit(TaskSpec(kind: "noop", uniqueKey: "b"))
+        durable.clock.advance(by: 20)
+        try durable.flush()
+        #expect(try durable.rows() == 0 && durable.rows(of: "unique_keys") == 2)
+        let holder = try durable.engine.submit(TaskSpec(kind: "external", uniqueKey: "b"))
+        try durable.flush()
+        #expect(try durable.rows(of: "unique_keys") == 1)
+        let restarted = try durable.restart { $0.retentionMilliseconds = 10 }
+        #expect(restarted.engine.uniqueKeyHolder(queue: "default", key: "a") == gone.id)
+        #expect(restarted.engine.uniqueKeyHolder(queue: "default", key: "b") == holder.id)
     }
 
     /// Webhooks and deliveries come back as written; deleting a webhook takes its deliveries.
@@ -263,14 +282,19 @@ import TaskloopTestSupport
         earlier.queues = [QueueSnapshot(name: "a", maxConcurrency: 1, paused: false), QueueSnapshot(name: "b", maxConcurrency: 1, paused: false)]
         earlier.forgottenQueues = ["c"]
         earlier.idempotencyKeys = [IdempotencyRecord(key: "k", requestHash: [1], status: 201, resource: "/tasks/x", expiresAt: 1)]
+        let tombstone = UniqueKeyTombstone(queue: "q", key: "u", id: TaskID(high: 1, low: 1), finishedAt: 1)
+        earlier.uniqueKeys = [tombstone]
+        earlier.droppedUniqueKeys = [UniqueKeyName(queue: "q", key: "v")]
         var later = StoreBatch()
         later.queues = [QueueSnapshot(name: "b", maxConcurrency: 9, paused: true)]
         later.forgottenQueues = ["a"]
         later.expiredIdempotencyKeys = ["k"]
+        later.droppedUniqueKeys = [tombstone.name]
         let merged = earlier.merged(with: later)
         #expect(merged.queues == [QueueSnapshot(name: "b", maxConcurrency: 9, paused: true)])
         #expect(merged.forgottenQueues == ["c", "a"])
         #expect(merged.idempotencyKeys.isEmpty && merged.expiredIdempotencyKeys == ["k"])
+        #expect(merged.uniqueKeys.isEmpty && merged.droppedUniqueKeys == [UniqueKeyName(queue: "q", key: "v"), tombstone.name])
         #expect(StoreBatch().merged(with: StoreBatch()).isEmpty)
     }
 

@@ -135,7 +135,7 @@ final class DurableState: Journal {
 
     private var hasUnwritten: Bool {
         !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty || !unwrittenKeys.isEmpty
-            || unwrittenWebhookChanges.hasWebhookChanges
+            || unwrittenWebhookChanges.hasWebhookChanges || !unwrittenWebhookChanges.uniqueKeyChanges.isEmpty
     }
 
     /// Runs `action(true)` once every change made so far is committed: at once when nothing is
@@ -180,6 +180,7 @@ final class DurableState: Journal {
                 unwrittenKeys.formUnion(batch.idempotencyKeys.lazy.map(\.key))
                 unwrittenKeys.formUnion(batch.expiredIdempotencyKeys)
                 unwrittenWebhookChanges = unwrittenWebhookChanges.merged(with: batch.webhookChanges)
+                    .merged(with: batch.uniqueKeyChanges)
                 failed(error)
             } else if isFailing && !hasUnwritten {
                 isFailing = false
