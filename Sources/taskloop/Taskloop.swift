@@ -130,6 +130,12 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Most finished tasks kept; the oldest are forgotten first. [env: TASKLOOP_MAX_RETAINED_TASKS]")
     var maxRetainedTasks: Int = Environment.int("MAX_RETAINED_TASKS") ?? 100_000
 
+    @Option(help: "Longest unique_for_ms a task may carry, in milliseconds, 1...31536000000; a finished task's unique_key is remembered this long. [env: TASKLOOP_MAX_UNIQUE_FOR_MS]")
+    var maxUniqueForMs: Int = Environment.int("MAX_UNIQUE_FOR_MS") ?? 86_400_000
+
+    @Option(help: "Most unique keys of forgotten tasks remembered, 0...100000000; past it the oldest go before their time. [env: TASKLOOP_MAX_FORGOTTEN_UNIQUE_KEYS]")
+    var maxForgottenUniqueKeys: Int = Environment.int("MAX_FORGOTTEN_UNIQUE_KEYS") ?? 100_000
+
     @Option(help: "full (answer after fsync), normal (after the write-ahead log) or memory (nothing on disk). [env: TASKLOOP_DURABILITY]")
     var durability: String = Environment.string("DURABILITY") ?? "full"
 
@@ -223,6 +229,12 @@ struct Taskloop: ParsableCommand {
         guard maxScheduleAheadMs >= 1 else { throw ValidationError("--max-schedule-ahead-ms must be at least 1") }
         guard maxQueues >= 1 else { throw ValidationError("--max-queues must be at least 1") }
         guard maxRetainedTasks >= 0 else { throw ValidationError("--max-retained-tasks must not be negative") }
+        guard (1...31_536_000_000).contains(maxUniqueForMs) else {
+            throw ValidationError("--max-unique-for-ms must be 1...31536000000")
+        }
+        guard (0...100_000_000).contains(maxForgottenUniqueKeys) else {
+            throw ValidationError("--max-forgotten-unique-keys must be 0...100000000")
+        }
         guard retentionSeconds >= 0 && retentionSeconds <= 31_536_000 else {
             throw ValidationError("--retention-seconds must be a non-negative number")
         }
@@ -352,6 +364,8 @@ struct Taskloop: ParsableCommand {
         configuration.engine.maxQueues = maxQueues
         configuration.engine.maxRetainedTasks = maxRetainedTasks
         configuration.engine.retentionMilliseconds = UInt64(retentionSeconds * 1000)
+        configuration.engine.maxUniqueForMilliseconds = UInt64(maxUniqueForMs)
+        configuration.engine.maxForgottenUniqueKeys = maxForgottenUniqueKeys
         configuration.engine.cancelGraceMilliseconds = configuration.shutdownGraceMilliseconds
         configuration.durability = Durability(rawValue: durability)!
         configuration.dataDirectory = dataDir

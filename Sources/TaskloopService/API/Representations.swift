@@ -94,6 +94,9 @@ enum Representation {
         } else {
             json.null()
         }
+        json.field("unique_key", task.uniqueKey)
+        json.key(static: "unique_for_ms")
+        if let window = task.uniqueForMilliseconds { json.int(Int64(clamping: window)) } else { json.null() }
         json.endObject()
     }
 
@@ -248,7 +251,8 @@ enum Representation {
                 createdAt: workflow.createdAt, state: scheduledFor.map { $0 > workflow.createdAt } == true ? .scheduled : .pending,
                 cancelRequested: false, attempt: 1, startedAt: nil, finishedAt: nil, result: nil, error: nil,
                 progress: TaskProgress(), notBefore: nil, scheduledFor: scheduledFor,
-                expiresAt: spec.expiry?.instant(submittedAt: workflow.createdAt))
+                expiresAt: spec.expiry?.instant(submittedAt: workflow.createdAt), uniqueKey: spec.uniqueKey,
+                uniqueForMilliseconds: spec.uniqueForMilliseconds)
         }
         return write(workflow: workflow.id, name: workflow.name, state: workflow.state, fraction: workflow.fraction,
                      createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys)
@@ -537,6 +541,8 @@ protocol RepresentedTask {
     var expiresAt: Int64? { get }
     var metadata: JSONValue? { get }
     var workflowID: TaskID? { get }
+    var uniqueKey: String? { get }
+    var uniqueForMilliseconds: UInt64? { get }
     /// What changes over its life, as it is now.
     var moment: TaskMoment { get }
 }

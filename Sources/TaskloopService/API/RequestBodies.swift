@@ -181,7 +181,7 @@ struct BodyReader {
 
     static let taskFields: [String] = [
         "kind", "params", "name", "queue", "priority", "dependencies", "on_dependency_failure", "timeout_ms", "retry",
-        "metadata", "run_at", "delay_ms", "expires_at", "ttl_ms",
+        "metadata", "run_at", "delay_ms", "expires_at", "ttl_ms", "unique_key", "unique_for_ms",
     ]
 
     /// A task submission. Inside a workflow (`siblingKeys` non-nil), dependencies may name
@@ -257,6 +257,14 @@ struct BodyReader {
         }
         spec.runAt = taskTime(object, at: "run_at", after: "delay_ms", in: Rules.delayMilliseconds, prefix: prefix)
         spec.expiry = taskTime(object, at: "expires_at", after: "ttl_ms", in: Rules.ttlMilliseconds, prefix: prefix)
+        if case .some(let key) = string(object, "unique_key", prefix: prefix, maxLength: Rules.uniqueKeyLengths.upperBound,
+                                        nullable: true) {
+            if let key, !Rules.isValidUniqueKey(key) { fail(prefix + "unique_key", Rules.uniqueKeyRule) } else { spec.uniqueKey = key }
+        }
+        if case .some(let window?) = integer(object, "unique_for_ms", prefix: prefix, in: Rules.minUniqueForMilliseconds...Int64.max,
+                                             nullable: true) {
+            spec.uniqueForMilliseconds = UInt64(window)
+        }
         return errors.count == errorsBefore ? spec : nil
     }
 

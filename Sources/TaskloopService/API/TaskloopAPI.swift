@@ -104,7 +104,7 @@ extension TaskloopApplication {
                 reply.send(HTTPResponse(status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
                                         body: renderMetrics()))
             },
-            Route(.POST, "/tasks", [201, 404, 415, 422, 429], placement: .submittedTask) { [unowned self] request, reply in try submitTask(request, reply) },
+            Route(.POST, "/tasks", [201, 404, 409, 415, 422, 429], placement: .submittedTask) { [unowned self] request, reply in try submitTask(request, reply) },
             Route(.GET, "/tasks", [200], placement: .everyCell) { [unowned self] request, reply in try listTasks(request, reply) },
             Route(.GET, "/events", [200, 400], placement: .everyCell) { [unowned self] request, reply in try streamEvents(request, reply) },
             Route(.GET, "/tasks/{id}/events", [200, 404], placement: .task) { [unowned self] request, reply in
@@ -137,7 +137,7 @@ extension TaskloopApplication {
             Route(.POST, "/tasks/{id}/release", [200, 404, 409, 415, 422], forWorkers: true, placement: .task) { [unowned self] request, reply in
                 try release(request, reply)
             },
-            Route(.POST, "/workflows", [201, 404, 415, 422, 429], placement: .submittedWorkflow) { [unowned self] request, reply in try submitWorkflow(request, reply) },
+            Route(.POST, "/workflows", [201, 404, 409, 415, 422, 429], placement: .submittedWorkflow) { [unowned self] request, reply in try submitWorkflow(request, reply) },
             Route(.GET, "/workflows/{id}", [200, 404], placement: .workflow) { [unowned self] request, reply in
                 reply.send(.json(.ok, Representation.workflow(try existingWorkflow(request, reply.engine)),
                                  headers: ["Event-Seq": String(eventLog.lastAssigned)]))
@@ -147,7 +147,7 @@ extension TaskloopApplication {
                 try reply.engine.cancelWorkflow(workflow.id)
                 reply.send(.json(.ok, Representation.workflow(workflow)))
             },
-            Route(.POST, "/workflows/{id}/retry", [200, 404, 429], placement: .workflow) { [unowned self] request, reply in
+            Route(.POST, "/workflows/{id}/retry", [200, 404, 409, 429], placement: .workflow) { [unowned self] request, reply in
                 try refuseWhileDraining()
                 let workflow = try existingWorkflow(request, reply.engine)
                 let count = try reply.engine.retryWorkflow(workflow.id)
