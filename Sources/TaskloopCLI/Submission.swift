@@ -48,7 +48,8 @@ public struct Submission: Sendable {
     /// A task from flags. `params` must be JSON; everything else the server checks, so its
     /// messages are the ones users see.
     public static func task(kind: String, params: String?, queue: String?, priority: Int?, name: String?,
-                            times: Times = Times()) throws(UsageError) -> Submission {
+                            times: Times = Times(), uniqueKey: String? = nil, uniqueFor: String? = nil) throws(UsageError)
+        -> Submission {
         var object: JSONObject = ["kind": .string(kind)]
         if let params {
             do {
@@ -61,6 +62,13 @@ public struct Submission: Sendable {
         if let priority { object["priority"] = .int(Int64(priority)) }
         if let name { object["name"] = .string(name) }
         try times.write(into: &object)
+        if let uniqueKey { object["unique_key"] = .string(uniqueKey) }
+        if let uniqueFor {
+            guard let milliseconds = Timestamp.spanMilliseconds(uniqueFor) else {
+                throw UsageError("--unique-for must be a span such as 90s, 1h30m or 250ms, not \(uniqueFor)")
+            }
+            object["unique_for_ms"] = .int(milliseconds)
+        }
         return Submission(body: JSONValue.object(object).encoded, isWorkflow: false)
     }
 

@@ -144,6 +144,13 @@ struct Submit: ClientCommandLine {
     @Option(help: ArgumentHelp("Cancel it (expired) if it has not started this long after submission, e.g. 10m.", valueName: "span"))
     var ttl: String?
 
+    @Option(help: "Refused (409 duplicate_task) while an unfinished task of the queue carries this key.")
+    var uniqueKey: String?
+
+    @Option(help: ArgumentHelp("With --unique-key: refused too while a task with the key finished less than this long ago, e.g. 1h.",
+                               valueName: "span"))
+    var uniqueFor: String?
+
     @Option(name: [.customShort("f"), .long], help: ArgumentHelp(
         "A JSON file holding a task, or a workflow ({\"name\", \"tasks\": [...]}); - reads standard input.", valueName: "file"))
     var file: String?
@@ -160,8 +167,8 @@ struct Submit: ClientCommandLine {
     func validate() throws {
         guard (kind == nil) != (file == nil) else { throw ValidationError("give either --kind or -f FILE") }
         if file != nil, params != nil || queue != nil || priority != nil || name != nil || at != nil || delay != nil
-            || expiresAt != nil || ttl != nil {
-            throw ValidationError("--params, --queue, --priority, --name and the times go with --kind; a file says them itself")
+            || expiresAt != nil || ttl != nil || uniqueKey != nil || uniqueFor != nil {
+            throw ValidationError("--params, --queue, --priority, --name, the times and the unique key go with --kind; a file says them itself")
         }
         guard at == nil || delay == nil else { throw ValidationError("give --at or --delay, not both") }
         guard expiresAt == nil || ttl == nil else { throw ValidationError("give --expires-at or --ttl, not both") }
@@ -173,7 +180,8 @@ struct Submit: ClientCommandLine {
             try Submission.file(file)
         } else {
             try Submission.task(kind: kind!, params: params, queue: queue, priority: priority, name: name,
-                                times: Submission.Times(at: at, delay: delay, expiresAt: expiresAt, ttl: ttl))
+                                times: Submission.Times(at: at, delay: delay, expiresAt: expiresAt, ttl: ttl), uniqueKey: uniqueKey,
+                                uniqueFor: uniqueFor)
         }
         return .submit(submission, idempotencyKey: idempotencyKey, then: wait ? .wait : watch ? .watch : .printID)
     }

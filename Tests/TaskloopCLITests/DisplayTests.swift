@@ -148,6 +148,12 @@ import TaskloopJSON
         let task = try Submission.task(kind: "sleep", params: #"{"duration_ms": 10}"#, queue: "q", priority: -2, name: "nap")
         #expect(String(decoding: task.body, as: UTF8.self) == #"{"kind":"sleep","params":{"duration_ms":10},"queue":"q","priority":-2,"name":"nap"}"#)
         #expect(!task.isWorkflow)
+        let unique = try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, uniqueKey: "k",
+                                         uniqueFor: "1m")
+        #expect(String(decoding: unique.body, as: UTF8.self) == #"{"kind":"noop","unique_key":"k","unique_for_ms":60000}"#)
+        #expect(throws: UsageError.self) {
+            try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, uniqueKey: "k", uniqueFor: "soon")
+        }
         #expect(throws: UsageError.self) { try Submission.task(kind: "sleep", params: "{duration: 1}", queue: nil, priority: nil, name: nil) }
         let timed = try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, times: Submission.Times(
             at: "2026-11-28T02:00:00+01:00", ttl: "1h30m"))
