@@ -4,9 +4,10 @@ import TaskloopJSON
 import TaskloopTestSupport
 @testable import TaskloopEngine
 
-/// Random DAGs under random failures, cancellations, pauses and limit changes, on the virtual
-/// clock. Every event and every step is checked against the engine's invariants. Each seed is
-/// independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that one).
+/// Random DAGs under random failures, cancellations, pauses, limit changes and unique keys, on
+/// the virtual clock. Every event and every step is checked against the engine's invariants.
+/// Each seed is independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that
+/// one).
 @Suite struct EnginePropertyTests {
     @Test func invariantsHoldForRandomWorkloads() {
         if let failure = firstPropertyFailure(base: 0xE17E_0000, count: 200, Self.run) { Issue.record(Comment(rawValue: failure)) }
@@ -122,13 +123,40 @@ import TaskloopTestSupport
             let delay = random.below(4) == 0 ? random.below(400) - 50 : nil
             let runAt: TaskTime? = delay.map { $0 < 0 ? .at(clock.wallClock + Int64($0)) : .after(UInt64($0)) }
             let expiry: TaskTime? = random.below(5) == 0 ? .after(UInt64(max(0, delay ?? 0) + 1 + random.below(400))) : nil
-            return TaskSpec(
+            var spec = TaskSpec(
                 kind: kind, params: params, queue: queueNames[random.below(queueNames.count)],
                 priority: random.below(17) - 8, dependencies: dependencies,
                 onDependencyFailure: random.below(3) == 0 ? .run : .cancel,
                 timeoutMilliseconds: random.below(5) == 0 ? UInt64(1 + random.below(300)) : nil,
                 retry: RetryPolicy(maxAttempts: 1 + random.below(3), backoffMilliseconds: UInt64(random.below(100))),
                 runAt: runAt, expiry: expiry)
+            if random.below(4) == 0 {
+                spec.uniqueKey = "u\(random.below(3))"
+                spec.uniqueForMilliseconds = random.below(2) == 0 ? UInt64(1 + random.below(300)) : nil
+            }
+            return spec
+        }
+
+        /// No two unfinished tasks of a queue carry one key; a refused duplicate names a task
+        /// that holds its key (unfinished, or finished within the spec's window).
+        func checkUniqueKeys() {
+            var holders: [String: TaskID] = [:]
+            for record in submitted where !record.state.isTerminal {
+                guard let key = record.uniqueKey else { continue }
+                if let other = holders.updateValue(record.id, forKey: "\(record.queue.name)/\(key)") {
+                    fail("\(other) and \(record.id) are unfinished with unique key \(key) in \(record.queue.name)")
+                }
+            }
+        }
+
+        func checkRefusal(_ error: EngineError, of spec: TaskSpec) {
+            guard error.code == .duplicateTask else { return }
+            guard let id = error.existing, let holder = submitted.first(where: { $0.id == id }), holder.queue.name == spec.queue,
+                  holder.uniqueKey == spec.uniqueKey else { return fail("\(error) names no task holding the key") }
+            let window = Int64(spec.uniqueForMilliseconds ?? 0)
+            if let finishedAt = holder.finishedAt, clock.wallClock - finishedAt >= window {
+                fail("\(error): \(id) finished \(clock.wallClock - finishedAt) ms ago, past the window of \(window) ms")
+            }
         }
 
         func checkCounts() {
@@ -149,7 +177,12 @@ import TaskloopTestSupport
             guard violation == nil else { break }
             switch random.below(14) {
             case 0...4:
-                if let record = try? engine.submit(randomSpec()) { submitted.append(record) }
+                let spec = randomSpec()
+                do {
+                    submitted.append(try engine.submit(spec))
+                } catch {
+                    checkRefusal(error, of: spec)
+                }
             case 5:
                 let specs = (0..<(1 + random.below(6))).map { index -> (key: String, spec: TaskSpec) in
                     var spec = randomSpec()
@@ -195,6 +228,7 @@ import TaskloopTestSupport
                 clock.advance(by: UInt64(random.below(120)))
             }
             checkCounts()
+            checkUniqueKeys()
         }
 
         // Let everything finish: unpause, finish manual and external work, run the clock.
