@@ -123,7 +123,8 @@ import TaskloopTestSupport
 }
 
 /// The keys after a restart on the same data dir (SQLite) and after a cell moves to another
-/// replica: the unfinished holder's from its record, a forgotten one's from its tombstone.
+/// replica: the unfinished holder's from its record, a forgotten one's from its tombstone. And
+/// a key held in a cell a workflow's home cannot see.
 @Suite(.serialized, .inTheDefaultStageOnly) struct UniqueTaskDurabilityTests {
     /// A task that finished and that retention forgot at once, and an unfinished one, each
     /// holding a key of `queue`.
@@ -160,6 +161,25 @@ import TaskloopTestSupport
         service = try start()
         defer { try? service.stop() }
         try Self.expectHeld(try service.client(), queue: "dq", holders)
+    }
+
+    /// The workflow's home cell cannot see another cell's keys: the workflow is answered 201,
+    /// and its member whose key is held in its own cell ends cancelled as a duplicate there.
+    @Test func aWorkflowMemberWhoseKeyIsHeldInAnotherCellIsCancelledAsADuplicate() throws {
+        let service = try CellServiceTests.startCellReplicas("w0").replicas[0]
+        defer { try? service.stop() }
+        let client = try service.client()
+        let (home, other) = CellServiceTests.queuesOfTwoCells(service)
+        let holder = try #require(try client.submit(#"{"kind":"external","queue":"\#(other)","unique_key":"k"}"#)["id"] as? String)
+        let created = try client.call("POST", "/workflows", json: #"""
+            {"tasks":[{"key":"a","kind":"noop","queue":"\#(home)"},{"key":"b","kind":"noop","queue":"\#(other)","unique_key":"k"}]}
+            """#)
+        #expect(created.status == 201)
+        let member = try #require((created.json["keys"] as? [String: String])?["b"])
+        let cancelled = try client.waitForState(member, "cancelled")
+        let error = cancelled["error"] as? [String: Any]
+        #expect(error?["code"] as? String == "duplicate_task" && error?["existing_id"] as? String == holder)
+        #expect(try client.task(holder)["state"] as? String == "running")
     }
 
     @Test func keysSurviveTheirCellMovingToAnotherReplica() throws {
