@@ -21,9 +21,10 @@ public final class TaskRecord {
     /// An explicit retry raises `maxAttempts` to allow its new attempt.
     public internal(set) var retry: RetryPolicy
     public let metadata: JSONValue?
-    /// See `TaskSpec.uniqueKey`; the window is the submission's, kept to show it.
-    public let uniqueKey: String?
-    public let uniqueForMilliseconds: UInt64?
+    /// See `TaskSpec.uniqueKey`; the window is the submission's, kept to show it. Boxed: the
+    /// many tasks without a key pay one word for both (Benchmarks/engine: a retained noop task
+    /// took 33 bytes more with both inline, 7%; 17 with the box).
+    let unique: UniqueKeyOfTask?
     public internal(set) var workflow: WorkflowRecord?
     /// Wall-clock milliseconds.
     public let createdAt: Int64
@@ -97,14 +98,15 @@ public final class TaskRecord {
         timeoutMilliseconds = spec.timeoutMilliseconds
         retry = spec.retry
         metadata = spec.metadata
-        uniqueKey = spec.uniqueKey
-        uniqueForMilliseconds = spec.uniqueForMilliseconds
+        unique = spec.uniqueKey.map { UniqueKeyOfTask(key: $0, forMilliseconds: spec.uniqueForMilliseconds) }
         self.createdAt = createdAt
         scheduledFor = spec.runAt?.instant(submittedAt: createdAt)
         expiresAt = spec.expiry?.instant(submittedAt: createdAt)
     }
 
     public var maxAttempts: Int { retry.maxAttempts }
+    public var uniqueKey: String? { unique?.key }
+    public var uniqueForMilliseconds: UInt64? { unique?.forMilliseconds }
 }
 
 /// A named lane with its own concurrency limit and pause switch.
