@@ -190,7 +190,9 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         /// A string: a 4-byte length and UTF-8.
         static let uniqueKey = MemberFields(rawValue: 1 << 2)
         static let uniqueFor = MemberFields(rawValue: 1 << 3)
-        static let known: MemberFields = [.runAt, .expiry, .uniqueKey, .uniqueFor]
+        /// A string, as `uniqueKey`.
+        static let concurrencyKey = MemberFields(rawValue: 1 << 4)
+        static let known: MemberFields = [.runAt, .expiry, .uniqueKey, .uniqueFor, .concurrencyKey]
     }
     private static let terminalStateCount = 3
 
@@ -234,11 +236,13 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         if expiry != nil { fields.insert(.expiry) }
         if spec.uniqueKey != nil { fields.insert(.uniqueKey) }
         if spec.uniqueForMilliseconds != nil { fields.insert(.uniqueFor) }
+        if spec.concurrencyKey != nil { fields.insert(.concurrencyKey) }
         append(UInt64(fields.rawValue), bytes: 2, to: &bytes)
         if let runAt { append(UInt64(bitPattern: runAt), bytes: 8, to: &bytes) }
         if let expiry { append(UInt64(bitPattern: expiry), bytes: 8, to: &bytes) }
         if let uniqueKey = spec.uniqueKey { append(Array(uniqueKey.utf8), to: &bytes) }
         if let window = spec.uniqueForMilliseconds { append(window, bytes: 8, to: &bytes) }
+        if let concurrencyKey = spec.concurrencyKey { append(Array(concurrencyKey.utf8), to: &bytes) }
     }
 
     private struct Reader {
@@ -334,6 +338,10 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
                 if fields.contains(.uniqueFor) {
                     guard let window = integer(8) else { return nil }
                     spec.uniqueForMilliseconds = window
+                }
+                if fields.contains(.concurrencyKey) {
+                    guard let concurrencyKey = string() else { return nil }
+                    spec.concurrencyKey = concurrencyKey
                 }
             }
             return Member(id: id, spec: spec, createdAt: Int64(bitPattern: createdAt))

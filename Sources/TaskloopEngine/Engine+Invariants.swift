@@ -9,9 +9,20 @@ extension Engine {
         for queue in queues.values {
             let counts = queue.counts
             unfinished += counts.unfinished
-            let hasRoom = !halted && !queue.paused && queue.running < queue.maxConcurrency && counts[.queued] > 0
+            let hasStartable = queue.lanes.map { $0.hasStartable() } ?? (counts[.queued] > 0)
+            let hasRoom = !halted && !queue.paused && queue.running < queue.maxConcurrency && hasStartable
             if hasRoom && (queue.dispatch == .server || queue.lessees.contains { $0.isWaiting && $0.kinds == nil }) {
                 violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
+            }
+            if let lanes = queue.lanes {
+                if !lanes.rotationIsWhole() { violations.append("queue \(queue.name) has a lane under its cap out of turn") }
+                var runningByKey: [String: Int] = [:]
+                for case let record? in tasks.entries where record.queue === queue && record.state == .running {
+                    if let key = record.concurrencyKey { runningByKey[key, default: 0] += 1 }
+                }
+                for (key, running) in runningByKey where lanes.running(key: key) != running {
+                    violations.append("queue \(queue.name) counts \(lanes.running(key: key)) running of key \(key), holds \(running)")
+                }
             }
             if queue.waitingLessees != queue.lessees.count(where: \.isWaiting) {
                 violations.append("queue \(queue.name) counts \(queue.waitingLessees) waiting lease calls")

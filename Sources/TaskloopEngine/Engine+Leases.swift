@@ -237,7 +237,7 @@ extension Engine {
     private func take(from queue: TaskQueue, for request: LeaseRequest) -> [TaskRecord] {
         var tasks: [TaskRecord] = []
         while tasks.count < request.maxTasks, !queue.paused, queue.running < queue.maxConcurrency,
-              let record = queue.readyForWorkers.popBest(of: request.kinds) {
+              let record = queue.popForWorkers(of: request.kinds) {
             let now = scheduler.wallClock
             record.lease = Lease(token: newLeaseToken(), worker: request.worker, grantedAt: now,
                                  milliseconds: request.milliseconds, expiresAt: now + Int64(clamping: request.milliseconds))

@@ -17,7 +17,8 @@ extension Engine {
             },
             releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings,
             scheduledFor: record.scheduledFor, expiresAt: record.expiresAt, inputs: record.inputs,
-            resolvedParams: record.resolvedParams, uniqueKey: record.uniqueKey, uniqueForMilliseconds: record.uniqueForMilliseconds)
+            resolvedParams: record.resolvedParams, uniqueKey: record.uniqueKey, uniqueForMilliseconds: record.uniqueForMilliseconds,
+            concurrencyKey: record.concurrencyKey)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -27,7 +28,8 @@ extension Engine {
     }
 
     public func snapshot(of queue: TaskQueue) -> QueueSnapshot {
-        QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch)
+        QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch,
+                      keyConcurrency: queue.keyConcurrency)
     }
 
     /// Rebuilds a new engine (one nothing was submitted to) from what a store kept, ids and
@@ -60,6 +62,7 @@ extension Engine {
                 queue.maxConcurrency = saved.maxConcurrency
                 queue.paused = saved.paused
                 queue.switchDispatch(to: saved.dispatch)
+                if saved.keyConcurrency != nil { queue.setKeyConcurrency(saved.keyConcurrency) }
             }
             let wallClock = scheduler.wallClock
             var retainedByFinish: [TaskRecord] = []
@@ -68,6 +71,8 @@ extension Engine {
             for (saved, executor) in zip(ordered, executorsByTask) {
                 let record = makeRecord(from: saved, executor: executor)
                 record.queue.count(saved.state, 1)
+                // Counted here rather than by a transition: its key's lane must know it runs.
+                if saved.state == .running && record.concurrencyKey != nil { record.queue.restoreRunning(record) }
                 restored.append(record)
                 // With cells, the id may be a member another cell made (Engine+CellWorkflows).
                 if cell == nil { ids.continueAfter(saved.id) } else { ids.continueAfterMillisecond(of: saved.id) }
@@ -139,7 +144,8 @@ extension Engine {
                             priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
                             timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata,
                             runAt: saved.scheduledFor.map { .at($0) }, expiry: saved.expiresAt.map { .at($0) },
-                            uniqueKey: saved.uniqueKey, uniqueForMilliseconds: saved.uniqueForMilliseconds)
+                            uniqueKey: saved.uniqueKey, uniqueForMilliseconds: saved.uniqueForMilliseconds,
+                            concurrencyKey: saved.concurrencyKey)
         let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
                                 queue: queue(named: saved.queue), dependencies: saved.dependencies, createdAt: saved.createdAt)
         copy(saved, into: record)

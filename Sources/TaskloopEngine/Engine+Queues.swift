@@ -1,15 +1,21 @@
 /// Queues: settings, and the bound on how many exist.
 extension Engine {
-    /// Changes a queue's limit or pause switch (creating it if needed), with immediate effect.
+    /// Changes a queue's limit, pause switch, dispatch or cap per concurrency key (`.some(nil)`
+    /// lifts it), creating the queue if needed, with immediate effect.
     @discardableResult
     public func updateQueue(_ name: String, maxConcurrency: Int? = nil, paused: Bool? = nil,
-                            dispatch newDispatch: QueueDispatch? = nil) throws(EngineError) -> TaskQueue {
+                            dispatch newDispatch: QueueDispatch? = nil,
+                            keyConcurrency: Int?? = nil) throws(EngineError) -> TaskQueue {
         guard SubmissionValidator.isValidQueueName(name) else {
             throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "name")
         }
         if let maxConcurrency, !SubmissionValidator.maxConcurrency.contains(Int64(maxConcurrency)) {
             throw EngineError(.invalid, "max_concurrency \(SubmissionValidator.rangeRule(SubmissionValidator.maxConcurrency))",
                               field: "max_concurrency")
+        }
+        if case .some(.some(let cap)) = keyConcurrency, !SubmissionValidator.keyConcurrency.contains(Int64(cap)) {
+            throw EngineError(.invalid, "key_concurrency \(SubmissionValidator.rangeRule(SubmissionValidator.keyConcurrency)) or null",
+                              field: "key_concurrency")
         }
         if queues[name] == nil {
             try makeRoomForQueues(1, field: "name")
@@ -19,6 +25,7 @@ extension Engine {
             let queue = queue(named: name)
             if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
             if let paused { queue.paused = paused }
+            if case .some(let cap) = keyConcurrency { queue.setKeyConcurrency(cap) }
             if let newDispatch, newDispatch != queue.dispatch {
                 // Leased tasks keep their leases; queued ones wait for the new dispatcher.
                 if newDispatch == .server { dismissLessees(queue) }
@@ -44,7 +51,7 @@ extension Engine {
     /// A queue that holds no task and has default settings: forgetting it changes nothing.
     func isIdle(_ queue: TaskQueue) -> Bool {
         queue.counts.total == 0 && !queue.paused && queue.maxConcurrency == configuration.defaultConcurrency
-            && queue.dispatch == .server && queue.name != "default"
+            && queue.dispatch == .server && queue.keyConcurrency == nil && queue.name != "default"
     }
 
     func forget(_ queue: TaskQueue) {

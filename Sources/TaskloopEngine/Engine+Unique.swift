@@ -169,17 +169,6 @@ extension Engine {
     }
 }
 
-/// A task's `uniqueKey` and the window it was submitted with (`TaskRecord.unique`).
-final class UniqueKeyOfTask {
-    let key: String
-    let forMilliseconds: UInt64?
-
-    init(key: String, forMilliseconds: UInt64?) {
-        self.key = key
-        self.forMilliseconds = forMilliseconds
-    }
-}
-
 /// A unique key as the index files it: keys are per queue.
 public struct UniqueKeyName: Hashable, Sendable {
     public var queue: String

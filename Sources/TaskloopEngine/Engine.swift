@@ -290,6 +290,12 @@ public final class Engine {
                 serveLessees(queue)
                 continue
             }
+            if let lanes = queue.lanes {
+                while !queue.paused && queue.running < queue.maxConcurrency, let record = lanes.popNext(of: nil) {
+                    start(record)
+                }
+                continue
+            }
             while !queue.paused && queue.running < queue.maxConcurrency, let record = queue.ready.popBest() {
                 start(record)
             }
@@ -357,7 +363,18 @@ public final class Engine {
             workflow.counts[state] += 1
         }
         record.state = state
+        if let lanes = record.queue.lanes { countRunningOfKey(record, from: from, to: state, in: lanes) }
         emit(.stateChanged(record, from: from, to: state))
+    }
+
+    /// Fair share: a keyed task's start or end of running counts for its key; an end may put
+    /// its lane back in turn.
+    func countRunningOfKey(_ record: TaskRecord, from: TaskState, to state: TaskState, in lanes: KeyLanes) {
+        if state == .running {
+            lanes.started(record)
+        } else if from == .running && lanes.stopped(record) {
+            needsDispatch(record.queue)
+        }
     }
 
     /// Makes a task terminal and releases its dependents (cascading cancellations through a

@@ -80,6 +80,11 @@ struct ReadyByKind {
         return heaps[bestIndex].popBest()
     }
 
+    /// Whether a task of any kind is still queued (stale heads are dropped on the way).
+    mutating func hasQueued() -> Bool {
+        heaps.indices.contains { heaps[$0].best() != nil }
+    }
+
     /// Every queued task, emptying this.
     mutating func removeAll() -> [TaskRecord] {
         var records: [TaskRecord] = []

@@ -44,6 +44,7 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var resolvedParams: JSONValue?
     public var uniqueKey: String?
     public var uniqueForMilliseconds: UInt64?
+    public var concurrencyKey: String?
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
@@ -53,7 +54,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
         releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0, scheduledFor: Int64? = nil,
         expiresAt: Int64? = nil, inputs: [TaskInput] = [], resolvedParams: JSONValue? = nil, uniqueKey: String? = nil,
-        uniqueForMilliseconds: UInt64? = nil
+        uniqueForMilliseconds: UInt64? = nil, concurrencyKey: String? = nil
     ) {
         self.id = id
         self.sequence = sequence
@@ -88,6 +89,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.resolvedParams = resolvedParams
         self.uniqueKey = uniqueKey
         self.uniqueForMilliseconds = uniqueForMilliseconds
+        self.concurrencyKey = concurrencyKey
     }
 }
 
@@ -141,11 +143,14 @@ public struct QueueSnapshot: Sendable, Equatable {
     public var maxConcurrency: Int
     public var paused: Bool
     public var dispatch: QueueDispatch
+    /// Running tasks per `concurrency_key` at most; nil: no cap.
+    public var keyConcurrency: Int?
 
-    public init(name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch = .server) {
+    public init(name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch = .server, keyConcurrency: Int? = nil) {
         self.name = name
         self.maxConcurrency = maxConcurrency
         self.paused = paused
         self.dispatch = dispatch
+        self.keyConcurrency = keyConcurrency
     }
 }

@@ -18,6 +18,8 @@ public enum SubmissionValidator {
     public static let maxNameLength = 256
     public static let maxKeyLength = 128
     public static let uniqueKeyLengths = 1...255
+    public static let concurrencyKeyLengths = 1...255
+    public static let keyConcurrency: ClosedRange<Int64> = 1...10_000
     /// The upper bound is the server's (`EngineConfiguration.maxUniqueForMilliseconds`).
     public static let minUniqueForMilliseconds: Int64 = 1
     public static let queueNameRule = "queue must be 1 to 64 letters, digits, '-', '_' or '.'."
@@ -54,6 +56,16 @@ public enum SubmissionValidator {
                 throw EngineError(.invalid, "unique_for_ms must be at least 1.", field: "\(prefix())unique_for_ms")
             }
         }
+        if let key = spec.concurrencyKey, !isValidConcurrencyKey(key) {
+            throw EngineError(.invalid, concurrencyKeyRule, field: "\(prefix())concurrency_key")
+        }
+    }
+
+    public static let concurrencyKeyRule = "concurrency_key must be 1 to 255 characters."
+
+    /// 1 to 255 Unicode scalars, as JSON Schema counts them.
+    public static func isValidConcurrencyKey(_ key: String) -> Bool {
+        concurrencyKeyLengths.contains(key.utf8.count) || concurrencyKeyLengths.contains(key.unicodeScalars.count)
     }
 
     public static let uniqueKeyRule = "unique_key must be 1 to 255 characters."

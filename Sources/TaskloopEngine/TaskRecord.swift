@@ -21,10 +21,10 @@ public final class TaskRecord {
     /// An explicit retry raises `maxAttempts` to allow its new attempt.
     public internal(set) var retry: RetryPolicy
     public let metadata: JSONValue?
-    /// See `TaskSpec.uniqueKey`; the window is the submission's, kept to show it. Boxed: the
-    /// many tasks without a key pay one word for both (Benchmarks/engine: a retained noop task
-    /// took 33 bytes more with both inline, 7%; 17 with the box).
-    let unique: UniqueKeyOfTask?
+    /// The fields few tasks carry, boxed: the many without any pay one word for all
+    /// (Benchmarks/engine: a retained noop task took 33 bytes more with the unique key and
+    /// window inline, 7%; 17 with the box).
+    let rare: RareTaskFields?
     public internal(set) var workflow: WorkflowRecord?
     /// Wall-clock milliseconds.
     public let createdAt: Int64
@@ -98,15 +98,33 @@ public final class TaskRecord {
         timeoutMilliseconds = spec.timeoutMilliseconds
         retry = spec.retry
         metadata = spec.metadata
-        unique = spec.uniqueKey.map { UniqueKeyOfTask(key: $0, forMilliseconds: spec.uniqueForMilliseconds) }
+        rare = spec.uniqueKey == nil && spec.concurrencyKey == nil ? nil
+            : RareTaskFields(uniqueKey: spec.uniqueKey, uniqueForMilliseconds: spec.uniqueForMilliseconds,
+                             concurrencyKey: spec.concurrencyKey)
         self.createdAt = createdAt
         scheduledFor = spec.runAt?.instant(submittedAt: createdAt)
         expiresAt = spec.expiry?.instant(submittedAt: createdAt)
     }
 
     public var maxAttempts: Int { retry.maxAttempts }
-    public var uniqueKey: String? { unique?.key }
-    public var uniqueForMilliseconds: UInt64? { unique?.forMilliseconds }
+    /// See `TaskSpec.uniqueKey`; the window is the submission's, kept to show it.
+    public var uniqueKey: String? { rare?.uniqueKey }
+    public var uniqueForMilliseconds: UInt64? { rare?.uniqueForMilliseconds }
+    /// See `TaskSpec.concurrencyKey`.
+    public var concurrencyKey: String? { rare?.concurrencyKey }
+}
+
+/// What few tasks carry (`TaskRecord.rare`).
+final class RareTaskFields {
+    let uniqueKey: String?
+    let uniqueForMilliseconds: UInt64?
+    let concurrencyKey: String?
+
+    init(uniqueKey: String?, uniqueForMilliseconds: UInt64?, concurrencyKey: String?) {
+        self.uniqueKey = uniqueKey
+        self.uniqueForMilliseconds = uniqueForMilliseconds
+        self.concurrencyKey = concurrencyKey
+    }
 }
 
 /// A named lane with its own concurrency limit and pause switch.
@@ -118,6 +136,8 @@ public final class TaskQueue {
     public internal(set) var paused = false
     /// Who starts its tasks: the server's executors, or workers that lease them.
     public internal(set) var dispatch = QueueDispatch.server
+    /// Running tasks per `concurrency_key` at most; nil: no cap.
+    public private(set) var keyConcurrency: Int?
     /// Tasks of this queue by state (evicted tasks no longer count).
     public private(set) var counts = StateCounts()
 
@@ -126,6 +146,8 @@ public final class TaskQueue {
     var ready = ReadyHeap()
     /// Instead of `ready` while workers lease the queue's tasks.
     var readyForWorkers = ReadyByKind()
+    /// Instead of both once the queue has held a task with a `concurrency_key` (fair share).
+    var lanes: KeyLanes?
     var running: Int { counts[.running] }
     /// Set while the queue waits in the engine's dispatch list.
     var needsDispatch = false
@@ -147,15 +169,44 @@ public final class TaskQueue {
 
     /// Files a task that became `queued` where its dispatch looks for it.
     func enqueue(_ record: TaskRecord) {
+        if lanes != nil || record.rare?.concurrencyKey != nil { return makeLanes().insert(record) }
         if dispatch == .server { ready.insert(record) } else { readyForWorkers.insert(record) }
     }
 
-    /// Moves the queued tasks to where the new dispatch looks for them.
+    /// The best queued task a worker asking for `kinds` may lease (any kind when nil), removed.
+    func popForWorkers(of kinds: Set<String>?) -> TaskRecord? {
+        if let lanes { return lanes.popNext(of: kinds) }
+        return readyForWorkers.popBest(of: kinds)
+    }
+
+    /// Moves the queued tasks to where the new dispatch looks for them (lanes serve both).
     func switchDispatch(to new: QueueDispatch) {
         guard new != dispatch else { return }
-        let moving = dispatch == .server ? ready.removeAll() : readyForWorkers.removeAll()
         dispatch = new
+        guard lanes == nil else { return }
+        let moving = new == .workers ? ready.removeAll() : readyForWorkers.removeAll()
         for record in moving { enqueue(record) }
+    }
+
+    /// The queue's lanes, made on its first keyed task with the tasks queued so far in the
+    /// lane without a key (they keep their order).
+    func makeLanes() -> KeyLanes {
+        if let lanes { return lanes }
+        let made = KeyLanes(cap: keyConcurrency)
+        for record in ready.removeAll() + readyForWorkers.removeAll() { made.insert(record) }
+        lanes = made
+        return made
+    }
+
+    /// Changes the cap per key; lanes it frees rejoin the rotation (the caller dispatches).
+    func setKeyConcurrency(_ cap: Int?) {
+        keyConcurrency = cap
+        lanes?.setCap(cap)
+    }
+
+    /// After a restart: `record`, restored `running`, counts against its key.
+    func restoreRunning(_ record: TaskRecord) {
+        makeLanes().started(record)
     }
 }
 

@@ -144,12 +144,16 @@ public struct TaskSpec: Sendable, Equatable {
     /// How long after a task with the key finished this submission is still refused; nil: only
     /// while one is unfinished.
     public var uniqueForMilliseconds: UInt64?
+    /// Fair share: the queue takes ready tasks round-robin across keys, and runs at most its
+    /// `key_concurrency` of one key at once (`KeyLanes`).
+    public var concurrencyKey: String?
 
     public init(
         kind: String, params: JSONValue = [:], name: String? = nil, queue: String = "default", priority: Int = 0,
         dependencies: [DependencyReference] = [], onDependencyFailure: DependencyFailurePolicy = .cancel,
         timeoutMilliseconds: UInt64? = nil, retry: RetryPolicy = RetryPolicy(), metadata: JSONValue? = nil,
-        runAt: TaskTime? = nil, expiry: TaskTime? = nil, uniqueKey: String? = nil, uniqueForMilliseconds: UInt64? = nil
+        runAt: TaskTime? = nil, expiry: TaskTime? = nil, uniqueKey: String? = nil, uniqueForMilliseconds: UInt64? = nil,
+        concurrencyKey: String? = nil
     ) {
         self.kind = kind
         self.params = params
@@ -165,5 +169,6 @@ public struct TaskSpec: Sendable, Equatable {
         self.expiry = expiry
         self.uniqueKey = uniqueKey
         self.uniqueForMilliseconds = uniqueForMilliseconds
+        self.concurrencyKey = concurrencyKey
     }
 }

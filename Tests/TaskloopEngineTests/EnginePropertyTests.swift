@@ -4,8 +4,8 @@ import TaskloopJSON
 import TaskloopTestSupport
 @testable import TaskloopEngine
 
-/// Random DAGs under random failures, cancellations, pauses, limit changes and unique keys, on
-/// the virtual clock. Every event and every step is checked against the engine's invariants.
+/// Random DAGs under random failures, cancellations, pauses, limit changes, unique keys and
+/// concurrency keys with changing caps, on the virtual clock. Every event and every step is checked against the engine's invariants.
 /// Each seed is independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that
 /// one).
 @Suite struct EnginePropertyTests {
@@ -30,6 +30,14 @@ import TaskloopTestSupport
         var queuedByQueue: [String: [TaskID: TaskRecord]] = [:]
         var violation: String?
         var reopened = Set<TaskID>()
+        // Fair share, replayed from the events: running tasks per queue and concurrency key, and
+        // for each lane (a key, or nil for the tasks without one) of a queue, the other lanes
+        // that were ready and under their cap at its last start, owed a turn before its next.
+        var runningByKey: [String: [String: Int]] = [:]
+        var owedTurns: [String: [String?: Set<String?>]] = [:]
+        // After a cap is lowered, a key may run more than it until enough of its tasks end:
+        // the most it may run, per queue and key, falling as they end.
+        var overCap: [String: [String: Int]] = [:]
 
         func fail(_ text: String) { if violation == nil { violation = text } }
 
@@ -63,6 +71,7 @@ import TaskloopTestSupport
                 }
             }
             if to.isTerminal { finishedStates[record.id] = to }
+            checkFairShare(record, from: from, to: to)
             // Wall-clock times hold, whichever way the clock was set meanwhile. (A task that left
             // `scheduled` on time may start after the clock was set back before its time.)
             if from == .scheduled, to == .pending, let scheduledFor = record.scheduledFor, clock.wallClock < scheduledFor {
@@ -93,11 +102,96 @@ import TaskloopTestSupport
                 fail("queue \(queue.name) runs \(queue.running) > \(queue.maxConcurrency)")
             }
             if queue.paused { fail("paused queue \(queue.name) started \(record.id)") }
-            // The best queued task started.
-            for other in queuedByQueue[queue.name, default: [:]].values {
+            // The best queued task of its lane started (across lanes, turns decide).
+            for other in queuedByQueue[queue.name, default: [:]].values
+            where queue.lanes == nil || other.concurrencyKey == record.concurrencyKey {
                 if other.priority > record.priority || (other.priority == record.priority && other.sequence < record.sequence) {
                     fail("\(record.id) (p\(record.priority) #\(record.sequence)) started before \(other.id) (p\(other.priority) #\(other.sequence))")
                 }
+            }
+        }
+
+        func isReady(lane: String?, in queue: TaskQueue) -> Bool {
+            queuedByQueue[queue.name, default: [:]].values.contains { $0.concurrencyKey == lane }
+        }
+
+        func isUnderCap(lane: String?, in queue: TaskQueue) -> Bool {
+            guard let lane, let cap = queue.keyConcurrency else { return true }
+            return runningByKey[queue.name, default: [:]][lane, default: 0] < cap
+        }
+
+        /// Replays running counts per key, and checks that while lanes are ready and under their
+        /// cap, none starts twice before each of the others got a turn (a start, or a task
+        /// taken that expired or failed instead of starting).
+        func checkFairShare(_ record: TaskRecord, from: TaskState, to: TaskState) {
+            let queue = record.queue
+            let lane = record.concurrencyKey
+            if let key = lane {
+                if to == .running { runningByKey[queue.name, default: [:]][key, default: 0] += 1 }
+                if from == .running { runningByKey[queue.name, default: [:]][key, default: 0] -= 1 }
+            }
+            guard queue.lanes != nil, from == .queued else { return }
+            let tookTurn = to == .running || to == .failed || (to == .cancelled && record.error?.code == "expired")
+            if tookTurn {
+                for other in owedTurns[queue.name, default: [:]].keys { owedTurns[queue.name]?[other]?.remove(lane) }
+            }
+            // A lane no longer ready is owed nothing: it rejoins at the back.
+            if !isReady(lane: lane, in: queue) {
+                for other in owedTurns[queue.name, default: [:]].keys { owedTurns[queue.name]?[other]?.remove(lane) }
+            }
+            guard to == .running else { return }
+            let stillOwed = owedTurns[queue.name, default: [:]][lane, default: []].filter { isReady(lane: $0, in: queue) && isUnderCap(lane: $0, in: queue) }
+            if let skipped = stillOwed.first {
+                fail("lane \(lane ?? "(no key)") of \(queue.name) started \(record.id) again before lane \(skipped ?? "(no key)") had a turn")
+            }
+            var owed = Set<String?>()
+            for other in queuedByQueue[queue.name, default: [:]].values where other.concurrencyKey != lane {
+                if isUnderCap(lane: other.concurrencyKey, in: queue) { owed.insert(other.concurrencyKey) }
+            }
+            owedTurns[queue.name, default: [:]][lane] = owed
+        }
+
+        /// No key runs more than its cap (or, after the cap was lowered, more than it ran then),
+        /// and no queued task waits while its queue has room and its key is under the cap.
+        func checkKeyCaps() {
+            for name in queueNames {
+                let queue = engine.queue(named: name)
+                var running: [String: Int] = [:]
+                var startable = false
+                for record in submitted where record.queue === queue {
+                    if record.state == .running, let key = record.concurrencyKey { running[key, default: 0] += 1 }
+                }
+                for record in submitted where record.queue === queue && record.state == .queued {
+                    guard let cap = queue.keyConcurrency, let key = record.concurrencyKey else { startable = true; continue }
+                    if running[key, default: 0] < cap { startable = true }
+                }
+                if startable && !queue.paused && queue.running < queue.maxConcurrency {
+                    fail("queue \(name) runs \(queue.running) of \(queue.maxConcurrency) with a startable task queued")
+                }
+                guard let cap = queue.keyConcurrency else {
+                    overCap[name] = nil
+                    continue
+                }
+                for (key, count) in running {
+                    let allowed = max(cap, overCap[name, default: [:]][key] ?? 0)
+                    if count > allowed { fail("key \(key) of \(name) runs \(count) > \(allowed) (cap \(cap))") }
+                    overCap[name, default: [:]][key] = count > cap ? count : nil
+                }
+                for key in overCap[name, default: [:]].keys where running[key] == nil { overCap[name]?[key] = nil }
+            }
+        }
+
+        func changeKeyConcurrency(of name: String) {
+            let queue = engine.queue(named: name)
+            let cap: Int? = random.below(3) == 0 ? nil : 1 + random.below(3)
+            var running: [String: Int] = [:]
+            for record in submitted where record.queue === queue && record.state == .running {
+                if let key = record.concurrencyKey { running[key, default: 0] += 1 }
+            }
+            if (try? engine.updateQueue(name, keyConcurrency: .some(cap))) != nil {
+                overCap[name] = cap.map { cap in running.filter { $0.value > cap } }
+                // Lanes freed by a new cap rejoin at the back: turns owed before are void.
+                owedTurns[name] = nil
             }
         }
 
@@ -130,6 +224,7 @@ import TaskloopTestSupport
                 timeoutMilliseconds: random.below(5) == 0 ? UInt64(1 + random.below(300)) : nil,
                 retry: RetryPolicy(maxAttempts: 1 + random.below(3), backoffMilliseconds: UInt64(random.below(100))),
                 runAt: runAt, expiry: expiry)
+            if random.below(4) == 0 { spec.concurrencyKey = "c\(random.below(3))" }
             if random.below(4) == 0 {
                 spec.uniqueKey = "u\(random.below(3))"
                 spec.uniqueForMilliseconds = random.below(2) == 0 ? UInt64(1 + random.below(300)) : nil
@@ -195,7 +290,11 @@ import TaskloopTestSupport
             case 7:
                 _ = try? engine.updateQueue(queueNames[random.below(queueNames.count)], paused: random.below(3) == 0)
             case 8:
-                _ = try? engine.updateQueue(queueNames[random.below(queueNames.count)], maxConcurrency: 1 + random.below(5))
+                if random.below(2) == 0 {
+                    changeKeyConcurrency(of: queueNames[random.below(queueNames.count)])
+                } else {
+                    _ = try? engine.updateQueue(queueNames[random.below(queueNames.count)], maxConcurrency: 1 + random.below(5))
+                }
             case 9:
                 let live = manual.runs.filter(\.isCurrent)
                 if let run = live.isEmpty ? nil : live[random.below(live.count)] {
@@ -229,6 +328,7 @@ import TaskloopTestSupport
             }
             checkCounts()
             checkUniqueKeys()
+            checkKeyCaps()
         }
 
         // Let everything finish: unpause, finish manual and external work, run the clock.
