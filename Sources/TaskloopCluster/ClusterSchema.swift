@@ -7,7 +7,8 @@ import TaskloopStore
 public enum ClusterSchema {
     /// Bumped when replicas must not own cells together with older ones. 2: task records and
     /// cell messages may hold the `scheduled` state, run and expiry times, and unique keys.
-    public static let protocolVersion = 2
+    /// 3: and concurrency keys.
+    public static let protocolVersion = 3
 
     /// Serialises the creation of the tables ("TLCELLS" would read better in a lock listing;
     /// the number only has to be fixed and unlikely to collide).
@@ -129,6 +130,8 @@ public enum ClusterSchema {
         ]),
         // The unique keys of tasks retention forgot (`CellSchema.uniqueKeysSetUp`).
         Migration(version: 4, statements: CellSchema.uniqueKeysSetUp),
+        // A queue's cap on running tasks per concurrency key (NULL: none).
+        Migration(version: 5, statements: CellSchema.keyConcurrencySetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.

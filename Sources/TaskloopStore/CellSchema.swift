@@ -54,6 +54,11 @@ public enum CellSchema {
             """),
     ]
 
+    /// A queue's cap on running tasks per concurrency key (`QueueSnapshot.keyConcurrency`).
+    public static let keyConcurrencySetUp = [
+        PGQuery("ALTER TABLE taskloop.cell_queues ADD COLUMN IF NOT EXISTS key_concurrency int"),
+    ]
+
     /// A cell's tombstones of unique keys (the engine's, Engine+Unique), one per queue and key;
     /// a queue is in one cell, so a key is too.
     public static let uniqueKeysSetUp = [
@@ -77,9 +82,10 @@ public enum CellSchema {
         """)
     static let deleteWorkflow = PGStatement("cell_delete_workflow", "DELETE FROM taskloop.cell_workflows WHERE id = $1")
     static let upsertQueue = PGStatement("cell_upsert_queue", """
-        INSERT INTO taskloop.cell_queues (name, cell, max_concurrency, paused, dispatch) VALUES ($1, $2, $3, $4, $5)
+        INSERT INTO taskloop.cell_queues (name, cell, max_concurrency, paused, dispatch, key_concurrency)
+        VALUES ($1, $2, $3, $4, $5, $6)
         ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency, paused = excluded.paused,
-            dispatch = excluded.dispatch
+            dispatch = excluded.dispatch, key_concurrency = excluded.key_concurrency
         """)
     static let deleteQueue = PGStatement("cell_delete_queue", "DELETE FROM taskloop.cell_queues WHERE name = $1")
     static let upsertKey = PGStatement("cell_keep_key", "SELECT taskloop.keep_idempotency_key($1, $2, $3, $4, $5, $6)")
@@ -126,7 +132,8 @@ public enum CellSchema {
             for id in batch.evictedWorkflows { queries.append(PGQuery(deleteWorkflow, [.text(id.description)])) }
             for queue in batch.queues {
                 queries.append(PGQuery(upsertQueue, [.text(queue.name), cellValue, .int(queue.maxConcurrency), .bool(queue.paused),
-                                                     .text(queue.dispatch.rawValue)]))
+                                                     .text(queue.dispatch.rawValue),
+                                                     queue.keyConcurrency.map { .int($0) } ?? .null]))
             }
             for name in batch.forgottenQueues { queries.append(PGQuery(deleteQueue, [.text(name)])) }
             for key in batch.idempotencyKeys {
@@ -150,7 +157,7 @@ public enum CellSchema {
             PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
             PGQuery("SELECT sequence, record FROM taskloop.cell_tasks WHERE cell = $1 ORDER BY sequence", cellValue, binaryResults: true),
             PGQuery("SELECT id, record FROM taskloop.cell_workflows WHERE cell = $1", cellValue, binaryResults: true),
-            PGQuery("SELECT name, max_concurrency, paused, dispatch FROM taskloop.cell_queues WHERE cell = $1", cellValue,
+            PGQuery("SELECT name, max_concurrency, paused, dispatch, key_concurrency FROM taskloop.cell_queues WHERE cell = $1", cellValue,
                     binaryResults: true),
             PGQuery("SELECT key, request_hash, status, resource, expires_at FROM taskloop.cell_idempotency_keys WHERE cell = $1",
                     cellValue, binaryResults: true),

@@ -28,7 +28,8 @@ enum PostgresRows {
     static func queues(_ rows: PGResult) -> [QueueSnapshot] {
         (0..<rows.rowCount).map { row in
             QueueSnapshot(name: rows.text(row, 0) ?? "", maxConcurrency: Int(rows.int(row, 1) ?? 1), paused: rows.bool(row, 2) ?? false,
-                          dispatch: QueueDispatch(rawValue: rows.text(row, 3) ?? "") ?? .server)
+                          dispatch: QueueDispatch(rawValue: rows.text(row, 3) ?? "") ?? .server,
+                          keyConcurrency: rows.int(row, 4).map { Int($0) })
         }
     }
 

@@ -141,13 +141,13 @@ public final class SQLiteTaskStore: TaskStore {
         }
         if !batch.queues.isEmpty {
             let upsert = try database.statement("""
-                INSERT INTO queues (name, max_concurrency, paused, dispatch) VALUES (?, ?, ?, ?)
+                INSERT INTO queues (name, max_concurrency, paused, dispatch, key_concurrency) VALUES (?, ?, ?, ?, ?)
                 ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency, paused = excluded.paused,
-                    dispatch = excluded.dispatch
+                    dispatch = excluded.dispatch, key_concurrency = excluded.key_concurrency
                 """)
             for queue in batch.queues {
                 try upsert.bind(1, queue.name).bind(2, Int64(queue.maxConcurrency)).bind(3, Int64(queue.paused ? 1 : 0))
-                    .bind(4, queue.dispatch.rawValue).run()
+                    .bind(4, queue.dispatch.rawValue).bind(5, queue.keyConcurrency.map(Int64.init)).run()
             }
         }
         if !batch.forgottenQueues.isEmpty {
@@ -273,13 +273,14 @@ public final class SQLiteTaskStore: TaskStore {
 
     package static func load(_ database: SQLiteDatabase) throws -> StoredState {
         var state = StoredState()
-        let queues = try database.statement("SELECT name, max_concurrency, paused, dispatch FROM queues")
+        let queues = try database.statement("SELECT name, max_concurrency, paused, dispatch, key_concurrency FROM queues")
         while try queues.step() {
             guard let dispatch = QueueDispatch(rawValue: queues.string(3) ?? "") else {
                 throw RecordDecodingError(table: "queues", reason: "queue \(queues.string(0) ?? "") has an unknown dispatch")
             }
             state.queues.append(QueueSnapshot(name: queues.string(0) ?? "", maxConcurrency: Int(queues.int64(1)),
-                                              paused: queues.int64(2) != 0, dispatch: dispatch))
+                                              paused: queues.int64(2) != 0, dispatch: dispatch,
+                                              keyConcurrency: queues.isNull(4) ? nil : Int(queues.int64(4))))
         }
         queues.reset()
         let workflows = try database.statement("SELECT id, record FROM workflows")

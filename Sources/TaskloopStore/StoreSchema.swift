@@ -107,6 +107,10 @@ public enum StoreSchema {
             PRIMARY KEY (queue, key)
         ) WITHOUT ROWID;
         """) },
+        // 7: a queue's cap on running tasks per concurrency key (NULL: none).
+        { database in
+            try database.execute("ALTER TABLE queues ADD COLUMN key_concurrency INTEGER")
+        },
     ]
 
     /// The version this server writes.

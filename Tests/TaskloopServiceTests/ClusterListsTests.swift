@@ -29,7 +29,7 @@ import TaskloopTestSupport
             }
             try pollUntil("a connection") { connected.value != nil }
             try connected.value!.get()
-            _ = try execute(CellSchema.setUp)
+            _ = try execute(CellSchema.setUp + CellSchema.keyConcurrencySetUp)
         }
 
         /// Runs `queries` as one batch; the row count of each result.

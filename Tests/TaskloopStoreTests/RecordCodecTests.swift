@@ -16,7 +16,7 @@ import TaskloopJSON
         result: .null, error: TaskError(code: "http_status", message: "502", details: ["status": 502]),
         progress: TaskProgress(fraction: 0.25, message: "a quarter", details: .null, updatedAt: 1_795_000_000_003),
         notBefore: -1, releasedBy: [TaskID(high: 3, low: 4)], watchers: [3, 65_535], reopenings: 2, uniqueKey: "invoice ✓",
-        uniqueForMilliseconds: 86_400_000)
+        uniqueForMilliseconds: 86_400_000, concurrencyKey: "tenant ✓")
 
     static func encoded(_ task: TaskSnapshot) -> [UInt8] {
         var output = RecordWriter()
