@@ -97,6 +97,7 @@ enum Representation {
         json.field("unique_key", task.uniqueKey)
         json.key(static: "unique_for_ms")
         if let window = task.uniqueForMilliseconds { json.int(Int64(clamping: window)) } else { json.null() }
+        json.field("concurrency_key", task.concurrencyKey)
         json.endObject()
     }
 
@@ -252,7 +253,7 @@ enum Representation {
                 cancelRequested: false, attempt: 1, startedAt: nil, finishedAt: nil, result: nil, error: nil,
                 progress: TaskProgress(), notBefore: nil, scheduledFor: scheduledFor,
                 expiresAt: spec.expiry?.instant(submittedAt: workflow.createdAt), uniqueKey: spec.uniqueKey,
-                uniqueForMilliseconds: spec.uniqueForMilliseconds)
+                uniqueForMilliseconds: spec.uniqueForMilliseconds, concurrencyKey: spec.concurrencyKey)
         }
         return write(workflow: workflow.id, name: workflow.name, state: workflow.state, fraction: workflow.fraction,
                      createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys)
@@ -308,19 +309,21 @@ enum Representation {
     /// `at`: the wall-clock time the queue's finish history is read at.
     static func write(_ queue: TaskQueue, at wallClock: Int64, into json: inout JSONWriter) {
         writeQueue(queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch,
-                   waitingWorkers: queue.waitingLessees, count: { queue.counts[$0] },
+                   keyConcurrency: queue.keyConcurrency, waitingWorkers: queue.waitingLessees, count: { queue.counts[$0] },
                    finished: queue.finishHistory.counts(at: wallClock), into: &json)
     }
 
     /// A queue from its parts: a live one's, or what the cells' records say of one.
     /// `finished`: tasks finished per interval of `FinishHistory`, oldest first.
-    static func writeQueue(_ name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch, waitingWorkers: Int,
-                           count: (TaskState) -> Int, finished: [Int], into json: inout JSONWriter) {
+    static func writeQueue(_ name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch, keyConcurrency: Int?,
+                           waitingWorkers: Int, count: (TaskState) -> Int, finished: [Int], into json: inout JSONWriter) {
         json.beginObject()
         json.field("name", name)
         json.field("max_concurrency", maxConcurrency)
         json.field("paused", paused)
         json.field("dispatch", dispatch.rawValue)
+        json.key(static: "key_concurrency")
+        if let keyConcurrency { json.int(keyConcurrency) } else { json.null() }
         json.field("waiting_workers", waitingWorkers)
         json.key(static: "counts")
         json.beginObject()
@@ -543,6 +546,7 @@ protocol RepresentedTask {
     var workflowID: TaskID? { get }
     var uniqueKey: String? { get }
     var uniqueForMilliseconds: UInt64? { get }
+    var concurrencyKey: String? { get }
     /// What changes over its life, as it is now.
     var moment: TaskMoment { get }
 }

@@ -181,7 +181,7 @@ struct BodyReader {
 
     static let taskFields: [String] = [
         "kind", "params", "name", "queue", "priority", "dependencies", "on_dependency_failure", "timeout_ms", "retry",
-        "metadata", "run_at", "delay_ms", "expires_at", "ttl_ms", "unique_key", "unique_for_ms",
+        "metadata", "run_at", "delay_ms", "expires_at", "ttl_ms", "unique_key", "unique_for_ms", "concurrency_key",
     ]
 
     /// A task submission. Inside a workflow (`siblingKeys` non-nil), dependencies may name
@@ -264,6 +264,14 @@ struct BodyReader {
         if case .some(let window?) = integer(object, "unique_for_ms", prefix: prefix, in: Rules.minUniqueForMilliseconds...Int64.max,
                                              nullable: true) {
             spec.uniqueForMilliseconds = UInt64(window)
+        }
+        if case .some(let key) = string(object, "concurrency_key", prefix: prefix, maxLength: Rules.concurrencyKeyLengths.upperBound,
+                                        nullable: true) {
+            if let key, !Rules.isValidConcurrencyKey(key) {
+                fail(prefix + "concurrency_key", Rules.concurrencyKeyRule)
+            } else {
+                spec.concurrencyKey = key
+            }
         }
         return errors.count == errorsBefore ? spec : nil
     }

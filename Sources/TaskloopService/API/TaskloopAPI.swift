@@ -426,9 +426,9 @@ extension TaskloopApplication {
         let name = request.parameters["name"] ?? ""
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
-        var maxConcurrency: Int?, paused: Bool?, dispatch: QueueDispatch?
+        var maxConcurrency: Int?, paused: Bool?, dispatch: QueueDispatch?, keyConcurrency: Int??
         if let object = reader.object(document, "") {
-            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused", "dispatch"], prefix: "")
+            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused", "dispatch", "key_concurrency"], prefix: "")
             if case .some(let value?) = reader.string(object, "dispatch", prefix: "") {
                 dispatch = QueueDispatch(rawValue: value)
                 if dispatch == nil { reader.fail("dispatch", "must be server or workers.") }
@@ -437,9 +437,14 @@ extension TaskloopApplication {
                 maxConcurrency = Int(value)
             }
             if case .some(let value?) = reader.boolean(object, "paused", prefix: "") { paused = value }
+            if case .some(let value) = reader.integer(object, "key_concurrency", prefix: "", in: SubmissionValidator.keyConcurrency,
+                                                      nullable: true) {
+                keyConcurrency = .some(value.map { Int($0) })
+            }
         }
         try reader.check()
-        let queue = try reply.engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch)
+        let queue = try reply.engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch,
+                                                 keyConcurrency: keyConcurrency)
         reply.send(.json(.ok, Representation.queue(queue, at: reply.engine.scheduler.wallClock)))
     }
 
