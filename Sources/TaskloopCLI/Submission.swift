@@ -48,8 +48,8 @@ public struct Submission: Sendable {
     /// A task from flags. `params` must be JSON; everything else the server checks, so its
     /// messages are the ones users see.
     public static func task(kind: String, params: String?, queue: String?, priority: Int?, name: String?,
-                            times: Times = Times(), uniqueKey: String? = nil, uniqueFor: String? = nil) throws(UsageError)
-        -> Submission {
+                            times: Times = Times(), uniqueKey: String? = nil, uniqueFor: String? = nil,
+                            concurrencyKey: String? = nil) throws(UsageError) -> Submission {
         var object: JSONObject = ["kind": .string(kind)]
         if let params {
             do {
@@ -69,6 +69,7 @@ public struct Submission: Sendable {
             }
             object["unique_for_ms"] = .int(milliseconds)
         }
+        if let concurrencyKey { object["concurrency_key"] = .string(concurrencyKey) }
         return Submission(body: JSONValue.object(object).encoded, isWorkflow: false)
     }
 

@@ -151,6 +151,9 @@ struct Submit: ClientCommandLine {
                                valueName: "span"))
     var uniqueFor: String?
 
+    @Option(help: "Fair share: the queue takes tasks round-robin across these keys and runs at most its key_concurrency of one key.")
+    var concurrencyKey: String?
+
     @Option(name: [.customShort("f"), .long], help: ArgumentHelp(
         "A JSON file holding a task, or a workflow ({\"name\", \"tasks\": [...]}); - reads standard input.", valueName: "file"))
     var file: String?
@@ -167,8 +170,8 @@ struct Submit: ClientCommandLine {
     func validate() throws {
         guard (kind == nil) != (file == nil) else { throw ValidationError("give either --kind or -f FILE") }
         if file != nil, params != nil || queue != nil || priority != nil || name != nil || at != nil || delay != nil
-            || expiresAt != nil || ttl != nil || uniqueKey != nil || uniqueFor != nil {
-            throw ValidationError("--params, --queue, --priority, --name, the times and the unique key go with --kind; a file says them itself")
+            || expiresAt != nil || ttl != nil || uniqueKey != nil || uniqueFor != nil || concurrencyKey != nil {
+            throw ValidationError("--params, --queue, --priority, --name, the times and the keys go with --kind; a file says them itself")
         }
         guard at == nil || delay == nil else { throw ValidationError("give --at or --delay, not both") }
         guard expiresAt == nil || ttl == nil else { throw ValidationError("give --expires-at or --ttl, not both") }
@@ -181,7 +184,7 @@ struct Submit: ClientCommandLine {
         } else {
             try Submission.task(kind: kind!, params: params, queue: queue, priority: priority, name: name,
                                 times: Submission.Times(at: at, delay: delay, expiresAt: expiresAt, ttl: ttl), uniqueKey: uniqueKey,
-                                uniqueFor: uniqueFor)
+                                uniqueFor: uniqueFor, concurrencyKey: concurrencyKey)
         }
         return .submit(submission, idempotencyKey: idempotencyKey, then: wait ? .wait : watch ? .watch : .printID)
     }

@@ -151,6 +151,8 @@ import TaskloopJSON
         let unique = try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, uniqueKey: "k",
                                          uniqueFor: "1m")
         #expect(String(decoding: unique.body, as: UTF8.self) == #"{"kind":"noop","unique_key":"k","unique_for_ms":60000}"#)
+        let fair = try Submission.task(kind: "noop", params: nil, queue: "q", priority: nil, name: nil, concurrencyKey: "tenant-7")
+        #expect(String(decoding: fair.body, as: UTF8.self) == #"{"kind":"noop","queue":"q","concurrency_key":"tenant-7"}"#)
         #expect(throws: UsageError.self) {
             try Submission.task(kind: "noop", params: nil, queue: nil, priority: nil, name: nil, uniqueKey: "k", uniqueFor: "soon")
         }
