@@ -256,6 +256,33 @@ def test_pause_resume_and_limit_a_queue(page, api):
     assert limit.get_attribute("value") == str(new_limit)
 
 
+def test_set_and_lift_a_queues_cap_per_concurrency_key(page, api, server):
+    api("PATCH", "/queues/tenants", {"max_concurrency": 5, "key_concurrency": 2})
+    page.open("/queues")
+    row = page.wait_find('table.queues tr[data-queue="tenants"]')
+    per_key = row.find_element(By.CSS_SELECTOR, "input.per-key")
+    wait_until(lambda: per_key.get_attribute("value") == "2", message="the cap the API shows")
+
+    per_key.clear()
+    per_key.send_keys("1")
+    per_key.find_element(By.XPATH, "./ancestor::form//button[normalize-space()='Set']").click()
+    wait_until(lambda: api("GET", "/queues/tenants")["key_concurrency"] == 1, message="the API to show a cap of 1")
+    wait_until(lambda: "tenants: 1 per key" in page.find("#toasts").text, message="a toast naming the new cap")
+
+    # Emptied, the field lifts the cap.
+    per_key.clear()
+    per_key.find_element(By.XPATH, "./ancestor::form//button[normalize-space()='Set']").click()
+    wait_until(lambda: api("GET", "/queues/tenants")["key_concurrency"] is None, message="the API to show no cap")
+    wait_until(lambda: "tenants: no cap per key" in page.find("#toasts").text, message="a toast saying there is no cap")
+
+    # A task's page shows its key.
+    task = submit(api, "noop", name="tenant-job", queue="tenants", concurrency_key="tenant-42")
+    server.wait_task(task["id"], lambda t: t["state"] in TERMINAL)
+    page.open(f"/tasks/{task['id']}")
+    wait_until(lambda: page.find("h1").text == "tenant-job", message="the task's page")
+    wait_until(lambda: "tenant-42" in page.section("Task").text, message="the concurrency key among the task's facts")
+
+
 def test_queue_counts_follow_the_tasks(page, api, server):
     api("PATCH", "/queues/mail", {"paused": True})
     page.open("/queues")

@@ -1,4 +1,4 @@
-// Queues: counts by state, limit (editable), dispatch, pause/resume, cancel-all, and a sparkline
+// Queues: counts by state, limit and cap per concurrency key (editable), dispatch, pause/resume, cancel-all, and a sparkline
 // of tasks finished per interval. `queue.updated` events replace a queue at once; task events
 // refresh the counts at most once a second (a queue's counts change with every task).
 
@@ -32,6 +32,7 @@ export async function mount(view) {
       h('th', { scope: 'col' }, 'Queue'),
       h('th', { scope: 'col' }, 'Dispatch'),
       h('th', { scope: 'col' }, 'Limit'),
+      h('th', { scope: 'col' }, 'Per key'),
       h('th', { scope: 'col' }, 'Status'),
       STATES.map((state) => h('th', { scope: 'col', class: 'count' }, state)),
       h('th', { scope: 'col' }, 'Finished'),
@@ -67,6 +68,23 @@ export async function mount(view) {
         toast(`${name}: ${error.message}`, 'error');
       }
     } }, limit, save);
+    // The cap per concurrency key: empty means none.
+    const perKey = adminOnly(h('input', { type: 'number', min: 1, max: 10000, class: 'limit per-key', placeholder: 'none',
+      'aria-label': `Running tasks per concurrency key in ${name}`, name: 'key_concurrency' }));
+    let perKeyDirty = false;
+    perKey.addEventListener('input', () => { perKeyDirty = true; });
+    const perKeyForm = h('form', { class: 'inline', onsubmit: async (event) => {
+      event.preventDefault();
+      const value = perKey.value === '' ? null : Number(perKey.value);
+      try {
+        const { json } = await call('PATCH', `/queues/${encodeURIComponent(name)}`, { key_concurrency: value });
+        perKeyDirty = false;
+        render(json);
+        toast(`${name}: ${json.key_concurrency === null ? 'no cap per key' : `${json.key_concurrency} per key`}`);
+      } catch (error) {
+        toast(`${name}: ${error.message}`, 'error');
+      }
+    } }, perKey, adminOnly(h('button', { type: 'submit', 'aria-label': `Set the cap per key of ${name}` }, 'Set')));
     const dispatch = h('td');
     const status = h('td');
     const pause = adminOnly(h('button', { type: 'button', class: 'pause' }));
@@ -94,6 +112,7 @@ export async function mount(view) {
       h('th', { scope: 'row' }, h('a', { href: `#/tasks?queue=${encodeURIComponent(name)}` }, name)),
       dispatch,
       h('td', {}, limitForm),
+      h('td', {}, perKeyForm),
       status,
       STATES.map((state) => h('td', { class: `count state-text-${state}` }, counts[state])),
       finished,
@@ -105,6 +124,7 @@ export async function mount(view) {
         dispatch.textContent = queue.dispatch === 'workers'
           ? `workers${queue.waiting_workers ? ` (${queue.waiting_workers} waiting)` : ''}` : 'server';
         if (!dirty && document.activeElement !== limit) limit.value = queue.max_concurrency;
+        if (!perKeyDirty && document.activeElement !== perKey) perKey.value = queue.key_concurrency ?? '';
         fill(status, h('span', { class: `badge ${queue.paused ? 'paused' : 'active'}` }, queue.paused ? 'paused' : 'active'));
         pause.textContent = queue.paused ? 'Resume' : 'Pause';
         pause.setAttribute('aria-label', `${queue.paused ? 'Resume' : 'Pause'} ${name}`);

@@ -116,6 +116,7 @@ export async function mount(view, target) {
       row('Kind', task.kind),
       row('Queue', h('a', { href: `#/tasks${query({ queue: task.queue })}` }, task.queue)),
       row('Priority', task.priority),
+      row('Concurrency key', task.concurrency_key ?? '—'),
       row('Attempt', `${task.attempt} of ${task.max_attempts}`),
       row('Retry', `backoff ${formatDuration(task.retry.backoff_ms)} × ${task.retry.backoff_factor}`),
       row('Timeout', task.timeout_ms ? formatDuration(task.timeout_ms) : 'none'),
