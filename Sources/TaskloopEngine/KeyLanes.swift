@@ -72,7 +72,10 @@ final class KeyLanes {
             if lane.ready.hasQueued() {
                 rotation.append(lane)
             } else {
+                // Forgotten now if nothing of its key runs: a task taken may expire instead of
+                // starting, and a start makes the lane again (`started`).
                 lane.inRotation = false
+                forgetIfIdle(lane)
             }
             return record
         }
@@ -102,10 +105,14 @@ final class KeyLanes {
     /// every time); those over it leave as they surface.
     func setCap(_ newCap: Int?) {
         cap = newCap
-        for lane in lanes.values.sorted(by: { $0.key! < $1.key! }) where !lane.inRotation && !isCapped(lane) {
+        for (_, lane) in lanes.sorted(by: { $0.key < $1.key }) where !lane.inRotation && !isCapped(lane) {
             if lane.ready.hasQueued() { join(lane) }
         }
     }
+
+    /// Keys with a lane now: those with tasks queued or running (and, until they surface in
+    /// the rotation, some whose queued tasks all left).
+    var keyCount: Int { lanes.count }
 
     /// Tasks of `key` running now, as the lanes count them.
     func running(key: String) -> Int {
@@ -117,7 +124,7 @@ final class KeyLanes {
         (lanes.values + [keyless]).contains { !isCapped($0) && $0.ready.hasQueued() }
     }
 
-    /// Whether every lane under its cap with queued tasks is in the rotation, and no other.
+    /// Whether every lane under its cap with queued tasks is in the rotation.
     func rotationIsWhole() -> Bool {
         (lanes.values + [keyless]).allSatisfy { lane in
             !lane.ready.hasQueued() || isCapped(lane) || lane.inRotation

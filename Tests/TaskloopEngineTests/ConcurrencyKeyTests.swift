@@ -234,6 +234,25 @@ import TaskloopJSON
         #expect(h.violations.isEmpty, "\(h.violations)")
     }
 
+    /// Many keys come and go: a key with nothing queued or running keeps no lane.
+    @Test func idleKeysAreForgotten() throws {
+        let h = try Harness(concurrency: 4, keyConcurrency: 1)
+        for index in 0..<100 { try h.submit("t\(index)", key: "tenant-\(index)") }
+        h.finishAll()
+        #expect(h.starts.count == 100)
+        let lanes = try #require(h.engine.queues["fair"]?.lanes)
+        #expect(lanes.keyCount == 0)
+        // Queued tasks that expire or are cancelled leave their lanes once they surface.
+        try h.engine.updateQueue("fair", paused: true)
+        try h.engine.submit(TaskSpec(kind: "manual", name: "late", queue: "fair", expiry: .after(10), concurrencyKey: "late"))
+        let cancelled = try h.submit("cancelled", key: "gone")
+        _ = try h.engine.cancel(cancelled.id)
+        h.base.clock.advance(by: 20)
+        try h.unpause()
+        #expect(lanes.keyCount == 0 && h.starts.count == 100)
+        #expect(h.violations.isEmpty, "\(h.violations)")
+    }
+
     @Test func badKeysAndCapsAreRefusedNamingTheField() throws {
         let h = try Harness()
         for key in ["", String(repeating: "k", count: 256)] {
