@@ -20,8 +20,8 @@ extension Engine {
                 for case let record? in tasks.entries where record.queue === queue && record.state == .running {
                     if let key = record.concurrencyKey { runningByKey[key, default: 0] += 1 }
                 }
-                for (key, running) in runningByKey where lanes.running(key: key) != running {
-                    violations.append("queue \(queue.name) counts \(lanes.running(key: key)) running of key \(key), holds \(running)")
+                if lanes.runningByKey() != runningByKey {
+                    violations.append("queue \(queue.name) counts running by key \(lanes.runningByKey()), holds \(runningByKey)")
                 }
             }
             if queue.waitingLessees != queue.lessees.count(where: \.isWaiting) {

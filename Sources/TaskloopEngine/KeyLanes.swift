@@ -114,9 +114,9 @@ final class KeyLanes {
     /// the rotation, some whose queued tasks all left).
     var keyCount: Int { lanes.count }
 
-    /// Tasks of `key` running now, as the lanes count them.
-    func running(key: String) -> Int {
-        lanes[key]?.running ?? 0
+    /// Tasks running now by key, as the lanes count them (keys with none left out).
+    func runningByKey() -> [String: Int] {
+        lanes.compactMapValues { $0.running == 0 ? nil : $0.running }
     }
 
     /// Whether a task waits in a lane under its cap (for the engine's invariants; scans).
