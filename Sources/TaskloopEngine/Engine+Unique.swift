@@ -169,14 +169,17 @@ extension Engine {
     }
 }
 
-/// A task's `uniqueKey` and the window it was submitted with (`TaskRecord.unique`).
-final class UniqueKeyOfTask {
-    let key: String
-    let forMilliseconds: UInt64?
+/// The fields few tasks carry, in one box (`TaskRecord.rare`): a `uniqueKey` and the window it
+/// was submitted with, and the schedule run that made the task.
+final class RareTaskFields {
+    let uniqueKey: String?
+    let uniqueForMilliseconds: UInt64?
+    let schedule: ScheduleSlot?
 
-    init(key: String, forMilliseconds: UInt64?) {
-        self.key = key
-        self.forMilliseconds = forMilliseconds
+    init(uniqueKey: String?, uniqueForMilliseconds: UInt64?, schedule: ScheduleSlot?) {
+        self.uniqueKey = uniqueKey
+        self.uniqueForMilliseconds = uniqueForMilliseconds
+        self.schedule = schedule
     }
 }
 

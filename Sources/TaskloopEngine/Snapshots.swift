@@ -44,6 +44,8 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var resolvedParams: JSONValue?
     public var uniqueKey: String?
     public var uniqueForMilliseconds: UInt64?
+    /// See `TaskRecord.schedule`.
+    public var schedule: ScheduleSlot?
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
@@ -53,7 +55,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
         releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0, scheduledFor: Int64? = nil,
         expiresAt: Int64? = nil, inputs: [TaskInput] = [], resolvedParams: JSONValue? = nil, uniqueKey: String? = nil,
-        uniqueForMilliseconds: UInt64? = nil
+        uniqueForMilliseconds: UInt64? = nil, schedule: ScheduleSlot? = nil
     ) {
         self.id = id
         self.sequence = sequence
@@ -88,6 +90,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.resolvedParams = resolvedParams
         self.uniqueKey = uniqueKey
         self.uniqueForMilliseconds = uniqueForMilliseconds
+        self.schedule = schedule
     }
 }
 

@@ -21,10 +21,11 @@ public final class TaskRecord {
     /// An explicit retry raises `maxAttempts` to allow its new attempt.
     public internal(set) var retry: RetryPolicy
     public let metadata: JSONValue?
-    /// See `TaskSpec.uniqueKey`; the window is the submission's, kept to show it. Boxed: the
-    /// many tasks without a key pay one word for both (Benchmarks/engine: a retained noop task
-    /// took 33 bytes more with both inline, 7%; 17 with the box).
-    let unique: UniqueKeyOfTask?
+    /// See `TaskSpec.uniqueKey` (the window is the submission's, kept to show it) and
+    /// `TaskSpec.schedule`. Boxed: the many tasks with neither pay one word for all three
+    /// (Benchmarks/engine: a retained noop task took 33 bytes more with the key and window
+    /// inline, 7%; 17 with the box).
+    let rare: RareTaskFields?
     public internal(set) var workflow: WorkflowRecord?
     /// Wall-clock milliseconds.
     public let createdAt: Int64
@@ -98,15 +99,18 @@ public final class TaskRecord {
         timeoutMilliseconds = spec.timeoutMilliseconds
         retry = spec.retry
         metadata = spec.metadata
-        unique = spec.uniqueKey.map { UniqueKeyOfTask(key: $0, forMilliseconds: spec.uniqueForMilliseconds) }
+        rare = spec.uniqueKey == nil && spec.schedule == nil ? nil
+            : RareTaskFields(uniqueKey: spec.uniqueKey, uniqueForMilliseconds: spec.uniqueForMilliseconds, schedule: spec.schedule)
         self.createdAt = createdAt
         scheduledFor = spec.runAt?.instant(submittedAt: createdAt)
         expiresAt = spec.expiry?.instant(submittedAt: createdAt)
     }
 
     public var maxAttempts: Int { retry.maxAttempts }
-    public var uniqueKey: String? { unique?.key }
-    public var uniqueForMilliseconds: UInt64? { unique?.forMilliseconds }
+    public var uniqueKey: String? { rare?.uniqueKey }
+    public var uniqueForMilliseconds: UInt64? { rare?.uniqueForMilliseconds }
+    /// The schedule run this task belongs to, if a schedule made it (Engine+Schedules).
+    public var schedule: ScheduleSlot? { rare?.schedule }
 }
 
 /// A named lane with its own concurrency limit and pause switch.

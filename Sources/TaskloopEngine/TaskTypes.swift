@@ -144,12 +144,16 @@ public struct TaskSpec: Sendable, Equatable {
     /// How long after a task with the key finished this submission is still refused; nil: only
     /// while one is unfinished.
     public var uniqueForMilliseconds: UInt64?
+    /// Set by the engine on the tasks a schedule's run makes (Engine+Schedules); a client's
+    /// submission never carries it.
+    public var schedule: ScheduleSlot?
 
     public init(
         kind: String, params: JSONValue = [:], name: String? = nil, queue: String = "default", priority: Int = 0,
         dependencies: [DependencyReference] = [], onDependencyFailure: DependencyFailurePolicy = .cancel,
         timeoutMilliseconds: UInt64? = nil, retry: RetryPolicy = RetryPolicy(), metadata: JSONValue? = nil,
-        runAt: TaskTime? = nil, expiry: TaskTime? = nil, uniqueKey: String? = nil, uniqueForMilliseconds: UInt64? = nil
+        runAt: TaskTime? = nil, expiry: TaskTime? = nil, uniqueKey: String? = nil, uniqueForMilliseconds: UInt64? = nil,
+        schedule: ScheduleSlot? = nil
     ) {
         self.kind = kind
         self.params = params
@@ -165,5 +169,6 @@ public struct TaskSpec: Sendable, Equatable {
         self.expiry = expiry
         self.uniqueKey = uniqueKey
         self.uniqueForMilliseconds = uniqueForMilliseconds
+        self.schedule = schedule
     }
 }

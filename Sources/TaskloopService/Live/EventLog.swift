@@ -57,7 +57,7 @@ struct EventMapping {
                 emit(.taskState, task, task.state, nil, nil)
             case .evicted(let task, let workflowEmptied):
                 if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
-            case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
+            case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched, .scheduleChanged, .scheduleDeleted:
                 break
             }
         }
