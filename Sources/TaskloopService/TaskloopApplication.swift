@@ -333,7 +333,7 @@ public final class TaskloopApplication {
         var loaded = store.takeLoaded()
         do {
             try engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks,
-                               uniqueKeys: loaded.uniqueKeys)
+                               uniqueKeys: loaded.uniqueKeys, schedules: loaded.schedules)
         } catch {
             durable.close()
             throw error

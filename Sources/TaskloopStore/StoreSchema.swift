@@ -107,6 +107,14 @@ public enum StoreSchema {
             PRIMARY KEY (queue, key)
         ) WITHOUT ROWID;
         """) },
+        // 7: schedules (cron), one row each, in `ScheduleRecordCodec`'s JSON. Self-contained: it
+        // touches no other table.
+        { database in try database.execute("""
+        CREATE TABLE schedules (
+            id TEXT PRIMARY KEY,
+            record BLOB NOT NULL
+        ) WITHOUT ROWID;
+        """) },
     ]
 
     /// The version this server writes.
