@@ -118,6 +118,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Most queues known at once; a new one beyond is refused with 422 (idle queues with default settings are forgotten first). [env: TASKLOOP_MAX_QUEUES]")
     var maxQueues: Int = Environment.int("MAX_QUEUES") ?? 1_000
 
+    @Option(help: "Most schedules held; a new one beyond is refused with 409 too_many_schedules. [env: TASKLOOP_MAX_SCHEDULES]")
+    var maxSchedules: Int = Environment.int("MAX_SCHEDULES") ?? 10_000
+
     @Option(help: "Most unfinished tasks held; submissions beyond are refused with 429. [env: TASKLOOP_MAX_UNFINISHED_TASKS]")
     var maxUnfinishedTasks: Int = Environment.int("MAX_UNFINISHED_TASKS") ?? 100_000
 
@@ -228,6 +231,7 @@ struct Taskloop: ParsableCommand {
         guard maxUnfinishedTasks >= 1 else { throw ValidationError("--max-unfinished-tasks must be at least 1") }
         guard maxScheduleAheadMs >= 1 else { throw ValidationError("--max-schedule-ahead-ms must be at least 1") }
         guard maxQueues >= 1 else { throw ValidationError("--max-queues must be at least 1") }
+        guard maxSchedules >= 0 else { throw ValidationError("--max-schedules must be at least 0") }
         guard maxRetainedTasks >= 0 else { throw ValidationError("--max-retained-tasks must not be negative") }
         guard (1...31_536_000_000).contains(maxUniqueForMs) else {
             throw ValidationError("--max-unique-for-ms must be 1...31536000000")
@@ -362,6 +366,7 @@ struct Taskloop: ParsableCommand {
         configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks
         configuration.engine.maxScheduleAheadMilliseconds = UInt64(maxScheduleAheadMs)
         configuration.engine.maxQueues = maxQueues
+        configuration.engine.maxSchedules = maxSchedules
         configuration.engine.maxRetainedTasks = maxRetainedTasks
         configuration.engine.retentionMilliseconds = UInt64(retentionSeconds * 1000)
         configuration.engine.maxUniqueForMilliseconds = UInt64(maxUniqueForMs)

@@ -97,6 +97,16 @@ enum Representation {
         json.field("unique_key", task.uniqueKey)
         json.key(static: "unique_for_ms")
         if let window = task.uniqueForMilliseconds { json.int(Int64(clamping: window)) } else { json.null() }
+        json.key(static: "schedule")
+        if let schedule = task.schedule {
+            json.beginObject()
+            json.key(static: "id")
+            write(schedule.id, into: &json)
+            timestamp("slot", schedule.slot, into: &json)
+            json.endObject()
+        } else {
+            json.null()
+        }
         json.endObject()
     }
 
@@ -543,6 +553,8 @@ protocol RepresentedTask {
     var workflowID: TaskID? { get }
     var uniqueKey: String? { get }
     var uniqueForMilliseconds: UInt64? { get }
+    /// The schedule run that made it.
+    var schedule: ScheduleSlot? { get }
     /// What changes over its life, as it is now.
     var moment: TaskMoment { get }
 }
