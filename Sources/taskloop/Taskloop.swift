@@ -15,7 +15,8 @@ struct Taskloop: ParsableCommand {
         abstract: "A task-orchestration service: submit tasks over HTTP, watch them run, cancel them.",
         discussion: "Every option can also be set with an environment variable TASKLOOP_<OPTION>, "
             + "e.g. TASKLOOP_PORT=9000; a flag on the command line wins.",
-        subcommands: [Backup.self, Worker.self, Submit.self, Get.self, List.self, Cancel.self, Retry.self, Watch.self])
+        subcommands: [Backup.self, Worker.self, Submit.self, Get.self, List.self, Cancel.self, Retry.self, Watch.self,
+                      ScheduleGroup.self])
 
     @Option(help: "Address to listen on (IPv4, IPv6 or a host name). [env: TASKLOOP_HOST]")
     var host: String = Environment.string("HOST") ?? "127.0.0.1"
