@@ -74,13 +74,16 @@ extension Engine {
 
     /// One run now (its slot is now, unjittered), paused or not, obeying `overlap`: with
     /// `skip` and the previous run unfinished it is refused (`previous_run_unfinished`) and
-    /// nothing changes. `lastSlot` does not move: the cron slots go on as before.
+    /// nothing changes; with `cancel_previous` that run is cancelled once the new one is made,
+    /// so a submission the moment refuses (a held unique key, the unfinished-task limit) throws
+    /// as it would, having changed nothing. `lastSlot` does not move: the cron slots go on as before.
     @discardableResult
     public func triggerSchedule(_ id: TaskID) throws(EngineError) -> ScheduleRun {
         guard let schedule = schedules[id] else { throw EngineError(.notFound, "No schedule \(id).") }
-        if schedule.spec.overlap == .skip, let current = schedule.currentRun, isUnfinished(current) {
-            throw EngineError(.previousRunUnfinished, "The schedule's previous run \(current.id!) has not finished (overlap skip).",
-                              existing: current.id)
+        let unfinished = schedule.currentRun.flatMap { isUnfinished($0) ? $0 : nil }
+        if schedule.spec.overlap == .skip, let unfinished {
+            throw EngineError(.previousRunUnfinished, "The schedule's previous run \(unfinished.id!) has not finished (overlap skip).",
+                              existing: unfinished.id)
         }
         return try settling { () throws(EngineError) -> ScheduleRun in
             let now = scheduler.wallClock
@@ -91,6 +94,7 @@ extension Engine {
                 dispatch()
             }
             let run = try makeRun(of: schedule, slot: now, at: now)
+            if schedule.spec.overlap == .cancelPrevious, let unfinished { cancel(unfinished) }
             schedule.record(run)
             schedule.firedCount += 1
             scheduleTotals.fired += 1
@@ -106,9 +110,9 @@ extension Engine {
 
     public var scheduleCount: Int { schedules.count }
 
-    /// The next `count` slots the schedule fires at (unjittered); none while paused.
+    /// The next `count` slots the schedule fires at (unjittered); none while paused or once deleted.
     public func nextRuns(of schedule: ScheduleRecord, count: Int = 5) -> [Int64] {
-        guard !schedule.spec.paused else { return [] }
+        guard !schedule.spec.paused, !schedule.deleted else { return [] }
         return schedule.slots(count: count, after: schedule.lastSlot)
     }
 

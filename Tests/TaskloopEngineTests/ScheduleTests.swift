@@ -286,6 +286,34 @@ import TaskloopTime
         #expect(throws: EngineError.self) { try s.engine.triggerSchedule(TaskID(high: 1, low: 1)) }
     }
 
+    /// With `cancel_previous`, a trigger cancels the unfinished previous run, then runs.
+    @Test func triggerCancelsThePreviousRunUnderCancelPrevious() throws {
+        let manual = ManualExecutor()
+        manual.confirmsCancel = true
+        let s = Harness(at: "2026-01-01T00:00:30Z", manual: manual)
+        let schedule = try s.create("0 0 1 1 *", kind: "manual", overlap: .cancelPrevious)
+        let first = try s.engine.triggerSchedule(schedule.id)
+        let second = try s.engine.triggerSchedule(schedule.id)
+        #expect(s.engine.task(first.target.id!)?.state == .cancelled)
+        #expect(s.engine.task(second.target.id!)?.state == .running)
+        #expect(schedule.lastRuns.map { s.engine.state(of: $0) } == ["cancelled", "running"])
+    }
+
+    /// A trigger the moment refuses (the template's unique key is held) changes nothing.
+    @Test func aRefusedTriggerChangesNothing() throws {
+        let s = Harness(at: "2026-01-01T00:00:30Z")
+        let schedule = try s.engine.createSchedule(ScheduleSpec(
+            name: "keyed", cron: "@yearly", template: .task(TaskSpec(kind: "manual", uniqueKey: "one")), overlap: .allow))
+        _ = try s.engine.triggerSchedule(schedule.id)
+        do {
+            _ = try s.engine.triggerSchedule(schedule.id)
+            Issue.record("a second run with a held key was made")
+        } catch {
+            #expect(error.code == .duplicateTask)
+        }
+        #expect(schedule.lastRuns.count == 1 && schedule.firedCount == 1)
+    }
+
     @Test func aDeletedScheduleStopsFiringAndLeavesItsRunsAlone() throws {
         let s = Harness(at: "2026-01-01T00:00:30Z")
         let schedule = try s.create("* * * * *", kind: "manual")
@@ -293,6 +321,7 @@ import TaskloopTime
         let run = try #require(schedule.lastRuns.first?.target.id)
         try s.engine.deleteSchedule(schedule.id)
         #expect(s.engine.schedule(schedule.id) == nil && s.engine.allSchedules.isEmpty)
+        #expect(s.engine.nextRuns(of: schedule).isEmpty)
         s.advance(by: 600_000)
         #expect(s.runs.count == 1 && s.engine.task(run)?.state == .running)
         #expect(throws: EngineError.self) { try s.engine.deleteSchedule(schedule.id) }

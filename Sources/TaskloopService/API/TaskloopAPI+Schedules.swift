@@ -70,18 +70,14 @@ extension TaskloopApplication {
         try refuseSchedulesOnCells()
         try refuseWhileDraining()
         let schedule = try existingSchedule(request, reply.engine)
+        // A trigger's run always made its task or workflow: a refusal throws instead.
         let run = try reply.engine.triggerSchedule(schedule.id)
-        switch run.target {
-        case .task(let id):
-            let task = reply.engine.task(id)!
-            reply.send(.json(.created, Representation.task(task, in: reply.engine), location: Representation.path("/tasks/", id)))
-        case .workflow(let id):
-            let workflow = reply.engine.workflow(id)!
-            reply.send(.json(.created, Representation.workflow(workflow), location: Representation.path("/workflows/", id)))
-        case .none:
-            // The moment's state refused the run (the unfinished-task limit, a held unique key):
-            // the engine recorded it as skipped; say why.
-            throw APIProblem(.conflict, detail: run.error ?? "The run was refused.", code: "run_refused")
+        if case .workflow(let id) = run.target {
+            reply.send(.json(.created, Representation.workflow(reply.engine.workflow(id)!), location: Representation.path("/workflows/", id)))
+        } else {
+            let id = run.target.id!
+            reply.send(.json(.created, Representation.task(reply.engine.task(id)!, in: reply.engine),
+                             location: Representation.path("/tasks/", id)))
         }
     }
 
