@@ -99,6 +99,7 @@ let package = Package(
             dependencies: [
                 "TaskloopBytes",
                 "TaskloopJSON",
+                "TaskloopTime",
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "DequeModule", package: "swift-collections"),
             ],
@@ -203,7 +204,7 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopEngineTests",
-            dependencies: ["TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport"]
+            dependencies: ["TaskloopEngine", "TaskloopJSON", "TaskloopTestSupport", "TaskloopTime"]
         ),
         .testTarget(
             name: "TaskloopTimeTests",

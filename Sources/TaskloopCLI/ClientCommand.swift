@@ -41,6 +41,8 @@ public enum ClientCommand: Sendable {
     case retry(id: String)
     /// Follows the task or workflow to its end.
     case watch(id: String)
+    /// `taskloop schedule ...` (Schedules).
+    case schedule(ScheduleCommand)
 }
 
 public enum AfterSubmission: Sendable {

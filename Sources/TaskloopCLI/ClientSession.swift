@@ -156,6 +156,62 @@ final class ClientSession {
         case .retry(let id): onTaskOrWorkflow(id, "POST", "/retry") { [unowned self] in printJSON($0); finish(.succeeded) }
         case .list(let query, let format): list(query, format: format)
         case .watch(let id): follow(id, isWorkflow: false, display: liveOrLines()) { [unowned self] in finish($0) }
+        case .schedule(let command): schedule(command)
+        }
+    }
+
+    // MARK: schedule
+
+    private func schedule(_ command: ScheduleCommand) {
+        func printing(_ pick: @escaping (JSONObject) -> String?) -> (ServerReply) -> Void {
+            { [unowned self] reply in
+                guard let response = success(reply) else { return }
+                guard let object = response.json?.objectValue, let text = pick(object) else {
+                    return failUnreadable("the answer names no id")
+                }
+                Console.print(text)
+                finish(.succeeded)
+            }
+        }
+        switch command {
+        case .create(let body):
+            server.call("POST", "/schedules", body: body, printing { $0["id"]?.stringValue })
+        case .list(let format):
+            server.call("GET", "/schedules") { [unowned self] reply in
+                guard let response = success(reply) else { return }
+                guard let schedules = response.json?.objectValue?["schedules"]?.arrayValue?.compactMap(\.objectValue) else {
+                    return failUnreadable("the answer to GET /schedules is not a list of schedules")
+                }
+                let lines = format == .automatic && Console.isTerminal(Console.output)
+                    ? schedules.map(ScheduleRequest.line) : schedules.map { JSONText.compact(.object($0)) }
+                if !lines.isEmpty { Console.write(lines.map { $0 + "\n" }.joined(), to: Console.output) }
+                finish(.succeeded)
+            }
+        case .setPaused(let id, let paused):
+            server.call("PATCH", "/schedules/\(URLText.encoded(id))", body: Array(#"{"paused":\#(paused)}"#.utf8)) { [unowned self] reply in
+                if case .answered(let response) = reply, response.status == 404 {
+                    return end(.unknownOrUnreachable, saying: "no schedule \(id) at \(server.base)")
+                }
+                guard let response = success(reply) else { return }
+                printJSON(response)
+                finish(.succeeded)
+            }
+        case .trigger(let id):
+            server.call("POST", "/schedules/\(URLText.encoded(id))/trigger") { [unowned self] reply in
+                if case .answered(let response) = reply, response.status == 404 {
+                    return end(.unknownOrUnreachable, saying: "no schedule \(id) at \(server.base)")
+                }
+                printing { $0["id"]?.stringValue }(reply)
+            }
+        case .remove(let id):
+            server.call("DELETE", "/schedules/\(URLText.encoded(id))") { [unowned self] reply in
+                if case .answered(let response) = reply, response.status == 404 {
+                    return end(.unknownOrUnreachable, saying: "no schedule \(id) at \(server.base)")
+                }
+                guard let response = success(reply) else { return }
+                printJSON(response)
+                finish(.succeeded)
+            }
         }
     }
 

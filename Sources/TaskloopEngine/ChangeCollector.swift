@@ -12,12 +12,16 @@ public struct RecordChanges: Sendable {
     /// Unique keys of forgotten tasks, made and dropped (Engine+Unique).
     public var uniqueKeys: [UniqueKeyTombstone] = []
     public var droppedUniqueKeys: [UniqueKeyName] = []
+    /// Schedules made or changed (firing included), and deleted (Engine+Schedules).
+    public var schedules: [ScheduleSnapshot] = []
+    public var deletedSchedules: [TaskID] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
             && forgottenQueues.isEmpty && messages.isEmpty && uniqueKeys.isEmpty && droppedUniqueKeys.isEmpty
+            && schedules.isEmpty && deletedSchedules.isEmpty
     }
 }
 
@@ -47,11 +51,14 @@ public struct ChangeCollector {
     private var evictedWorkflows: [TaskID] = []
     private var forgottenQueues: [String] = []
     private var messages: [CellMessage] = []
+    private var schedules: [ScheduleRecord] = []
+    private var deletedSchedules: [TaskID] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && workflows.isEmpty && queues.isEmpty && evictedTasks.isEmpty && forgottenQueues.isEmpty && messages.isEmpty
+            && schedules.isEmpty && deletedSchedules.isEmpty
     }
 
     public mutating func add(_ events: [EngineEvent]) {
@@ -70,6 +77,11 @@ public struct ChangeCollector {
                 forgottenQueues.append(name)
             case .messageSent(let message):
                 messages.append(message)
+            case .scheduleChanged(let schedule):
+                if !schedules.contains(where: { $0 === schedule }) { schedules.append(schedule) }
+            case .scheduleDeleted(let schedule):
+                schedules.removeAll { $0 === schedule }
+                deletedSchedules.append(schedule.id)
             case .workflowReported:
                 // `take` has it from the engine, with the workflows the reports left spent.
                 break
@@ -108,6 +120,8 @@ public struct ChangeCollector {
         changes.forgottenQueues = forgottenQueues
         changes.messages = messages
         (changes.uniqueKeys, changes.droppedUniqueKeys) = engine.takeUniqueKeyChanges()
+        changes.schedules = schedules.map { engine.snapshot(of: $0) }
+        changes.deletedSchedules = deletedSchedules
         self = ChangeCollector()
         return changes
     }

@@ -18,7 +18,7 @@ extension Engine {
             releasedBy: record.releasedBy, watchers: cell == nil ? [] : watchers(of: record), reopenings: record.reopenings,
             scheduledFor: record.scheduledFor, expiresAt: record.expiresAt, inputs: record.inputs,
             resolvedParams: record.resolvedParams, uniqueKey: record.uniqueKey, uniqueForMilliseconds: record.uniqueForMilliseconds,
-            concurrencyKey: record.concurrencyKey)
+            concurrencyKey: record.concurrencyKey, schedule: record.schedule)
     }
 
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
@@ -40,11 +40,14 @@ extension Engine {
     ///   completes, anything else ends the attempt as `interrupted` under the retry policy;
     ///   unless a worker leased it: it keeps its lease (and token) until that expires;
     /// - terminal tasks are retained by their finishing time, and those past retention go;
-    /// - unique keys are held as before, by the records and `savedUniqueKeys` (Engine+Unique).
+    /// - unique keys are held as before, by the records and `savedUniqueKeys` (Engine+Unique);
+    /// - schedules go on after their `lastSlot`, slots missed while down by their `catchup`
+    ///   (Engine+Schedules).
     /// What this changes reaches observers as one settled batch, like any call. Throws, having
     /// changed nothing, when a task's kind has no executor on this server.
     public func restore(queues savedQueues: [QueueSnapshot], workflows savedWorkflows: [WorkflowSnapshot],
-                        tasks savedTasks: [TaskSnapshot], uniqueKeys savedUniqueKeys: [UniqueKeyTombstone] = []) throws(EngineError) {
+                        tasks savedTasks: [TaskSnapshot], uniqueKeys savedUniqueKeys: [UniqueKeyTombstone] = [],
+                        schedules savedSchedules: [ScheduleSnapshot] = []) throws(EngineError) {
         precondition(tasks.count == 0 && workflows.isEmpty, "restore needs a new engine")
         var executorsByTask: [TaskExecutor] = []
         executorsByTask.reserveCapacity(savedTasks.count)
@@ -56,6 +59,7 @@ extension Engine {
             }
             executorsByTask.append(executor)
         }
+        let parsedSchedules = try parsedSchedules(savedSchedules)
         settling {
             for saved in savedQueues {
                 let queue = queue(named: saved.name)
@@ -128,6 +132,8 @@ extension Engine {
                     break
                 }
             }
+            // Before the tasks' deadlines fire: a catch-up run sees the previous run as it was.
+            restoreSchedules(parsedSchedules)
             restoreWallTimers(of: unfinished)
             retainedByFinish.sort { ($0.finishedAt ?? 0, $0.sequence) < ($1.finishedAt ?? 0, $1.sequence) }
             for record in retainedByFinish { retained.append(RetainedEntry(record: record, epoch: record.retentionEpoch)) }
@@ -145,7 +151,7 @@ extension Engine {
                             timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata,
                             runAt: saved.scheduledFor.map { .at($0) }, expiry: saved.expiresAt.map { .at($0) },
                             uniqueKey: saved.uniqueKey, uniqueForMilliseconds: saved.uniqueForMilliseconds,
-                            concurrencyKey: saved.concurrencyKey)
+                            concurrencyKey: saved.concurrencyKey, schedule: saved.schedule)
         let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
                                 queue: queue(named: saved.queue), dependencies: saved.dependencies, createdAt: saved.createdAt)
         copy(saved, into: record)

@@ -90,6 +90,9 @@ extension Engine {
                 finish(record, as: .cancelled, error: .expired(at: entry.deadline))
             }
         }
+        while let entry = wallTimers.popDueSchedule(at: wallClock) {
+            fire(entry.schedule, slot: entry.slot, at: wallClock)
+        }
         dispatching = wasDispatching
         dispatch()
     }

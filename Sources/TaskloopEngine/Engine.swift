@@ -42,6 +42,8 @@ public struct EngineConfiguration: Sendable {
     public var maxUniqueForMilliseconds: UInt64 = 86_400_000
     /// Most such tombstones kept; past it the oldest go before their time.
     public var maxForgottenUniqueKeys = 100_000
+    /// Most schedules held at once (Engine+Schedules).
+    public var maxSchedules = 10_000
 
     public init() {}
 }
@@ -89,6 +91,10 @@ public enum EngineEvent {
     /// (Engine+CellWorkflows): the workflow changed, and no task of this cell did. `spent`:
     /// the report left it nothing to keep, and the engine forgot it.
     case workflowReported(WorkflowRecord, spent: Bool)
+    /// A schedule was made or changed: its settings, or by firing (`lastSlot`, its runs).
+    case scheduleChanged(ScheduleRecord)
+    /// A schedule was deleted.
+    case scheduleDeleted(ScheduleRecord)
 }
 
 /// A reference to the engine that `deinit` clears, for timers and attempts that may outlive it.
@@ -186,6 +192,9 @@ public final class Engine {
     var claimedRemote: (stamp: UInt64, ids: [TaskID]) = (0, [])
     /// Which task holds each unique key of each queue (Engine+Unique).
     var uniqueKeys = UniqueKeyIndex()
+    /// Schedules by id (Engine+Schedules), and what their runs came to.
+    var schedules: [TaskID: ScheduleRecord] = [:]
+    public internal(set) var scheduleTotals = ScheduleTotals()
 
     /// How scheduled actions and attempts reach the engine once it may be gone.
     let link = EngineLink()
@@ -413,6 +422,7 @@ public final class Engine {
             tellWatchers(of: record, .ended)
             reportToHome(record)
         }
+        if let run = record.rare?.schedule { scheduleRunEnded(record, run: run) }
         retain(record)
     }
 

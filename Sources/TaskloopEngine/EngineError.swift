@@ -28,6 +28,10 @@ public struct EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         /// An unfinished task of the queue, or one finished within the window, holds the
         /// submission's `unique_key` (`existing` names it).
         case duplicateTask = "duplicate_task"
+        /// `maxSchedules` would be exceeded.
+        case tooManySchedules = "too_many_schedules"
+        /// A trigger of a schedule with `overlap: skip` whose previous run (`existing`) is unfinished.
+        case previousRunUnfinished = "previous_run_unfinished"
     }
 
     public let code: Code

@@ -45,6 +45,8 @@ public struct TaskSnapshot: Sendable, Equatable {
     public var uniqueKey: String?
     public var uniqueForMilliseconds: UInt64?
     public var concurrencyKey: String?
+    /// See `TaskRecord.schedule`.
+    public var schedule: ScheduleSlot?
 
     public init(
         id: TaskID, sequence: UInt64, kind: String, params: JSONValue, name: String?, queue: String, priority: Int,
@@ -54,7 +56,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         error: TaskError?, progress: TaskProgress, notBefore: Int64?, lease: LeaseSnapshot? = nil,
         releasedBy: [TaskID] = [], watchers: [UInt16] = [], reopenings: UInt32 = 0, scheduledFor: Int64? = nil,
         expiresAt: Int64? = nil, inputs: [TaskInput] = [], resolvedParams: JSONValue? = nil, uniqueKey: String? = nil,
-        uniqueForMilliseconds: UInt64? = nil, concurrencyKey: String? = nil
+        uniqueForMilliseconds: UInt64? = nil, concurrencyKey: String? = nil, schedule: ScheduleSlot? = nil
     ) {
         self.id = id
         self.sequence = sequence
@@ -90,6 +92,7 @@ public struct TaskSnapshot: Sendable, Equatable {
         self.uniqueKey = uniqueKey
         self.uniqueForMilliseconds = uniqueForMilliseconds
         self.concurrencyKey = concurrencyKey
+        self.schedule = schedule
     }
 }
 

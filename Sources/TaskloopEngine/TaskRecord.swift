@@ -98,9 +98,9 @@ public final class TaskRecord {
         timeoutMilliseconds = spec.timeoutMilliseconds
         retry = spec.retry
         metadata = spec.metadata
-        rare = spec.uniqueKey == nil && spec.concurrencyKey == nil ? nil
+        rare = spec.uniqueKey == nil && spec.concurrencyKey == nil && spec.schedule == nil ? nil
             : RareTaskFields(uniqueKey: spec.uniqueKey, uniqueForMilliseconds: spec.uniqueForMilliseconds,
-                             concurrencyKey: spec.concurrencyKey)
+                             concurrencyKey: spec.concurrencyKey, schedule: spec.schedule)
         self.createdAt = createdAt
         scheduledFor = spec.runAt?.instant(submittedAt: createdAt)
         expiresAt = spec.expiry?.instant(submittedAt: createdAt)
@@ -112,6 +112,8 @@ public final class TaskRecord {
     public var uniqueForMilliseconds: UInt64? { rare?.uniqueForMilliseconds }
     /// See `TaskSpec.concurrencyKey`.
     public var concurrencyKey: String? { rare?.concurrencyKey }
+    /// The schedule run this task belongs to, if a schedule made it (Engine+Schedules).
+    public var schedule: ScheduleSlot? { rare?.schedule }
 }
 
 /// What few tasks carry (`TaskRecord.rare`).
@@ -119,11 +121,13 @@ final class RareTaskFields {
     let uniqueKey: String?
     let uniqueForMilliseconds: UInt64?
     let concurrencyKey: String?
+    let schedule: ScheduleSlot?
 
-    init(uniqueKey: String?, uniqueForMilliseconds: UInt64?, concurrencyKey: String?) {
+    init(uniqueKey: String?, uniqueForMilliseconds: UInt64?, concurrencyKey: String?, schedule: ScheduleSlot?) {
         self.uniqueKey = uniqueKey
         self.uniqueForMilliseconds = uniqueForMilliseconds
         self.concurrencyKey = concurrencyKey
+        self.schedule = schedule
     }
 }
 

@@ -146,6 +146,7 @@ public struct TaskSpec: Sendable, Equatable {
         var uniqueKey: String?
         var uniqueForMilliseconds: UInt64?
         var concurrencyKey: String?
+        var schedule: ScheduleSlot?
     }
 
     private final class Box: @unchecked Sendable {
@@ -231,18 +232,25 @@ public struct TaskSpec: Sendable, Equatable {
         get { box.fields.concurrencyKey }
         _modify { yield &boxForChange.fields.concurrencyKey }
     }
+    /// Set by the engine on the tasks a schedule's run makes (Engine+Schedules); a client's
+    /// submission never carries it.
+    public var schedule: ScheduleSlot? {
+        get { box.fields.schedule }
+        _modify { yield &boxForChange.fields.schedule }
+    }
 
     public init(
         kind: String, params: JSONValue = [:], name: String? = nil, queue: String = "default", priority: Int = 0,
         dependencies: [DependencyReference] = [], onDependencyFailure: DependencyFailurePolicy = .cancel,
         timeoutMilliseconds: UInt64? = nil, retry: RetryPolicy = RetryPolicy(), metadata: JSONValue? = nil,
         runAt: TaskTime? = nil, expiry: TaskTime? = nil, uniqueKey: String? = nil, uniqueForMilliseconds: UInt64? = nil,
-        concurrencyKey: String? = nil
+        concurrencyKey: String? = nil, schedule: ScheduleSlot? = nil
     ) {
         box = Box(Fields(kind: kind, params: params, name: name, queue: queue, priority: priority, dependencies: dependencies,
                          onDependencyFailure: onDependencyFailure, timeoutMilliseconds: timeoutMilliseconds, retry: retry,
                          metadata: metadata, runAt: runAt, expiry: expiry, uniqueKey: uniqueKey,
-                         uniqueForMilliseconds: uniqueForMilliseconds, concurrencyKey: concurrencyKey))
+                         uniqueForMilliseconds: uniqueForMilliseconds, concurrencyKey: concurrencyKey,
+                         schedule: schedule))
     }
 
     public static func == (lhs: TaskSpec, rhs: TaskSpec) -> Bool {

@@ -34,6 +34,8 @@ final class ServiceMetrics {
     /// Attempts by outcome, and how many of them the counter has been told.
     private var webhookAttempts: [String: (counter: Counter, counted: Int)] = [:]
     private let droppedLogLines: Counter
+    /// Schedules' runs made, slots missed and slots skipped, as counted at the last scrape.
+    private var scheduleRuns: [(counter: Counter, counted: UInt64)] = []
     private var droppedLogLinesCounted = 0
     private var leaseCollectors: [String: LeaseCollectors] = [:]
     private let leaseLatency: ValueHistogram
@@ -108,6 +110,13 @@ final class ServiceMetrics {
         leaseLatency = registry.makeValueHistogram(
             descriptor: Self.name("lease_latency", "seconds", "Time from a lease call's arrival to its answer with tasks."),
             buckets: Self.latencyBuckets)
+        for (name, help) in [
+            ("schedule_runs_fired", "Runs schedules made: slots fired, catch-up runs and triggers."),
+            ("schedule_runs_missed", "Schedule slots passed unseen (server down, clock jumped) that catchup did not run."),
+            ("schedule_runs_skipped", "Schedule slots skipped because the previous run had not finished (overlap skip), or whose run was refused."),
+        ] {
+            scheduleRuns.append((registry.makeCounter(descriptor: Self.name(name, "total", help)), 0))
+        }
         for kind in kinds {
             _ = submittedCounter(kind)
             _ = runTimeHistogram(kind)
@@ -302,7 +311,13 @@ final class ServiceMetrics {
     /// The text exposition, with the state gauges brought up to date first. `queues`: those of
     /// the engines here (with cells, of the cells this replica owns).
     func render(queues: [String: TaskQueue], connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
-                webhooks: Webhooks, droppedLogLines dropped: Int, cellHost: CellHost? = nil) -> [UInt8] {
+                webhooks: Webhooks, droppedLogLines dropped: Int, cellHost: CellHost? = nil,
+                scheduleTotals: ScheduleTotals = ScheduleTotals()) -> [UInt8] {
+        for (index, total) in [scheduleTotals.fired, scheduleTotals.missed, scheduleTotals.skipped].enumerated()
+        where total > scheduleRuns[index].counted {
+            scheduleRuns[index].counter.increment(by: Int64(total - scheduleRuns[index].counted))
+            scheduleRuns[index].counted = total
+        }
         if let cellHost, let cells {
             cells.served.set(Double(cellHost.openEngines.count))
             cells.commits.increment(by: Int64(cellHost.commitCount - cells.counted.commits))

@@ -539,7 +539,7 @@ extension TaskloopApplication {
         switch route.placement {
         case .none, .everyCell:
             return nil
-        case .task, .workflow:
+        case .task, .workflow, .schedule:
             guard let id = TaskID(request.parameters["id"] ?? ""), Int(id.cell) < host.layout.count else { return nil }
             return Cell(id.cell)
         case .queue:
@@ -550,6 +550,10 @@ extension TaskloopApplication {
         case .submittedWorkflow:
             let first = (try? JSONParser.parse(request.body))?.objectValue?["tasks"]?.arrayValue?.first
             return host.cell(ofQueue: first?.objectValue?["queue"]?.stringValue ?? "default")
+        case .submittedSchedule:
+            let body = (try? JSONParser.parse(request.body))?.objectValue
+            let task = body?["task"]?.objectValue ?? body?["workflow"]?.objectValue?["tasks"]?.arrayValue?.first?.objectValue
+            return host.cell(ofQueue: task?["queue"]?.stringValue ?? "default")
         }
     }
 }

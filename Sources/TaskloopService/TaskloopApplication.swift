@@ -208,7 +208,7 @@ public final class TaskloopApplication {
             }
             durable.eventSequence = { [unowned eventLog] in eventLog.lastAssigned }
         }
-        engine.addObserver { [unowned eventLog] events in eventLog.record(events) }
+        engine.addObserver { [unowned eventLog, unowned engine] events in eventLog.record(events, of: engine) }
         eventWrites = try LoopCheck(loop: loop) { [unowned eventLog] in eventLog.flushPending() }
         let routes = routes()
         metrics = ServiceMetrics(kinds: engine.kinds, routes: routes)
@@ -333,7 +333,7 @@ public final class TaskloopApplication {
         var loaded = store.takeLoaded()
         do {
             try engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks,
-                               uniqueKeys: loaded.uniqueKeys)
+                               uniqueKeys: loaded.uniqueKeys, schedules: loaded.schedules)
         } catch {
             durable.close()
             throw error
@@ -512,7 +512,19 @@ public final class TaskloopApplication {
         metrics.render(queues: queuesHere, connections: server?.openConnections ?? 0, longPolls: waiters.count,
                        transfers: activeTransfers, eventStreams: eventLog.subscriberCount + (clusterStreams?.subscriberCount ?? 0),
                        webhooks: webhooks,
-                       droppedLogLines: configuration.logSink?.dropped ?? 0, cellHost: cellHost)
+                       droppedLogLines: configuration.logSink?.dropped ?? 0, cellHost: cellHost, scheduleTotals: scheduleTotalsHere)
+    }
+
+    /// What the schedules of the engines here did (with cells, of the cells this replica serves now).
+    var scheduleTotalsHere: ScheduleTotals {
+        let engines = cellHost?.openEngines ?? [engine]
+        var totals = ScheduleTotals()
+        for engine in engines {
+            totals.fired += engine.scheduleTotals.fired
+            totals.missed += engine.scheduleTotals.missed
+            totals.skipped += engine.scheduleTotals.skipped
+        }
+        return totals
     }
 
     /// The queues of the engines here (with cells, of the cells this replica serves).

@@ -57,7 +57,9 @@ enum RecordCodec {
         static let uniqueKey = TaskFields(rawValue: 1 << 24)
         static let uniqueFor = TaskFields(rawValue: 1 << 25)
         static let concurrencyKey = TaskFields(rawValue: 1 << 26)
-        static let known = TaskFields(rawValue: (1 << 27) - 1)
+        /// The schedule run that made the task (Engine+Schedules): its id and slot.
+        static let schedule = TaskFields(rawValue: 1 << 27)
+        static let known = TaskFields(rawValue: (1 << 28) - 1)
     }
 
     /// The task without its sequence number, which is the row's key.
@@ -89,6 +91,7 @@ enum RecordCodec {
         if task.uniqueKey != nil { fields.insert(.uniqueKey) }
         if task.uniqueForMilliseconds != nil { fields.insert(.uniqueFor) }
         if task.concurrencyKey != nil { fields.insert(.concurrencyKey) }
+        if task.schedule != nil { fields.insert(.schedule) }
 
         output.byte(taskFormat)
         output.unsigned(fields.rawValue)
@@ -153,6 +156,10 @@ enum RecordCodec {
         if let uniqueKey = task.uniqueKey { output.string(uniqueKey) }
         if let uniqueFor = task.uniqueForMilliseconds { output.unsigned(uniqueFor) }
         if let concurrencyKey = task.concurrencyKey { output.string(concurrencyKey) }
+        if let schedule = task.schedule {
+            output.id(schedule.id)
+            output.signed(schedule.slot)
+        }
     }
 
     static func decodeTask(_ bytes: UnsafeRawBufferPointer, sequence: UInt64) throws(RecordDecodingError) -> TaskSnapshot {
@@ -232,6 +239,7 @@ enum RecordCodec {
         let uniqueKey = fields.contains(.uniqueKey) ? try input.string() : nil
         let uniqueFor = fields.contains(.uniqueFor) ? try input.unsigned() : nil
         let concurrencyKey = fields.contains(.concurrencyKey) ? try input.string() : nil
+        let schedule = fields.contains(.schedule) ? ScheduleSlot(id: try input.id(), slot: try input.signed()) : nil
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
         return TaskSnapshot(
             id: id, sequence: sequence, kind: kind, params: params, name: name, queue: queue, priority: priority,
@@ -241,7 +249,7 @@ enum RecordCodec {
             finishedAt: finishedAt, result: result, error: error, progress: progress, notBefore: notBefore, lease: lease,
             releasedBy: releasedBy, watchers: watchers, reopenings: reopenings, scheduledFor: scheduledFor,
             expiresAt: expiresAt, inputs: inputs, resolvedParams: resolvedParams, uniqueKey: uniqueKey,
-            uniqueForMilliseconds: uniqueFor, concurrencyKey: concurrencyKey)
+            uniqueForMilliseconds: uniqueFor, concurrencyKey: concurrencyKey, schedule: schedule)
     }
 
     /// Which optional fields a workflow record holds.

@@ -178,6 +178,18 @@ public final class SQLiteTaskStore: TaskStore {
             let delete = try database.statement("DELETE FROM unique_keys WHERE queue = ? AND key = ?")
             for name in batch.droppedUniqueKeys { try delete.bind(1, name.queue).bind(2, name.key).run() }
         }
+        if !batch.schedules.isEmpty {
+            let upsert = try database.statement("""
+                INSERT INTO schedules (id, record) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET record = excluded.record
+                """)
+            for schedule in batch.schedules {
+                try upsert.bind(1, schedule.id.description).bind(2, bytes: ScheduleRecordCodec.encode(schedule)).run()
+            }
+        }
+        if !batch.deletedSchedules.isEmpty {
+            let delete = try database.statement("DELETE FROM schedules WHERE id = ?")
+            for id in batch.deletedSchedules { try delete.bind(1, id.description).run() }
+        }
         if batch.hasWebhookChanges { try applyWebhookChanges(batch, to: database) }
         if let sequence = batch.eventSequence {
             try database.statement("""
@@ -309,6 +321,9 @@ public final class SQLiteTaskStore: TaskStore {
                                                        finishedAt: uniqueKeys.int64(3)))
         }
         uniqueKeys.reset()
+        let schedules = try database.statement("SELECT record FROM schedules")
+        while try schedules.step() { state.schedules.append(try ScheduleRecordCodec.decode(schedules.bytes(0))) }
+        schedules.reset()
         try loadWebhooks(database, into: &state)
         state.eventSequence = UInt64(bitPattern: try database.integer("SELECT value FROM meta WHERE name = 'event_seq'") ?? 0)
         // In key order, which is submission order, as `Engine.restore` wants them.

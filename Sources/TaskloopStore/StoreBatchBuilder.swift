@@ -71,6 +71,8 @@ public struct StoreBatchBuilder {
         batch.messages = shared.messages
         batch.uniqueKeys = shared.uniqueKeys
         batch.droppedUniqueKeys = shared.droppedUniqueKeys
+        batch.schedules = shared.schedules
+        batch.deletedSchedules = shared.deletedSchedules
         batch.idempotencyKeys = idempotencyKeys
         batch.expiredIdempotencyKeys = expiredIdempotencyKeys
         batch.webhooks = Array(webhooks.values)

@@ -111,6 +111,14 @@ public enum StoreSchema {
         { database in
             try database.execute("ALTER TABLE queues ADD COLUMN key_concurrency INTEGER")
         },
+        // 8: schedules (cron), one row each, in `ScheduleRecordCodec`'s JSON. Self-contained: it
+        // touches no other table.
+        { database in try database.execute("""
+        CREATE TABLE schedules (
+            id TEXT PRIMARY KEY,
+            record BLOB NOT NULL
+        ) WITHOUT ROWID;
+        """) },
     ]
 
     /// The version this server writes.

@@ -48,13 +48,17 @@ public struct StoreBatch: Sendable {
     /// Unique keys of forgotten tasks, made and dropped (the engine's `takeUniqueKeyChanges`).
     public var uniqueKeys: [UniqueKeyTombstone] = []
     public var droppedUniqueKeys: [UniqueKeyName] = []
+    /// Schedules made or changed (a slot fired: `lastSlot` and the run's tasks are in the same
+    /// batch), and deleted.
+    public var schedules: [ScheduleSnapshot] = []
+    public var deletedSchedules: [TaskID] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         tasks.isEmpty && evictedTasks.isEmpty && workflows.isEmpty && evictedWorkflows.isEmpty && queues.isEmpty
             && forgottenQueues.isEmpty && idempotencyKeys.isEmpty && expiredIdempotencyKeys.isEmpty && !hasWebhookChanges
-            && messages.isEmpty && uniqueKeys.isEmpty && droppedUniqueKeys.isEmpty
+            && messages.isEmpty && uniqueKeys.isEmpty && droppedUniqueKeys.isEmpty && schedules.isEmpty && deletedSchedules.isEmpty
     }
 
     public var hasWebhookChanges: Bool {
@@ -100,6 +104,8 @@ public struct StoreBatch: Sendable {
             (later.deliveries, later.deletedDeliveries), key: \.id)
         (result.uniqueKeys, result.droppedUniqueKeys) = Self.merge(
             (uniqueKeys, droppedUniqueKeys), (later.uniqueKeys, later.droppedUniqueKeys), key: \.name)
+        (result.schedules, result.deletedSchedules) = Self.merge(
+            (schedules, deletedSchedules), (later.schedules, later.deletedSchedules), key: \.id)
         result.eventSequence = [eventSequence, later.eventSequence].compactMap { $0 }.max()
         return result
     }
@@ -128,6 +134,7 @@ public struct StoredState: Sendable {
     /// The event stream's last number before the restart (0 for a new database).
     public var eventSequence: UInt64 = 0
     public var uniqueKeys: [UniqueKeyTombstone] = []
+    public var schedules: [ScheduleSnapshot] = []
 
     public init() {}
 }

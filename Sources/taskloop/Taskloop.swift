@@ -15,7 +15,8 @@ struct Taskloop: ParsableCommand {
         abstract: "A task-orchestration service: submit tasks over HTTP, watch them run, cancel them.",
         discussion: "Every option can also be set with an environment variable TASKLOOP_<OPTION>, "
             + "e.g. TASKLOOP_PORT=9000; a flag on the command line wins.",
-        subcommands: [Backup.self, Worker.self, Submit.self, Get.self, List.self, Cancel.self, Retry.self, Watch.self])
+        subcommands: [Backup.self, Worker.self, Submit.self, Get.self, List.self, Cancel.self, Retry.self, Watch.self,
+                      ScheduleGroup.self])
 
     @Option(help: "Address to listen on (IPv4, IPv6 or a host name). [env: TASKLOOP_HOST]")
     var host: String = Environment.string("HOST") ?? "127.0.0.1"
@@ -117,6 +118,9 @@ struct Taskloop: ParsableCommand {
 
     @Option(help: "Most queues known at once; a new one beyond is refused with 422 (idle queues with default settings are forgotten first). [env: TASKLOOP_MAX_QUEUES]")
     var maxQueues: Int = Environment.int("MAX_QUEUES") ?? 1_000
+
+    @Option(help: "Most schedules held; a new one beyond is refused with 409 too_many_schedules. [env: TASKLOOP_MAX_SCHEDULES]")
+    var maxSchedules: Int = Environment.int("MAX_SCHEDULES") ?? 10_000
 
     @Option(help: "Most unfinished tasks held; submissions beyond are refused with 429. [env: TASKLOOP_MAX_UNFINISHED_TASKS]")
     var maxUnfinishedTasks: Int = Environment.int("MAX_UNFINISHED_TASKS") ?? 100_000
@@ -228,6 +232,7 @@ struct Taskloop: ParsableCommand {
         guard maxUnfinishedTasks >= 1 else { throw ValidationError("--max-unfinished-tasks must be at least 1") }
         guard maxScheduleAheadMs >= 1 else { throw ValidationError("--max-schedule-ahead-ms must be at least 1") }
         guard maxQueues >= 1 else { throw ValidationError("--max-queues must be at least 1") }
+        guard maxSchedules >= 0 else { throw ValidationError("--max-schedules must be at least 0") }
         guard maxRetainedTasks >= 0 else { throw ValidationError("--max-retained-tasks must not be negative") }
         guard (1...31_536_000_000).contains(maxUniqueForMs) else {
             throw ValidationError("--max-unique-for-ms must be 1...31536000000")
@@ -362,6 +367,7 @@ struct Taskloop: ParsableCommand {
         configuration.engine.maxUnfinishedTasks = maxUnfinishedTasks
         configuration.engine.maxScheduleAheadMilliseconds = UInt64(maxScheduleAheadMs)
         configuration.engine.maxQueues = maxQueues
+        configuration.engine.maxSchedules = maxSchedules
         configuration.engine.maxRetainedTasks = maxRetainedTasks
         configuration.engine.retentionMilliseconds = UInt64(retentionSeconds * 1000)
         configuration.engine.maxUniqueForMilliseconds = UInt64(maxUniqueForMs)

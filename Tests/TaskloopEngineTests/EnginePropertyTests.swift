@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import TaskloopJSON
 import TaskloopTestSupport
+import TaskloopTime
 @testable import TaskloopEngine
 
 /// Random DAGs under random failures, cancellations, pauses, limit changes, unique keys and
@@ -49,7 +50,8 @@ import TaskloopTestSupport
                 switch event {
                 case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record),
                      .cancelRequested(let record), .leaseRenewed(let record), .releasedByRetry(let record), .watched(let record): record
-                case .workflowSubmitted, .queueChanged, .queueForgotten, .evicted, .messageSent, .workflowReported: nil
+                case .workflowSubmitted, .queueChanged, .queueForgotten, .evicted, .messageSent, .workflowReported, .scheduleChanged,
+                     .scheduleDeleted: nil
                 }
             }
             for rule in engine.invariantViolations(of: records) { fail("inside an observer: \(rule)") }
@@ -345,6 +347,120 @@ import TaskloopTestSupport
         }
         if let stuck = submitted.first(where: { !$0.state.isTerminal }) {
             fail("\(stuck.id) never finished: \(stuck.state.rawValue), blocked by \(stuck.blockingDependencies)")
+        }
+        return violation
+    }
+
+    /// Random schedules made, paused, resumed, changed and deleted while the clock runs and
+    /// the engine is restored (from what a store would hold) after random time down. No
+    /// (schedule, slot) ever runs twice, and every slot of a schedule while it was active (not
+    /// paused, not yet deleted) is dealt with, fired, skipped or missed, exactly once.
+    @Test func scheduleSlotsAreDealtWithExactlyOnce() {
+        if let failure = firstPropertyFailure(base: 0x5C4E_0000, count: 40, Self.runSchedules) {
+            Issue.record(Comment(rawValue: failure))
+        }
+    }
+
+    static func runSchedules(seed: UInt64) -> String? {
+        var random = SplitMix64(seed: seed)
+        let crons = ["*/20 * * * * *", "0 * * * * *", "*/7 * * * *", "15,45 * * * * *", "0 0 * * * *"]
+        var clock = VirtualScheduler()
+        var configuration = EngineConfiguration()
+        configuration.wallClockCheckMilliseconds = 1_000
+        var engine = Engine(configuration: configuration, scheduler: clock)
+        var violation: String?
+        func fail(_ text: String) { if violation == nil { violation = text } }
+        var ran = Set<ScheduleSlot>()
+        func observe(_ engine: Engine) {
+            engine.addObserver { settled in
+                for case .submitted(let record) in settled {
+                    guard let mark = record.schedule else { continue }
+                    if !ran.insert(mark).inserted { fail("slot \(mark.slot) of \(mark.id) ran twice") }
+                }
+            }
+        }
+        observe(engine)
+        /// The test's own books: per schedule, its cron and the slots it owes (counted over the
+        /// stretches it was active), against the engine's fired + skipped + missed.
+        final class Model {
+            var cron: CronSchedule
+            var activeSince: Int64?
+            var owed = 0
+            init(cron: CronSchedule, activeSince: Int64?) {
+                self.cron = cron
+                self.activeSince = activeSince
+            }
+            /// Closes the active stretch at `now` (exclusive of its start, inclusive of `now`).
+            func settle(at now: Int64, reopen: Bool) {
+                if let since = activeSince {
+                    owed += Engine.countSlots(of: cron, after: Engine.seconds(since), through: Engine.seconds(now), cap: .max)
+                }
+                activeSince = reopen ? now : nil
+            }
+        }
+        var models: [TaskID: Model] = [:]
+
+        func checkBooks() {
+            let now = clock.wallClock
+            for (id, model) in models {
+                guard let schedule = engine.schedule(id) else { continue }
+                let owed = model.owed + (model.activeSince.map {
+                    Engine.countSlots(of: model.cron, after: Engine.seconds($0), through: Engine.seconds(now), cap: .max)
+                } ?? 0)
+                let dealt = Int(schedule.firedCount + schedule.skippedCount + schedule.missedCount)
+                if dealt != owed { fail("schedule \(id) (\(schedule.spec.cron)) dealt with \(dealt) slots, owed \(owed)") }
+            }
+        }
+
+        for _ in 0..<60 where violation == nil {
+            let live = engine.allSchedules
+            switch random.below(10) {
+            case 0, 1:
+                let cron = crons[random.below(crons.count)]
+                let catchup = ScheduleCatchup.allCases[random.below(3)]
+                let overlap = ScheduleOverlap.allCases[random.below(3)]
+                guard let schedule = try? engine.createSchedule(ScheduleSpec(
+                    name: "s", cron: cron, template: .task(TaskSpec(kind: "noop")), overlap: overlap, catchup: catchup,
+                    maxCatchup: 1 + random.below(5))) else { fail("create refused"); break }
+                models[schedule.id] = Model(cron: schedule.cron, activeSince: clock.wallClock)
+            case 2:
+                guard let schedule = live.isEmpty ? nil : live[random.below(live.count)] else { break }
+                var spec = schedule.spec
+                spec.paused.toggle()
+                _ = try? engine.updateSchedule(schedule.id, to: spec)
+                models[schedule.id]?.settle(at: clock.wallClock, reopen: !spec.paused)
+            case 3:
+                guard let schedule = live.isEmpty ? nil : live[random.below(live.count)] else { break }
+                var spec = schedule.spec
+                spec.cron = crons[random.below(crons.count)]
+                let changed = spec.cron != schedule.spec.cron
+                _ = try? engine.updateSchedule(schedule.id, to: spec)
+                if changed, let model = models[schedule.id] {
+                    let wasActive = model.activeSince != nil
+                    model.settle(at: clock.wallClock, reopen: wasActive)
+                    model.cron = schedule.cron
+                }
+            case 4:
+                guard let schedule = live.isEmpty ? nil : live[random.below(live.count)] else { break }
+                _ = try? engine.deleteSchedule(schedule.id)
+                models.removeValue(forKey: schedule.id)
+            case 5:
+                // A restart after time down; slots passed meanwhile are owed (and caught up or missed).
+                let saved = RestoreTests.saved(engine)
+                let schedules = engine.allSchedules.map { engine.snapshot(of: $0) }
+                let down = Int64(random.below(600_000))
+                clock = VirtualScheduler(wallClockOrigin: clock.wallClock + down)
+                engine = Engine(configuration: configuration, scheduler: clock)
+                observe(engine)
+                do {
+                    try engine.restore(queues: saved.queues, workflows: saved.workflows, tasks: saved.tasks, schedules: schedules)
+                } catch {
+                    fail("restore refused: \(error)")
+                }
+            default:
+                clock.advance(by: UInt64(random.below(200_000)))
+            }
+            checkBooks()
         }
         return violation
     }

@@ -28,7 +28,7 @@ import TaskloopJSON
             switch event {
             case .submitted(let record), .stateChanged(let record, _, _), .progressed(let record), .cancelRequested(let record),
                  .leaseRenewed(let record), .releasedByRetry(let record), .watched(let record), .evicted(let record, _): record
-            case .workflowSubmitted, .queueChanged, .queueForgotten, .messageSent, .workflowReported: nil
+            case .workflowSubmitted, .queueChanged, .queueForgotten, .messageSent, .workflowReported, .scheduleChanged, .scheduleDeleted: nil
             }
         }
 

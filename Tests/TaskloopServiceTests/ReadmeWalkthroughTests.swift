@@ -92,6 +92,25 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    @Test(.disabled(if: ServiceHarness.replicaCount > 1, "schedules are served by a single server only so far"))
+    func schedulesRunAsDocumented() throws {
+        let service = try ServiceHarness()
+        let run = try Self.run(try Self.block(after: "<!-- schedules -->"), environment: ProcessInfo.processInfo.environment.merging(
+            ["TASKLOOP": "http://127.0.0.1:\(service.port)"]) { $1 })
+        #expect(run.status == 0, "the block failed: \(run.stderr)")
+        #expect(run.lines == [
+            #"{"name":"tick","timezone":"UTC","overlap":"skip","catchup":"none","next_runs":5}"#,
+            #"{"state":"succeeded","queue":"ticks","from_schedule":true}"#,
+            #"{"paused":true,"next_runs":[]}"#,
+            #"{"kind":"noop","queue":"ticks"}"#,
+            #"{"name":"tick"}"#,
+            #"{"status":422,"field":"cron"}"#,
+        ])
+        let readme = try String(contentsOf: Self.readme, encoding: .utf8)
+        #expect(readme.contains("It prints:\n\n```\n" + run.lines.joined(separator: "\n") + "\n```"), "the README shows what the block prints")
+        try service.stop()
+    }
+
     /// The workers section, against a server with a token of its own, the built `taskloop` first
     /// on the PATH; it prints what the README says it prints.
     @Test func readmeWorkersSectionRunsAsDocumented() throws {

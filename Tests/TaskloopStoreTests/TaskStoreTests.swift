@@ -47,7 +47,7 @@ import TaskloopTestSupport
             let next = try Durable(path: path, wallClock: clock.wallClock + later, configure: configure)
             let loaded = next.store!.takeLoaded()
             try next.engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks,
-                                    uniqueKeys: loaded.uniqueKeys)
+                                    uniqueKeys: loaded.uniqueKeys, schedules: loaded.schedules)
             try next.flush()
             return next
         }
@@ -308,5 +308,93 @@ import TaskloopTestSupport
         let merged = earlier.merged(with: later)
         #expect(merged.deliveries.map(\.id) == ["msg_2"])
         #expect(merged.deletedWebhooks == ["wh_a"] && merged.hasWebhookChanges)
+    }
+}
+
+/// Schedules through a real SQLite store: a fired slot's run and `lastSlot` in one batch, and
+/// what a restart reads back.
+@Suite struct ScheduleStoreTests {
+    typealias Durable = TaskStoreTests.Durable
+
+    static func nightly(_ template: ScheduleTemplate, catchup: ScheduleCatchup = .latest) -> ScheduleSpec {
+        ScheduleSpec(name: "nightly", cron: "*/10 * * * * *", timezone: "Europe/Berlin", template: template, overlap: .allow,
+                     catchup: catchup, maxCatchup: 3, jitterMilliseconds: 0)
+    }
+
+    /// A fired slot's run and the schedule's `lastSlot` are one batch (one transaction); the
+    /// schedule, its runs and the run's task come back after a restart, and the slot that fired
+    /// does not fire again.
+    @Test func aScheduleAndItsLastSlotSurviveARestart() throws {
+        let durable = try Durable(wallClock: 1_795_000_000_000)
+        defer { try? FileManager.default.removeItem(atPath: durable.path) }
+        let template = TaskSpec(kind: "sleep", params: ["duration_ms": 1], name: "tick", queue: "ticks", priority: 3, timeoutMilliseconds: 5_000,
+                                retry: RetryPolicy(maxAttempts: 2, backoffMilliseconds: 10, backoffFactor: 1.5),
+                                metadata: ["team": "a"], runAt: .after(0), expiry: .after(60_000), uniqueKey: "tick",
+                                uniqueForMilliseconds: 1)
+        let schedule = try durable.engine.createSchedule(Self.nightly(.task(template)))
+        try durable.flush()
+        #expect(try durable.rows(of: "schedules") == 1)
+        durable.clock.advance(by: 10_000)
+        let batch = durable.builder.take(from: durable.engine)
+        let mark = try #require(batch.tasks.compactMap { $0.schedule }.first)
+        #expect(mark.id == schedule.id && batch.schedules.map { $0.lastSlot } == [mark.slot])
+        try durable.commit(batch)
+        let saved = durable.engine.snapshot(of: schedule)
+        let restarted = try durable.restart(later: 10)
+        let restored = try #require(restarted.engine.schedule(schedule.id))
+        #expect(restarted.engine.snapshot(of: restored) == saved)
+        let run = try #require(restarted.engine.task(saved.lastRuns[0].target.id!))
+        #expect(run.schedule == mark && run.uniqueKey == "tick")
+        #expect(restored.firedCount == 1 && restored.missedCount == 0)
+        try restarted.engine.deleteSchedule(schedule.id)
+        try restarted.flush()
+        #expect(try restarted.rows(of: "schedules") == 0)
+    }
+
+    /// Down for a minute: the slots passed meanwhile follow `catchup` once the store is read back.
+    @Test func slotsPassedWhileDownAreCaughtUpFromTheStore() throws {
+        let durable = try Durable(wallClock: 1_795_000_000_000)
+        defer { try? FileManager.default.removeItem(atPath: durable.path) }
+        let schedule = try durable.engine.createSchedule(Self.nightly(.task(TaskSpec(kind: "noop")), catchup: .all))
+        try durable.flush()
+        let restarted = try durable.restart(later: 60_000)
+        let restored = try #require(restarted.engine.schedule(schedule.id))
+        #expect(restored.firedCount == 3 && restored.missedCount == 3)
+        let restartedAgain = try restarted.restart(later: 0)
+        #expect(try #require(restartedAgain.engine.schedule(schedule.id)).firedCount == 3)
+    }
+
+    @Test func aScheduleRecordReadsBackAsWritten() throws {
+        let workflow = ScheduleTemplate.workflow(name: "pipeline", tasks: [
+            .init(key: "extract", spec: TaskSpec(kind: "noop", queue: "etl")),
+            .init(key: "load", spec: TaskSpec(kind: "sleep", params: ["duration_ms": 5], dependencies: [.sibling(key: "extract")],
+                                              onDependencyFailure: .run)),
+        ])
+        var spec = Self.nightly(workflow)
+        spec.paused = true
+        spec.startAt = 1_000
+        spec.endAt = 2_000_000_000_000
+        let id = TaskID(high: 0x0123_4567_89AB_CDEF, low: 42)
+        let snapshot = ScheduleSnapshot(
+            id: id, spec: spec, createdAt: 5, updatedAt: 6, lastSlot: 7_000,
+            lastRuns: [ScheduleRun(slot: 7_000, at: 7_001, target: .workflow(id), endedAs: .succeeded),
+                       ScheduleRun(slot: 8_000, at: 8_000, target: .none, error: "refused"),
+                       ScheduleRun(slot: 9_000, at: 9_000, target: .task(id))],
+            firedCount: 2, skippedCount: 1, missedCount: 4, currentRun: .task(id))
+        #expect(try ScheduleRecordCodec.decode(ScheduleRecordCodec.encode(snapshot)) == snapshot)
+        #expect(throws: RecordDecodingError.self) { try ScheduleRecordCodec.decode(Array("{}".utf8)) }
+    }
+}
+
+extension TaskStoreTests.Durable {
+    /// Writes `batch` as one transaction and waits for the commit.
+    func commit(_ batch: StoreBatch) throws {
+        pending.withLock { $0 += 1 }
+        store!.write(batch) { [pending, failures] result in
+            if case .failure(let error) = result { failures.withLock { $0.append(error) } }
+            pending.withLock { $0 -= 1 }
+        }
+        try pollUntil("the batch to commit") { pending.value == 0 }
+        #expect(failures.value.isEmpty, "\(failures.value)")
     }
 }

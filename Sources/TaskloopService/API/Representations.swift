@@ -98,6 +98,16 @@ enum Representation {
         json.key(static: "unique_for_ms")
         if let window = task.uniqueForMilliseconds { json.int(Int64(clamping: window)) } else { json.null() }
         json.field("concurrency_key", task.concurrencyKey)
+        json.key(static: "schedule")
+        if let schedule = task.schedule {
+            json.beginObject()
+            json.key(static: "id")
+            write(schedule.id, into: &json)
+            timestamp("slot", schedule.slot, into: &json)
+            json.endObject()
+        } else {
+            json.null()
+        }
         json.endObject()
     }
 
@@ -547,6 +557,8 @@ protocol RepresentedTask {
     var uniqueKey: String? { get }
     var uniqueForMilliseconds: UInt64? { get }
     var concurrencyKey: String? { get }
+    /// The schedule run that made it.
+    var schedule: ScheduleSlot? { get }
     /// What changes over its life, as it is now.
     var moment: TaskMoment { get }
 }

@@ -21,6 +21,10 @@ extension EngineError: HTTPResponseError {
             return APIProblem(.conflict, detail: message, code: code.rawValue,
                               fieldErrors: field.map { [APIProblem.FieldError(field: $0, message: message)] } ?? [],
                               existingID: existing?.description)
+        case .tooManySchedules:
+            return APIProblem(.conflict, detail: message + " (--max-schedules); delete one first.", code: code.rawValue)
+        case .previousRunUnfinished:
+            return APIProblem(.conflict, detail: message, code: code.rawValue, existingID: existing?.description)
         }
     }
 }

@@ -67,6 +67,10 @@ enum RoutePlacement {
     case submittedWorkflow
     /// Every cell: lists, streams and webhooks, read from the database.
     case everyCell
+    /// The schedule of path parameter `id` (its id carries its cell, as a task's does).
+    case schedule
+    /// `POST /schedules`: the queue of its template's task (a workflow's first task).
+    case submittedSchedule
 }
 
 extension TaskloopApplication {
@@ -177,6 +181,22 @@ extension TaskloopApplication {
             },
             Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422], forWorkers: true, placement: .queue) { [unowned self] request, reply in
                 try lease(request, reply)
+            },
+            Route(.POST, "/schedules", [201, 409, 415, 422, 501], placement: .submittedSchedule) { [unowned self] request, reply in
+                try createSchedule(request, reply)
+            },
+            Route(.GET, "/schedules", [200, 501], placement: .everyCell) { [unowned self] request, reply in try listSchedules(request, reply) },
+            Route(.GET, "/schedules/{id}", [200, 404, 501], placement: .schedule) { [unowned self] request, reply in
+                try getSchedule(request, reply)
+            },
+            Route(.PATCH, "/schedules/{id}", [200, 404, 415, 422, 501], placement: .schedule) { [unowned self] request, reply in
+                try updateSchedule(request, reply)
+            },
+            Route(.DELETE, "/schedules/{id}", [200, 404, 501], placement: .schedule) { [unowned self] request, reply in
+                try deleteSchedule(request, reply)
+            },
+            Route(.POST, "/schedules/{id}/trigger", [201, 404, 409, 429, 501], placement: .schedule) { [unowned self] request, reply in
+                try triggerSchedule(request, reply)
             },
             Route(.POST, "/queues/{name}/cancel", [200, 404], placement: .queue) { [unowned self] request, reply in
                 let queue = try existingQueue(request, reply.engine)
@@ -375,34 +395,9 @@ extension TaskloopApplication {
         if try replayed(key, fingerprint, reply) { return }
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
-        var name: String?
-        var members: [(key: String, spec: TaskSpec)] = []
-        if let object = reader.object(document, "") {
-            reader.rejectUnknown(object, allowed: ["name", "tasks"], prefix: "")
-            if case .some(let value) = reader.string(object, "name", prefix: "", nullable: true) { name = value }
-            if let list = object["tasks"]?.arrayValue {
-                if list.isEmpty { reader.fail("tasks", "must list at least one task.") }
-                let keys = Set(list.compactMap { $0.objectValue?["key"]?.stringValue })
-                for (index, element) in list.enumerated() {
-                    let prefix = "tasks[\(index)]."
-                    guard let task = reader.object(element, "tasks[\(index)]") else { continue }
-                    let key: String?
-                    switch reader.string(task, "key", prefix: prefix, maxLength: SubmissionValidator.maxKeyLength) {
-                    case .some(let value?) where !value.isEmpty: key = value
-                    case .some: reader.fail(prefix + "key", "is required and must not be empty."); key = nil
-                    case .none:
-                        if task["key"] == nil { reader.fail(prefix + "key", "is required.") }
-                        key = nil
-                    }
-                    if let spec = reader.taskSpec(task, prefix: prefix, siblingKeys: keys), let key {
-                        members.append((key, spec))
-                    }
-                }
-            } else {
-                reader.fail("tasks", object["tasks"] == nil ? "is required." : "must be an array of tasks.")
-            }
-        }
+        let body = reader.object(document, "").flatMap { reader.workflowBody($0, prefix: "") }
         try reader.check()
+        let name = body!.name, members = body!.members
         for (index, member) in members.enumerated() {
             try checkKindAllowed(member.spec.kind, queue: member.spec.queue, field: "tasks[\(index)].kind", reply.engine)
         }

@@ -12,6 +12,7 @@ enum EventKind: String, CaseIterable {
     case taskProgress = "task.progress"
     case workflowState = "workflow.state"
     case queueUpdated = "queue.updated"
+    case scheduleUpdated = "schedule.updated"
 }
 
 /// What one settled engine call shows on the event stream, in order: the single server numbers
@@ -27,8 +28,10 @@ struct EventMapping {
     @inline(__always)
     mutating func map(_ events: [EngineEvent],
                       emit: (EventKind, TaskRecord?, TaskState?, WorkflowRecord?, TaskQueue?) -> Void,
-                      progressed: (TaskRecord) -> Void, leftRunning: (TaskRecord) -> Void) {
+                      progressed: (TaskRecord) -> Void, leftRunning: (TaskRecord) -> Void,
+                      scheduleChanged: (ScheduleRecord, _ deleted: Bool) -> Void = { _, _ in }) {
         var workflowsTouched: [WorkflowRecord] = []
+        var schedulesTouched: [(ScheduleRecord, deleted: Bool)] = []
         var spent: [WorkflowRecord] = []
         for event in events {
             switch event {
@@ -57,6 +60,11 @@ struct EventMapping {
                 emit(.taskState, task, task.state, nil, nil)
             case .evicted(let task, let workflowEmptied):
                 if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+            case .scheduleChanged(let schedule):
+                if !schedulesTouched.contains(where: { $0.0 === schedule }) { schedulesTouched.append((schedule, false)) }
+            case .scheduleDeleted(let schedule):
+                schedulesTouched.removeAll { $0.0 === schedule }
+                schedulesTouched.append((schedule, true))
             case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
                 break
             }
@@ -67,6 +75,8 @@ struct EventMapping {
         }
         // Forgotten by its engine: nothing more is said of it.
         for workflow in spent { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
+        // Once per schedule per call, as the call left it (a fire and its run's end may share one).
+        for (schedule, deleted) in schedulesTouched { scheduleChanged(schedule, deleted) }
     }
 }
 
@@ -116,6 +126,33 @@ final class StreamEvent: FilterableEvent {
         endsTask = kind == .taskState && moment?.state.isTerminal == true
         // A queue keeps no moment: its rare events are rendered now, as the change left it.
         if queue != nil { _ = data }
+    }
+
+    /// A `schedule.updated`, rendered now as the change left it (`deleted`: with `"deleted": true`).
+    init(seq: UInt64, time: Int64, schedule: ScheduleRecord, deleted: Bool, in engine: Engine, batch: Int) {
+        self.seq = seq
+        kind = .scheduleUpdated
+        self.time = time
+        task = nil
+        moment = nil
+        workflowState = nil
+        workflowFraction = 0
+        workflow = nil
+        queue = nil
+        self.batch = batch
+        taskID = nil
+        workflowID = nil
+        queueName = nil
+        endsTask = false
+        var json = JSONWriter(capacity: 1_024)
+        json.beginObject()
+        json.field("seq", Int(seq))
+        json.field("type", EventKind.scheduleUpdated.rawValue)
+        Representation.timestamp("time", time, into: &json)
+        json.key(static: "schedule")
+        Representation.write(schedule, in: engine, deleted: deleted, into: &json)
+        json.endObject()
+        renderedData = json.bytes
     }
 
     /// An event a cell's commit wrote, rendered by the engine that made it (a replica on cells).
@@ -304,8 +341,9 @@ final class EventLog {
 
     // MARK: numbering
 
-    /// Numbers what one settled engine call changed.
-    func record(_ events: [EngineEvent]) {
+    /// Numbers what one settled engine call changed; `engine` made them (a schedule's event
+    /// shows what only it knows: the next runs, the runs' states).
+    func record(_ events: [EngineEvent], of engine: Engine? = nil) {
         let waitsFor = batchOfNextChange?() ?? nil
         let batch = waitsFor ?? 0
         let before = lastAssigned
@@ -318,6 +356,8 @@ final class EventLog {
         } leftRunning: { task in
             heldProgress.removeValue(forKey: ObjectIdentifier(task))?.cancel()
             lastProgress.removeValue(forKey: ObjectIdentifier(task))
+        } scheduleChanged: { schedule, deleted in
+            if let engine { append(StreamEvent(seq: next(), time: now, schedule: schedule, deleted: deleted, in: engine, batch: batch)) }
         }
         if waitsFor == nil && lastAssigned != before { publish(through: lastAssigned) }
     }

@@ -1,0 +1,230 @@
+import TaskloopTime
+
+/// Which run of which schedule made a task: `schedule: {id, slot}` in the API.
+public struct ScheduleSlot: Hashable, Sendable {
+    public var id: TaskID
+    /// Wall-clock milliseconds the run was due (unjittered), or the moment of a trigger.
+    public var slot: Int64
+
+    public init(id: TaskID, slot: Int64) {
+        self.id = id
+        self.slot = slot
+    }
+}
+
+/// What does a schedule do when a slot comes and its previous run has not finished.
+public enum ScheduleOverlap: String, Sendable, CaseIterable {
+    /// No run; the slot is recorded as skipped.
+    case skip
+    case allow
+    /// The previous run is cancelled (as a client's cancel would), then the new one made.
+    case cancelPrevious = "cancel_previous"
+}
+
+/// What a schedule does with slots that passed while the server was down (or its loop stalled).
+public enum ScheduleCatchup: String, Sendable, CaseIterable {
+    /// None runs; each counts as missed.
+    case none
+    /// One run, for the newest.
+    case latest
+    /// The newest `maxCatchup`, oldest first; the rest count as missed.
+    case all
+}
+
+/// What a schedule's run submits: one task, or a workflow, as `POST /tasks` and
+/// `POST /workflows` take them.
+public enum ScheduleTemplate: Sendable, Equatable {
+    case task(TaskSpec)
+    case workflow(name: String?, tasks: [WorkflowMember])
+
+    public struct WorkflowMember: Sendable, Equatable {
+        public var key: String
+        public var spec: TaskSpec
+
+        public init(key: String, spec: TaskSpec) {
+            self.key = key
+            self.spec = spec
+        }
+    }
+
+    /// The queue whose cell holds the schedule: the task's, or the workflow's first task's.
+    public var queue: String {
+        switch self {
+        case .task(let spec): spec.queue
+        case .workflow(_, let tasks): tasks.first?.spec.queue ?? "default"
+        }
+    }
+}
+
+/// Everything a client says about a schedule (`POST /schedules`); validated by the engine.
+public struct ScheduleSpec: Sendable, Equatable {
+    public var name: String
+    public var cron: String
+    public var timezone: String
+    public var template: ScheduleTemplate
+    public var overlap: ScheduleOverlap
+    public var catchup: ScheduleCatchup
+    public var maxCatchup: Int
+    public var paused: Bool
+    public var jitterMilliseconds: UInt64
+    /// Wall-clock milliseconds bounding the slots, both inclusive.
+    public var startAt: Int64?
+    public var endAt: Int64?
+
+    public init(name: String, cron: String, timezone: String = "UTC", template: ScheduleTemplate,
+                overlap: ScheduleOverlap = .skip, catchup: ScheduleCatchup = .none, maxCatchup: Int = 10,
+                paused: Bool = false, jitterMilliseconds: UInt64 = 0, startAt: Int64? = nil, endAt: Int64? = nil) {
+        self.name = name
+        self.cron = cron
+        self.timezone = timezone
+        self.template = template
+        self.overlap = overlap
+        self.catchup = catchup
+        self.maxCatchup = maxCatchup
+        self.paused = paused
+        self.jitterMilliseconds = jitterMilliseconds
+        self.startAt = startAt
+        self.endAt = endAt
+    }
+
+    public static let maxCatchupRange = 1...1_000
+    public static let maxJitterMilliseconds: UInt64 = 3_600_000
+    public static let maxNameLength = 255
+}
+
+/// One run of a schedule, as `last_runs` shows it.
+public struct ScheduleRun: Sendable, Equatable {
+    public enum Target: Sendable, Equatable {
+        case task(TaskID)
+        case workflow(TaskID)
+        /// Skipped by `overlap`, or refused (`error`).
+        case none
+    }
+
+    /// Wall-clock milliseconds it was due (a trigger's: its moment).
+    public var slot: Int64
+    /// Wall-clock milliseconds it was made (or skipped).
+    public var at: Int64
+    public var target: Target
+    /// Its task's or workflow's state once ended (kept for when retention has forgotten it);
+    /// nil while unfinished: read from the task then. Skipped and refused runs have none.
+    public var endedAs: TaskState?
+    /// Why the run's submission was refused (the unfinished-task limit, a held unique key).
+    public var error: String?
+
+    public init(slot: Int64, at: Int64, target: Target, endedAs: TaskState? = nil, error: String? = nil) {
+        self.slot = slot
+        self.at = at
+        self.target = target
+        self.endedAs = endedAs
+        self.error = error
+    }
+}
+
+/// A schedule as the engine keeps it.
+///
+/// Threading: engine thread only.
+public final class ScheduleRecord {
+    public let id: TaskID
+    public internal(set) var spec: ScheduleSpec
+    /// `spec.cron` in `spec.timezone`, parsed once.
+    public internal(set) var cron: CronSchedule
+    public let createdAt: Int64
+    public internal(set) var updatedAt: Int64
+    /// The newest slot dealt with (fired, skipped or missed), wall-clock milliseconds: slots
+    /// after it are still to come. Moved to now on create, resume and a change of cron or zone.
+    public internal(set) var lastSlot: Int64
+    /// The newest runs, oldest first, at most `ScheduleRecord.keptRuns`.
+    public internal(set) var lastRuns: [ScheduleRun] = []
+    /// Counts since the schedule was made (its own; the engine keeps totals too).
+    public internal(set) var firedCount: UInt64 = 0
+    public internal(set) var skippedCount: UInt64 = 0
+    public internal(set) var missedCount: UInt64 = 0
+    /// Moves on whenever the schedule's next due time changes: an entry in the wall-clock heap
+    /// made for another generation is stale.
+    var generation: UInt32 = 0
+    var deleted = false
+
+    public static let keptRuns = 20
+
+    init(id: TaskID, spec: ScheduleSpec, cron: CronSchedule, createdAt: Int64, lastSlot: Int64) {
+        self.id = id
+        self.spec = spec
+        self.cron = cron
+        self.createdAt = createdAt
+        updatedAt = createdAt
+        self.lastSlot = lastSlot
+    }
+
+    /// The run `overlap` looks at: the newest that made a task or workflow. Kept apart from
+    /// `lastRuns`, which twenty skipped slots in a row would push it out of.
+    public internal(set) var currentRun: ScheduleRun.Target?
+
+    func record(_ run: ScheduleRun) {
+        if lastRuns.count == Self.keptRuns { lastRuns.removeFirst() }
+        lastRuns.append(run)
+        if run.target != .none { currentRun = run.target }
+    }
+
+    /// The deterministic jitter of `slot`, in `0...spec.jitterMilliseconds`: the same after a
+    /// restart or on another replica, so a slot is due at the same instant everywhere.
+    func jitter(of slot: Int64) -> Int64 {
+        guard spec.jitterMilliseconds > 0 else { return 0 }
+        var mixed = id.high ^ (id.low &* 0x9E37_79B9_7F4A_7C15) ^ UInt64(bitPattern: slot)
+        mixed = (mixed ^ (mixed >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        mixed = (mixed ^ (mixed >> 27)) &* 0x94D0_49BB_1331_11EB
+        mixed ^= mixed >> 31
+        return Int64(mixed % (spec.jitterMilliseconds + 1))
+    }
+
+    /// The first slot after `instant` (wall-clock milliseconds) within start/end, in milliseconds.
+    func slot(after instant: Int64) -> Int64? {
+        var after = instant
+        if let startAt = spec.startAt { after = max(after, startAt - 1) }
+        let seconds = after >= 0 ? after / 1000 : (after - 999) / 1000
+        guard let next = cron.next(after: seconds) else { return nil }
+        let slot = next * 1000
+        if let endAt = spec.endAt, slot > endAt { return nil }
+        return slot
+    }
+
+    /// The next `count` slots after `instant`.
+    public func slots(count: Int, after instant: Int64) -> [Int64] {
+        var slots: [Int64] = []
+        var cursor = instant
+        while slots.count < count, let slot = slot(after: cursor) {
+            slots.append(slot)
+            cursor = slot
+        }
+        return slots
+    }
+}
+
+/// A schedule as a store keeps it: `Engine.restore` rebuilds the record from it.
+public struct ScheduleSnapshot: Sendable, Equatable {
+    public var id: TaskID
+    public var spec: ScheduleSpec
+    public var createdAt: Int64
+    public var updatedAt: Int64
+    public var lastSlot: Int64
+    public var lastRuns: [ScheduleRun]
+    public var firedCount: UInt64
+    public var skippedCount: UInt64
+    public var missedCount: UInt64
+    public var currentRun: ScheduleRun.Target?
+
+    public init(id: TaskID, spec: ScheduleSpec, createdAt: Int64, updatedAt: Int64, lastSlot: Int64,
+                lastRuns: [ScheduleRun] = [], firedCount: UInt64 = 0, skippedCount: UInt64 = 0, missedCount: UInt64 = 0,
+                currentRun: ScheduleRun.Target? = nil) {
+        self.id = id
+        self.spec = spec
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+        self.lastSlot = lastSlot
+        self.lastRuns = lastRuns
+        self.firedCount = firedCount
+        self.skippedCount = skippedCount
+        self.missedCount = missedCount
+        self.currentRun = currentRun
+    }
+}

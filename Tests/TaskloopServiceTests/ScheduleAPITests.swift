@@ -1,0 +1,234 @@
+import Foundation
+import Testing
+@testable import TaskloopService
+import TaskloopTestSupport
+
+/// Schedules over real sockets: create, list, read, change, trigger and delete; runs that fire
+/// on the wall clock with `schedule: {id, slot}` on their tasks; bad bodies named field by
+/// field; `schedule.updated` events; the metrics; and, through a restart, a slot that passed
+/// while the server was down running by `catchup`.
+@Suite(.disabled(if: ServiceHarness.replicaCount > 1, "schedules are served by a single server only so far (cells: not yet)"))
+struct ScheduleAPITests {
+    static func milliseconds(_ timestamp: Any?) throws -> Int64 {
+        try ScheduledTaskServiceTests.milliseconds(timestamp)
+    }
+
+    @Test func aScheduleIsMadeReadListedChangedAndDeleted() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"hourly report","cron":"0 * * * *","timezone":"Europe/Berlin","task":{"kind":"noop","queue":"reports"},
+             "overlap":"allow","catchup":"latest","max_catchup":3,"jitter_ms":1000}
+            """#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        #expect(created.header("Location") == "/schedules/\(id)")
+        #expect(created.json["name"] as? String == "hourly report" && created.json["timezone"] as? String == "Europe/Berlin")
+        #expect(created.json["overlap"] as? String == "allow" && created.json["catchup"] as? String == "latest")
+        #expect(created.json["max_catchup"] as? Int == 3 && created.json["jitter_ms"] as? Int == 1000)
+        #expect(created.json["paused"] as? Bool == false && created.json["start_at"] is NSNull)
+        #expect((created.json["task"] as? [String: Any])?["queue"] as? String == "reports")
+        let nextRuns = try #require(created.json["next_runs"] as? [String])
+        #expect(nextRuns.count == 5)
+        let slots = try nextRuns.map { try Self.milliseconds($0) }
+        #expect(slots == slots.sorted() && zip(slots, slots.dropFirst()).allSatisfy { $1 - $0 == 3_600_000 })
+        #expect((created.json["last_runs"] as? [Any])?.isEmpty == true)
+
+        let read = try client.call("GET", "/schedules/\(id)")
+        #expect(read.status == 200 && read.json["cron"] as? String == "0 * * * *")
+        let listed = try client.call("GET", "/schedules").json["schedules"] as? [[String: Any]]
+        #expect(listed?.map { $0["id"] as? String } == [id])
+
+        let paused = try client.call("PATCH", "/schedules/\(id)", json: #"{"paused":true,"cron":"*/30 * * * *"}"#)
+        #expect(paused.status == 200 && paused.json["paused"] as? Bool == true && paused.json["cron"] as? String == "*/30 * * * *")
+        #expect((paused.json["next_runs"] as? [Any])?.isEmpty == true)
+        #expect(paused.json["name"] as? String == "hourly report")
+
+        let deleted = try client.call("DELETE", "/schedules/\(id)")
+        #expect(deleted.status == 200 && deleted.json["id"] as? String == id)
+        #expect(try client.call("GET", "/schedules/\(id)").status == 404)
+        #expect(try client.call("DELETE", "/schedules/\(id)").status == 404)
+        #expect(try client.call("POST", "/schedules/\(id)/trigger").status == 404)
+        #expect(try client.call("GET", "/schedules/nonsense").status == 404)
+    }
+
+    /// A schedule firing every second: its runs' tasks carry `schedule: {id, slot}` and its
+    /// `last_runs` show them with their states; the metrics count them.
+    @Test func slotsFireOnTheWallClockAndTheirTasksSayWhichRun() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"every second","cron":"* * * * * *","task":{"kind":"noop","queue":"ticks"}}
+            """#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        var runs: [[String: Any]] = []
+        try pollUntil("two runs") {
+            runs = try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]] ?? []
+            return runs.count >= 2 && runs.allSatisfy { $0["state"] as? String == "succeeded" }
+        }
+        let first = runs[0]
+        let taskID = try #require(first["task_id"] as? String)
+        let task = try client.task(taskID)
+        let mark = try #require(task["schedule"] as? [String: Any])
+        #expect(mark["id"] as? String == id && mark["slot"] as? String == first["slot"] as? String)
+        #expect(try Self.milliseconds(first["slot"]) % 1_000 == 0)
+        #expect(try Self.milliseconds(first["at"]) >= Self.milliseconds(first["slot"]))
+        // A task nobody scheduled says so.
+        let plain = try client.submit(#"{"kind":"noop"}"#)
+        #expect(plain["schedule"] is NSNull)
+        let metrics = try service.allMetrics()
+        let fired = metrics.split(separator: "\n").first { $0.hasPrefix("taskloop_schedule_runs_fired_total ") }
+        #expect(fired.flatMap { Double($0.split(separator: " ")[1]) }.map { $0 >= 2 } == true, "\(fired ?? "none")")
+        #expect(metrics.contains("taskloop_schedule_runs_missed_total 0"))
+        #expect(metrics.contains("taskloop_schedule_runs_skipped_total"))
+    }
+
+    /// Trigger makes one run now, paused or not: 201 with the task and its Location; with
+    /// `overlap: skip` and that run unfinished, a second trigger is 409 naming it.
+    @Test func triggerRunsNowAndObeysOverlap() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"manual","cron":"@yearly","paused":true,"task":{"kind":"external","queue":"manual"}}
+            """#)
+        let id = try #require(created.json["id"] as? String)
+        let run = try client.call("POST", "/schedules/\(id)/trigger")
+        #expect(run.status == 201, "\(run.text)")
+        let taskID = try #require(run.json["id"] as? String)
+        #expect(run.header("Location") == "/tasks/\(taskID)")
+        #expect((run.json["schedule"] as? [String: Any])?["id"] as? String == id)
+        let again = try client.call("POST", "/schedules/\(id)/trigger")
+        #expect(again.status == 409 && again.json["code"] as? String == "previous_run_unfinished")
+        #expect(again.json["existing_id"] as? String == taskID)
+        #expect(again.header("Content-Type") == "application/problem+json")
+        let runs = try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]]
+        #expect(runs?.count == 1 && runs?.first?["state"] as? String == "running")
+
+        let workflow = try client.call("POST", "/schedules", json: #"""
+            {"name":"pipeline","cron":"@daily","workflow":{"name":"etl","tasks":[{"key":"a","kind":"noop"},{"key":"b","kind":"noop","dependencies":["a"]}]}}
+            """#)
+        #expect(workflow.status == 201, "\(workflow.text)")
+        let workflowRun = try client.call("POST", "/schedules/\(try #require(workflow.json["id"] as? String))/trigger")
+        #expect(workflowRun.status == 201)
+        let workflowID = try #require(workflowRun.json["id"] as? String)
+        #expect(workflowRun.header("Location") == "/workflows/\(workflowID)")
+    }
+
+    @Test func badBodiesAre422NamingTheFieldAndMakeNothing() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        func field(_ body: String) throws -> String? {
+            let answer = try client.call("POST", "/schedules", json: body)
+            #expect(answer.status == 422, "\(body): \(answer.text)")
+            #expect(answer.header("Content-Type") == "application/problem+json")
+            return (answer.json["errors"] as? [[String: Any]])?.first?["field"] as? String
+        }
+        let task = #""task":{"kind":"noop"}"#
+        #expect(try field(#"{"name":"x","cron":"61 * * * *",\#(task)}"#) == "cron")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","timezone":"Mars/Base",\#(task)}"#) == "timezone")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"color":"red"}"#) == "color")
+        #expect(try field(#"{"name":"x","cron":"* * * * *"}"#) == "task")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"workflow":{"tasks":[{"key":"a","kind":"noop"}]}}"#) == "workflow")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","task":{"kind":"nope"}}"#) == "task.kind")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","task":{"kind":"noop","priority":"high"}}"#) == "task.priority")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","workflow":{"tasks":[{"key":"a","kind":"nope"}]}}"#) == "workflow.tasks[0].kind")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"overlap":"sometimes"}"#) == "overlap")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"max_catchup":0}"#) == "max_catchup")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"jitter_ms":3600001}"#) == "jitter_ms")
+        #expect(try field(#"{"cron":"* * * * *",\#(task)}"#) == "name")
+        let cron = try client.call("POST", "/schedules", json: #"{"name":"x","cron":"* * * * * * *",\#(task)}"#)
+        #expect((cron.json["errors"] as? [[String: Any]])?.first?["message"] as? String != nil)
+        #expect((try client.call("GET", "/schedules").json["schedules"] as? [Any])?.isEmpty == true)
+        let made = try #require(try client.call("POST", "/schedules", json: #"{"name":"x","cron":"@hourly",\#(task)}"#).json["id"] as? String)
+        let patch = try client.call("PATCH", "/schedules/\(made)", json: #"{"cron":"99 * * * *"}"#)
+        #expect(patch.status == 422 && (patch.json["errors"] as? [[String: Any]])?.first?["field"] as? String == "cron")
+        #expect(try client.call("GET", "/schedules/\(made)").json["cron"] as? String == "@hourly")
+    }
+
+    /// Each change is a `schedule.updated` event: made, fired, deleted (with `deleted: true`).
+    @Test(.numbersEventsAsOneServer) func changesAreScheduleUpdatedEvents() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let stream = try EventStreamTests.Stream(port: service.port, "/events?types=schedule.updated")
+        let id = try #require(try client.call("POST", "/schedules", json: #"""
+            {"name":"events","cron":"* * * * * *","task":{"kind":"noop"}}
+            """#).json["id"] as? String)
+        let fired = try stream.waitUntil { events in
+            events.contains { (($0.data["schedule"] as? [String: Any])?["last_runs"] as? [Any])?.isEmpty == false }
+        }
+        #expect(fired.allSatisfy { $0.type == "schedule.updated" })
+        #expect((fired[0].data["schedule"] as? [String: Any])?["id"] as? String == id)
+        #expect(try client.call("DELETE", "/schedules/\(id)").status == 200)
+        let all = try stream.waitUntil { events in events.contains { $0.data["schedule"].flatMap { ($0 as? [String: Any])?["deleted"] as? Bool } == true } }
+        let last = try #require(all.last)
+        #expect((last.data["schedule"] as? [String: Any])?["id"] as? String == id)
+    }
+
+    /// Down across at least two slots: started again, the server runs the newest of them once
+    /// (`catchup: latest`, made after the start though due before it) and counts the rest as
+    /// missed; no slot ever runs twice, across another restart too.
+    @Test(.inTheDefaultStageOnly) func slotsPassedWhileDownRunAfterTheRestartByCatchup() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func start() throws -> ServiceHarness {
+            try ServiceHarness {
+                $0.durability = .full
+                $0.dataDirectory = directory
+            }
+        }
+        func now() -> Int64 { Int64(Date().timeIntervalSince1970 * 1_000) }
+        let first = try start()
+        var client = try first.client()
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"catch up","cron":"*/2 * * * * *","catchup":"latest","task":{"kind":"noop"}}
+            """#)
+        let id = try #require(created.json["id"] as? String)
+        try first.stop()
+        let stoppedAt = now()
+        try pollUntil("two slots to pass while the server is down", timeout: 10) { now() > stoppedAt + 4_500 }
+        let restartedAt = now()
+        let second = try start()
+        client = try second.client()
+        let runs = try #require(try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])
+        // The first run the second server made is the catch-up, made at its start: of the slots
+        // that passed while it was down (after the stop, up to that start), only one ran.
+        let times = try runs.map { (slot: try Self.milliseconds($0["slot"]), at: try Self.milliseconds($0["at"])) }
+        let caughtUpAt = try #require(times.filter { $0.at >= restartedAt }.map(\.at).min(), "no run after the restart: \(runs)")
+        #expect(times.count { $0.slot > stoppedAt && $0.slot <= caughtUpAt } == 1, "one catch-up run: \(runs)")
+        let metrics = try second.allMetrics()
+        let missed = metrics.split(separator: "\n").first { $0.hasPrefix("taskloop_schedule_runs_missed_total ") }
+        #expect(missed.flatMap { Double($0.split(separator: " ")[1]) }.map { $0 >= 1 } == true, "\(missed ?? "none")")
+        try second.stop()
+        let third = try start()
+        client = try third.client()
+        let after = try #require(try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])
+        let slots = after.compactMap { $0["slot"] as? String }
+        #expect(Set(slots).count == slots.count, "a slot ran twice: \(slots)")
+        try third.stop()
+    }
+}
+
+/// With replicas, schedules are not served yet: every route says so (501), and nothing is made.
+@Suite(.enabled(if: ServiceHarness.replicaCount > 1, "a single server serves schedules (ScheduleAPITests)"))
+struct ScheduleOnCellsTests {
+    @Test func everyScheduleRouteAnswers501() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let created = try client.call("POST", "/schedules", json: #"{"name":"x","cron":"@hourly","task":{"kind":"noop"}}"#)
+        #expect(created.status == 501 && created.json["code"] as? String == "not_implemented", "\(created.text)")
+        #expect(created.header("Content-Type") == "application/problem+json")
+        #expect(try client.call("GET", "/schedules").status == 501)
+        let id = "01JB0000000000000000000000"
+        #expect(try client.call("GET", "/schedules/\(id)").status == 501)
+        #expect(try client.call("PATCH", "/schedules/\(id)", json: #"{"paused":true}"#).status == 501)
+        #expect(try client.call("DELETE", "/schedules/\(id)").status == 501)
+        #expect(try client.call("POST", "/schedules/\(id)/trigger").status == 501)
+    }
+}
