@@ -11,7 +11,15 @@ extension Engine {
             unfinished += counts.unfinished
             let hasRoom = !halted && !queue.paused && queue.running < queue.maxConcurrency && counts[.queued] > 0
             if hasRoom && (queue.dispatch == .server || queue.lessees.contains { $0.isWaiting && $0.kinds == nil }) {
-                violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
+                // A rate-limited queue may wait for its next token (due now at the latest, when
+                // another action due at the same millisecond ran first), with its wake armed.
+                if let bucket = queue.rateBucket {
+                    if bucket.wake == nil {
+                        violations.append("queue \(queue.name) has room and \(counts[.queued]) queued, and no wake for its next token")
+                    }
+                } else {
+                    violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
+                }
             }
             if queue.waitingLessees != queue.lessees.count(where: \.isWaiting) {
                 violations.append("queue \(queue.name) counts \(queue.waitingLessees) waiting lease calls")

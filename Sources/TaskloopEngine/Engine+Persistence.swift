@@ -27,7 +27,8 @@ extension Engine {
     }
 
     public func snapshot(of queue: TaskQueue) -> QueueSnapshot {
-        QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch)
+        QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch,
+                      rateLimit: queue.rateLimit)
     }
 
     /// Rebuilds a new engine (one nothing was submitted to) from what a store kept, ids and
@@ -38,7 +39,8 @@ extension Engine {
     ///   completes, anything else ends the attempt as `interrupted` under the retry policy;
     ///   unless a worker leased it: it keeps its lease (and token) until that expires;
     /// - terminal tasks are retained by their finishing time, and those past retention go;
-    /// - unique keys are held as before, by the records and `savedUniqueKeys` (Engine+Unique).
+    /// - unique keys are held as before, by the records and `savedUniqueKeys` (Engine+Unique);
+    /// - queues keep their settings; a rate limit starts with a full bucket (Engine+RateLimits).
     /// What this changes reaches observers as one settled batch, like any call. Throws, having
     /// changed nothing, when a task's kind has no executor on this server.
     public func restore(queues savedQueues: [QueueSnapshot], workflows savedWorkflows: [WorkflowSnapshot],
@@ -60,6 +62,7 @@ extension Engine {
                 queue.maxConcurrency = saved.maxConcurrency
                 queue.paused = saved.paused
                 queue.switchDispatch(to: saved.dispatch)
+                setRateLimit(saved.rateLimit, of: queue)
             }
             let wallClock = scheduler.wallClock
             var retainedByFinish: [TaskRecord] = []

@@ -1,9 +1,10 @@
 /// Queues: settings, and the bound on how many exist.
 extension Engine {
     /// Changes a queue's limit or pause switch (creating it if needed), with immediate effect.
+    /// `rateLimit`: `.some(nil)` removes the queue's rate limit, `nil` leaves it as it is.
     @discardableResult
     public func updateQueue(_ name: String, maxConcurrency: Int? = nil, paused: Bool? = nil,
-                            dispatch newDispatch: QueueDispatch? = nil) throws(EngineError) -> TaskQueue {
+                            dispatch newDispatch: QueueDispatch? = nil, rateLimit: RateLimit?? = nil) throws(EngineError) -> TaskQueue {
         guard SubmissionValidator.isValidQueueName(name) else {
             throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "name")
         }
@@ -11,6 +12,7 @@ extension Engine {
             throw EngineError(.invalid, "max_concurrency \(SubmissionValidator.rangeRule(SubmissionValidator.maxConcurrency))",
                               field: "max_concurrency")
         }
+        if case .some(let limit?) = rateLimit { try SubmissionValidator.check(limit) }
         if queues[name] == nil {
             try makeRoomForQueues(1, field: "name")
             try checkCell(ofQueue: name, field: "name")
@@ -19,6 +21,7 @@ extension Engine {
             let queue = queue(named: name)
             if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
             if let paused { queue.paused = paused }
+            if let rateLimit { setRateLimit(rateLimit, of: queue) }
             if let newDispatch, newDispatch != queue.dispatch {
                 // Leased tasks keep their leases; queued ones wait for the new dispatcher.
                 if newDispatch == .server { dismissLessees(queue) }
@@ -44,7 +47,7 @@ extension Engine {
     /// A queue that holds no task and has default settings: forgetting it changes nothing.
     func isIdle(_ queue: TaskQueue) -> Bool {
         queue.counts.total == 0 && !queue.paused && queue.maxConcurrency == configuration.defaultConcurrency
-            && queue.dispatch == .server && queue.name != "default"
+            && queue.dispatch == .server && queue.rateBucket == nil && queue.name != "default"
     }
 
     func forget(_ queue: TaskQueue) {

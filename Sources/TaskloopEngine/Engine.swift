@@ -290,14 +290,20 @@ public final class Engine {
                 serveLessees(queue)
                 continue
             }
+            if let bucket = queue.rateBucket {
+                startRateLimited(queue, bucket)
+                continue
+            }
             while !queue.paused && queue.running < queue.maxConcurrency, let record = queue.ready.popBest() {
                 start(record)
             }
         }
     }
 
-    func start(_ record: TaskRecord) {
-        guard !expiresInsteadOfStarting(record), resolveInputs(of: record) else { return }
+    /// Starts an attempt of `record`; false when it expired or lacked its inputs instead.
+    @discardableResult
+    func start(_ record: TaskRecord) -> Bool {
+        guard !expiresInsteadOfStarting(record), resolveInputs(of: record) else { return false }
         transition(record, to: .running)
         if record.startedAt == nil { record.startedAt = scheduler.wallClock }
         let hadFraction = record.progress.fraction != nil
@@ -316,6 +322,7 @@ public final class Engine {
         } else {
             record.executor.start(run)
         }
+        return true
     }
 
     /// Ends attempt `run` with `timeout` after `delay`.

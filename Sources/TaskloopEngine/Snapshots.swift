@@ -141,11 +141,13 @@ public struct QueueSnapshot: Sendable, Equatable {
     public var maxConcurrency: Int
     public var paused: Bool
     public var dispatch: QueueDispatch
+    public var rateLimit: RateLimit?
 
-    public init(name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch = .server) {
+    public init(name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch = .server, rateLimit: RateLimit? = nil) {
         self.name = name
         self.maxConcurrency = maxConcurrency
         self.paused = paused
         self.dispatch = dispatch
+        self.rateLimit = rateLimit
     }
 }

@@ -137,6 +137,11 @@ public final class TaskQueue {
     public internal(set) var leaseCounts = LeaseCounts()
     /// Tasks finished per interval over the last minutes.
     public internal(set) var finishHistory = FinishHistory()
+    /// Set while the queue is rate-limited (Engine+RateLimits).
+    var rateBucket: TokenBucket?
+    public var rateLimit: RateLimit? { rateBucket?.limit }
+    /// Starts and leases since the start that waited for a token (Engine+RateLimits).
+    public internal(set) var delayedByRateLimit = 0
 
     init(name: String, maxConcurrency: Int) {
         self.name = name

@@ -4,10 +4,10 @@ import TaskloopJSON
 import TaskloopTestSupport
 @testable import TaskloopEngine
 
-/// Random DAGs under random failures, cancellations, pauses, limit changes and unique keys, on
-/// the virtual clock. Every event and every step is checked against the engine's invariants.
-/// Each seed is independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that
-/// one).
+/// Random DAGs under random failures, cancellations, pauses, limit changes, rate limits and
+/// unique keys, on the virtual clock. Every event and every step is checked against the
+/// engine's invariants. Each seed is independent; a failure names its seed
+/// (`TASKLOOP_ENGINE_SEED=<n>` runs just that one).
 @Suite struct EnginePropertyTests {
     @Test func invariantsHoldForRandomWorkloads() {
         if let failure = firstPropertyFailure(base: 0xE17E_0000, count: 200, Self.run) { Issue.record(Comment(rawValue: failure)) }
@@ -30,6 +30,8 @@ import TaskloopTestSupport
         var queuedByQueue: [String: [TaskID: TaskRecord]] = [:]
         var violation: String?
         var reopened = Set<TaskID>()
+        // Each rate-limited queue's limit and the monotonic times of its starts since it was set.
+        var rateLimits: [String: (limit: RateLimit, starts: [UInt64])] = [:]
 
         func fail(_ text: String) { if violation == nil { violation = text } }
 
@@ -93,11 +95,40 @@ import TaskloopTestSupport
                 fail("queue \(queue.name) runs \(queue.running) > \(queue.maxConcurrency)")
             }
             if queue.paused { fail("paused queue \(queue.name) started \(record.id)") }
+            if var limited = rateLimits[queue.name] {
+                limited.starts.append(clock.now)
+                rateLimits[queue.name] = limited
+                checkRate(of: queue.name, limited)
+            }
             // The best queued task started.
             for other in queuedByQueue[queue.name, default: [:]].values {
                 if other.priority > record.priority || (other.priority == record.priority && other.sequence < record.sequence) {
                     fail("\(record.id) (p\(record.priority) #\(record.sequence)) started before \(other.id) (p\(other.priority) #\(other.sequence))")
                 }
+            }
+        }
+
+        /// In every window that ends with the latest start, since the limit was set: at most
+        /// `burst + per_second * w` starts.
+        func checkRate(of queue: String, _ limited: (limit: RateLimit, starts: [UInt64])) {
+            guard let last = limited.starts.last else { return }
+            for (index, first) in limited.starts.enumerated() {
+                let count = limited.starts.count - index
+                let allowed = Double(limited.limit.burst) + limited.limit.perSecond * Double(last - first) / 1_000
+                if Double(count) > allowed + 1e-9 {
+                    fail("queue \(queue) started \(count) tasks from \(first) to \(last) ms, beyond \(allowed) at \(limited.limit)")
+                }
+            }
+        }
+
+        /// A rate-limited queue with tasks ready, room and a token is not left idle (no lost
+        /// wake-up): between steps every action due has run.
+        func checkRateLimitedQueuesBusy() {
+            for name in rateLimits.keys {
+                let queue = engine.queue(named: name)
+                guard let bucket = queue.rateBucket, !queue.paused, queue.running < queue.maxConcurrency,
+                      queue.counts[.queued] > 0, bucket.hasToken(at: clock.now) else { continue }
+                fail("queue \(name) holds \(queue.counts[.queued]) queued tasks, has room and a token at \(clock.now), and is idle")
             }
         }
 
@@ -175,7 +206,7 @@ import TaskloopTestSupport
         let steps = 300 + random.below(300)
         for _ in 0..<steps {
             guard violation == nil else { break }
-            switch random.below(14) {
+            switch random.below(15) {
             case 0...4:
                 let spec = randomSpec()
                 do {
@@ -221,6 +252,15 @@ import TaskloopTestSupport
                         _ = try? engine.retryTask(record.id)
                     }
                 }
+            case 13:
+                // A rate limit set, changed or removed: a new one starts with a full bucket.
+                let name = queueNames[random.below(queueNames.count)]
+                let rates = [2.5, 3, 7.5, 40, 200]
+                let limit = random.below(4) == 0 ? nil : RateLimit(perSecond: rates[random.below(rates.count)], burst: 1 + random.below(4))
+                // The log starts before the call: the new bucket's burst starts inside it.
+                let previous = rateLimits[name]
+                rateLimits[name] = limit.map { ($0, []) }
+                if (try? engine.updateQueue(name, rateLimit: .some(limit))) == nil { rateLimits[name] = previous }
             case 12:
                 // The wall clock is set forward or back.
                 clock.wallClockSkew += Int64(random.below(1_200)) - 600
@@ -229,6 +269,7 @@ import TaskloopTestSupport
             }
             checkCounts()
             checkUniqueKeys()
+            checkRateLimitedQueuesBusy()
         }
 
         // Let everything finish: unpause, finish manual and external work, run the clock.
@@ -242,6 +283,7 @@ import TaskloopTestSupport
             }
             clock.advance(by: 1_000)
             checkCounts()
+            checkRateLimitedQueuesBusy()
         }
         if let stuck = submitted.first(where: { !$0.state.isTerminal }) {
             fail("\(stuck.id) never finished: \(stuck.state.rawValue), blocked by \(stuck.blockingDependencies)")
