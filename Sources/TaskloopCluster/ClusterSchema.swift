@@ -129,6 +129,8 @@ public enum ClusterSchema {
         ]),
         // The unique keys of tasks retention forgot (`CellSchema.uniqueKeysSetUp`).
         Migration(version: 4, statements: CellSchema.uniqueKeysSetUp),
+        // Queues' rate limits (`CellSchema.rateLimitsSetUp`).
+        Migration(version: 5, statements: CellSchema.rateLimitsSetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.

@@ -28,7 +28,8 @@ enum PostgresRows {
     static func queues(_ rows: PGResult) -> [QueueSnapshot] {
         (0..<rows.rowCount).map { row in
             QueueSnapshot(name: rows.text(row, 0) ?? "", maxConcurrency: Int(rows.int(row, 1) ?? 1), paused: rows.bool(row, 2) ?? false,
-                          dispatch: QueueDispatch(rawValue: rows.text(row, 3) ?? "") ?? .server)
+                          dispatch: QueueDispatch(rawValue: rows.text(row, 3) ?? "") ?? .server,
+                          rateLimit: rows.text(row, 4).flatMap(Double.init).map { RateLimit(perSecond: $0, burst: Int(rows.int(row, 5) ?? 1)) })
         }
     }
 

@@ -141,13 +141,14 @@ public final class SQLiteTaskStore: TaskStore {
         }
         if !batch.queues.isEmpty {
             let upsert = try database.statement("""
-                INSERT INTO queues (name, max_concurrency, paused, dispatch) VALUES (?, ?, ?, ?)
+                INSERT INTO queues (name, max_concurrency, paused, dispatch, rate_per_second, rate_burst) VALUES (?, ?, ?, ?, ?, ?)
                 ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency, paused = excluded.paused,
-                    dispatch = excluded.dispatch
+                    dispatch = excluded.dispatch, rate_per_second = excluded.rate_per_second, rate_burst = excluded.rate_burst
                 """)
             for queue in batch.queues {
                 try upsert.bind(1, queue.name).bind(2, Int64(queue.maxConcurrency)).bind(3, Int64(queue.paused ? 1 : 0))
-                    .bind(4, queue.dispatch.rawValue).run()
+                    .bind(4, queue.dispatch.rawValue).bind(5, queue.rateLimit?.perSecond)
+                    .bind(6, queue.rateLimit.map { Int64($0.burst) }).run()
             }
         }
         if !batch.forgottenQueues.isEmpty {
@@ -273,13 +274,14 @@ public final class SQLiteTaskStore: TaskStore {
 
     package static func load(_ database: SQLiteDatabase) throws -> StoredState {
         var state = StoredState()
-        let queues = try database.statement("SELECT name, max_concurrency, paused, dispatch FROM queues")
+        let queues = try database.statement("SELECT name, max_concurrency, paused, dispatch, rate_per_second, rate_burst FROM queues")
         while try queues.step() {
             guard let dispatch = QueueDispatch(rawValue: queues.string(3) ?? "") else {
                 throw RecordDecodingError(table: "queues", reason: "queue \(queues.string(0) ?? "") has an unknown dispatch")
             }
+            let rateLimit = queues.isNull(4) ? nil : RateLimit(perSecond: queues.double(4), burst: Int(queues.int64(5)))
             state.queues.append(QueueSnapshot(name: queues.string(0) ?? "", maxConcurrency: Int(queues.int64(1)),
-                                              paused: queues.int64(2) != 0, dispatch: dispatch))
+                                              paused: queues.int64(2) != 0, dispatch: dispatch, rateLimit: rateLimit))
         }
         queues.reset()
         let workflows = try database.statement("SELECT id, record FROM workflows")

@@ -107,6 +107,11 @@ public enum StoreSchema {
             PRIMARY KEY (queue, key)
         ) WITHOUT ROWID;
         """) },
+        // 7: a queue's rate limit (both NULL: none).
+        { database in try database.execute("""
+        ALTER TABLE queues ADD COLUMN rate_per_second REAL;
+        ALTER TABLE queues ADD COLUMN rate_burst INTEGER;
+        """) },
     ]
 
     /// The version this server writes.
