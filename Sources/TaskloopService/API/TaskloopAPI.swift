@@ -426,9 +426,9 @@ extension TaskloopApplication {
         let name = request.parameters["name"] ?? ""
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
-        var maxConcurrency: Int?, paused: Bool?, dispatch: QueueDispatch?
+        var maxConcurrency: Int?, paused: Bool?, dispatch: QueueDispatch?, rateLimit: RateLimit??
         if let object = reader.object(document, "") {
-            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused", "dispatch"], prefix: "")
+            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused", "dispatch", "rate_limit"], prefix: "")
             if case .some(let value?) = reader.string(object, "dispatch", prefix: "") {
                 dispatch = QueueDispatch(rawValue: value)
                 if dispatch == nil { reader.fail("dispatch", "must be server or workers.") }
@@ -437,9 +437,11 @@ extension TaskloopApplication {
                 maxConcurrency = Int(value)
             }
             if case .some(let value?) = reader.boolean(object, "paused", prefix: "") { paused = value }
+            if let value = object["rate_limit"] { rateLimit = reader.rateLimit(value) }
         }
         try reader.check()
-        let queue = try reply.engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch)
+        let queue = try reply.engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch,
+                                                 rateLimit: rateLimit)
         reply.send(.json(.ok, Representation.queue(queue, at: reply.engine.scheduler.wallClock)))
     }
 

@@ -154,6 +154,6 @@ enum ClusterLists {
             row.finished[current - Int64(FinishHistory.intervalCount - 1) + index] ?? 0
         }
         Representation.writeQueue(name, maxConcurrency: settings.maxConcurrency, paused: settings.paused, dispatch: settings.dispatch,
-                                  waitingWorkers: 0, count: { row.counts[$0] ?? 0 }, finished: finished, into: &json)
+                                  rateLimit: settings.rateLimit, waitingWorkers: 0, count: { row.counts[$0] ?? 0 }, finished: finished, into: &json)
     }
 }
