@@ -132,6 +132,8 @@ public enum ClusterSchema {
         Migration(version: 4, statements: CellSchema.uniqueKeysSetUp),
         // A queue's cap on running tasks per concurrency key (NULL: none).
         Migration(version: 5, statements: CellSchema.keyConcurrencySetUp),
+        // Queues' rate limits (`CellSchema.rateLimitsSetUp`).
+        Migration(version: 6, statements: CellSchema.rateLimitsSetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.

@@ -12,7 +12,15 @@ extension Engine {
             let hasStartable = queue.lanes.map { $0.hasStartable() } ?? (counts[.queued] > 0)
             let hasRoom = !halted && !queue.paused && queue.running < queue.maxConcurrency && hasStartable
             if hasRoom && (queue.dispatch == .server || queue.lessees.contains { $0.isWaiting && $0.kinds == nil }) {
-                violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
+                // A rate-limited queue may wait for its next token (due now at the latest, when
+                // another action due at the same millisecond ran first), with its wake armed.
+                if let bucket = queue.rateBucket {
+                    if bucket.wake == nil {
+                        violations.append("queue \(queue.name) has room and \(counts[.queued]) queued, and no wake for its next token")
+                    }
+                } else {
+                    violations.append("queue \(queue.name) has room (\(queue.running) of \(queue.maxConcurrency)) and \(counts[.queued]) queued")
+                }
             }
             if let lanes = queue.lanes {
                 if !lanes.rotationIsWhole() { violations.append("queue \(queue.name) has a lane under its cap out of turn") }

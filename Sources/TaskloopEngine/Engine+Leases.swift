@@ -200,6 +200,10 @@ extension Engine {
         var served = false
         var index = 0
         while index < queue.lessees.count, !queue.paused, queue.running < queue.maxConcurrency, queue.counts[.queued] > 0 {
+            if let bucket = queue.rateBucket, !bucket.hasToken(at: scheduler.now) {
+                waitForToken(queue, bucket)
+                break
+            }
             let request = queue.lessees[index]
             index += 1
             guard request.isWaiting else { continue }
@@ -236,18 +240,24 @@ extension Engine {
     /// Takes the best leasable tasks for `request` and starts them under fresh leases.
     private func take(from queue: TaskQueue, for request: LeaseRequest) -> [TaskRecord] {
         var tasks: [TaskRecord] = []
-        while tasks.count < request.maxTasks, !queue.paused, queue.running < queue.maxConcurrency,
-              let record = queue.popForWorkers(of: request.kinds) {
+        let bucket = queue.rateBucket
+        while tasks.count < request.maxTasks, !queue.paused, queue.running < queue.maxConcurrency {
+            if let bucket, !bucket.hasToken(at: scheduler.now) {
+                if queue.counts[.queued] > 0 { waitForToken(queue, bucket) }
+                return tasks
+            }
+            guard let record = queue.popForWorkers(of: request.kinds) else { break }
             let now = scheduler.wallClock
             record.lease = Lease(token: newLeaseToken(), worker: request.worker, grantedAt: now,
                                  milliseconds: request.milliseconds, expiresAt: now + Int64(clamping: request.milliseconds))
             leasedCount += 1
-            start(record)
             // Its inputs were missing (Engine+Outputs): it failed instead.
-            guard record.state == .running else { continue }
+            guard start(record) else { continue }
+            if let bucket { tookToken(queue, bucket, at: scheduler.now) }
             queue.leaseCounts.granted += 1
             tasks.append(record)
         }
+        bucket?.throttled = false
         return tasks
     }
 

@@ -29,7 +29,7 @@ extension Engine {
 
     public func snapshot(of queue: TaskQueue) -> QueueSnapshot {
         QueueSnapshot(name: queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch,
-                      keyConcurrency: queue.keyConcurrency)
+                      keyConcurrency: queue.keyConcurrency, rateLimit: queue.rateLimit)
     }
 
     /// Rebuilds a new engine (one nothing was submitted to) from what a store kept, ids and
@@ -43,6 +43,7 @@ extension Engine {
     /// - unique keys are held as before, by the records and `savedUniqueKeys` (Engine+Unique);
     /// - schedules go on after their `lastSlot`, slots missed while down by their `catchup`
     ///   (Engine+Schedules).
+    /// - queues keep their settings; a rate limit starts with a full bucket (Engine+RateLimits).
     /// What this changes reaches observers as one settled batch, like any call. Throws, having
     /// changed nothing, when a task's kind has no executor on this server.
     public func restore(queues savedQueues: [QueueSnapshot], workflows savedWorkflows: [WorkflowSnapshot],
@@ -67,6 +68,7 @@ extension Engine {
                 queue.paused = saved.paused
                 queue.switchDispatch(to: saved.dispatch)
                 if saved.keyConcurrency != nil { queue.setKeyConcurrency(saved.keyConcurrency) }
+                setRateLimit(saved.rateLimit, of: queue)
             }
             let wallClock = scheduler.wallClock
             var retainedByFinish: [TaskRecord] = []

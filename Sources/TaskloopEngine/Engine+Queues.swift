@@ -1,11 +1,12 @@
 /// Queues: settings, and the bound on how many exist.
 extension Engine {
-    /// Changes a queue's limit, pause switch, dispatch or cap per concurrency key (`.some(nil)`
-    /// lifts it), creating the queue if needed, with immediate effect.
+    /// Changes a queue's limit, pause switch, dispatch, cap per concurrency key or rate limit,
+    /// creating the queue if needed, with immediate effect. For `keyConcurrency` and
+    /// `rateLimit`, `.some(nil)` lifts the setting and `nil` leaves it as it is.
     @discardableResult
     public func updateQueue(_ name: String, maxConcurrency: Int? = nil, paused: Bool? = nil,
                             dispatch newDispatch: QueueDispatch? = nil,
-                            keyConcurrency: Int?? = nil) throws(EngineError) -> TaskQueue {
+                            keyConcurrency: Int?? = nil, rateLimit: RateLimit?? = nil) throws(EngineError) -> TaskQueue {
         guard SubmissionValidator.isValidQueueName(name) else {
             throw EngineError(.invalid, SubmissionValidator.queueNameRule, field: "name")
         }
@@ -17,6 +18,7 @@ extension Engine {
             throw EngineError(.invalid, "key_concurrency \(SubmissionValidator.rangeRule(SubmissionValidator.keyConcurrency)) or null",
                               field: "key_concurrency")
         }
+        if case .some(let limit?) = rateLimit { try SubmissionValidator.check(limit) }
         if queues[name] == nil {
             try makeRoomForQueues(1, field: "name")
             try checkCell(ofQueue: name, field: "name")
@@ -26,6 +28,7 @@ extension Engine {
             if let maxConcurrency { queue.maxConcurrency = maxConcurrency }
             if let paused { queue.paused = paused }
             if case .some(let cap) = keyConcurrency { queue.setKeyConcurrency(cap) }
+            if let rateLimit { setRateLimit(rateLimit, of: queue) }
             if let newDispatch, newDispatch != queue.dispatch {
                 // Leased tasks keep their leases; queued ones wait for the new dispatcher.
                 if newDispatch == .server { dismissLessees(queue) }
@@ -51,7 +54,7 @@ extension Engine {
     /// A queue that holds no task and has default settings: forgetting it changes nothing.
     func isIdle(_ queue: TaskQueue) -> Bool {
         queue.counts.total == 0 && !queue.paused && queue.maxConcurrency == configuration.defaultConcurrency
-            && queue.dispatch == .server && queue.keyConcurrency == nil && queue.name != "default"
+            && queue.dispatch == .server && queue.keyConcurrency == nil && queue.rateBucket == nil && queue.name != "default"
     }
 
     func forget(_ queue: TaskQueue) {

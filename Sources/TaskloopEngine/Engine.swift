@@ -299,6 +299,10 @@ public final class Engine {
                 serveLessees(queue)
                 continue
             }
+            if let bucket = queue.rateBucket {
+                startRateLimited(queue, bucket)
+                continue
+            }
             if let lanes = queue.lanes {
                 while !queue.paused && queue.running < queue.maxConcurrency, let record = lanes.popNext(of: nil) {
                     start(record)
@@ -311,8 +315,10 @@ public final class Engine {
         }
     }
 
-    func start(_ record: TaskRecord) {
-        guard !expiresInsteadOfStarting(record), resolveInputs(of: record) else { return }
+    /// Starts an attempt of `record`; false when it expired or lacked its inputs instead.
+    @discardableResult
+    func start(_ record: TaskRecord) -> Bool {
+        guard !expiresInsteadOfStarting(record), resolveInputs(of: record) else { return false }
         transition(record, to: .running)
         if record.startedAt == nil { record.startedAt = scheduler.wallClock }
         let hadFraction = record.progress.fraction != nil
@@ -331,6 +337,7 @@ public final class Engine {
         } else {
             record.executor.start(run)
         }
+        return true
     }
 
     /// Ends attempt `run` with `timeout` after `delay`.

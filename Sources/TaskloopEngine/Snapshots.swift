@@ -148,12 +148,15 @@ public struct QueueSnapshot: Sendable, Equatable {
     public var dispatch: QueueDispatch
     /// Running tasks per `concurrency_key` at most; nil: no cap.
     public var keyConcurrency: Int?
+    public var rateLimit: RateLimit?
 
-    public init(name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch = .server, keyConcurrency: Int? = nil) {
+    public init(name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch = .server, keyConcurrency: Int? = nil,
+                rateLimit: RateLimit? = nil) {
         self.name = name
         self.maxConcurrency = maxConcurrency
         self.paused = paused
         self.dispatch = dispatch
         self.keyConcurrency = keyConcurrency
+        self.rateLimit = rateLimit
     }
 }

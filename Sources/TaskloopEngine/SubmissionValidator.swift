@@ -9,6 +9,9 @@ public enum SubmissionValidator {
     public static let backoffMilliseconds: ClosedRange<Int64> = 0...86_400_000
     public static let backoffFactors: ClosedRange<Double> = 1...10
     public static let maxConcurrency: ClosedRange<Int64> = 1...10_000
+    /// A queue's `rate_limit`: tasks per second (fractions allowed) and the burst.
+    public static let rateLimitPerSecond: ClosedRange<Double> = 0.001...1_000_000
+    public static let rateLimitBurst: ClosedRange<Int64> = 1...1_000_000
     /// `delay_ms` and `ttl_ms` (the engine's `maxScheduleAheadMilliseconds` bounds them further).
     public static let delayMilliseconds: ClosedRange<Int64> = 0...315_360_000_000
     public static let ttlMilliseconds: ClosedRange<Int64> = 1...315_360_000_000
@@ -66,6 +69,16 @@ public enum SubmissionValidator {
     /// 1 to 255 Unicode scalars, as JSON Schema counts them.
     public static func isValidConcurrencyKey(_ key: String) -> Bool {
         concurrencyKeyLengths.contains(key.utf8.count) || concurrencyKeyLengths.contains(key.unicodeScalars.count)
+    }
+
+    /// Checks a queue's rate limit, naming the field that breaks a rule.
+    public static func check(_ limit: RateLimit) throws(EngineError) {
+        guard limit.perSecond.isFinite, rateLimitPerSecond.contains(limit.perSecond) else {
+            throw EngineError(.invalid, "rate_limit.per_second \(rangeRule(rateLimitPerSecond))", field: "rate_limit.per_second")
+        }
+        guard rateLimitBurst.contains(Int64(limit.burst)) else {
+            throw EngineError(.invalid, "rate_limit.burst \(rangeRule(rateLimitBurst))", field: "rate_limit.burst")
+        }
     }
 
     public static let uniqueKeyRule = "unique_key must be 1 to 255 characters."

@@ -163,6 +163,11 @@ public final class TaskQueue {
     public internal(set) var leaseCounts = LeaseCounts()
     /// Tasks finished per interval over the last minutes.
     public internal(set) var finishHistory = FinishHistory()
+    /// Set while the queue is rate-limited (Engine+RateLimits).
+    var rateBucket: TokenBucket?
+    public var rateLimit: RateLimit? { rateBucket?.limit }
+    /// Starts and leases since the start that waited for a token (Engine+RateLimits).
+    public internal(set) var delayedByRateLimit = 0
 
     init(name: String, maxConcurrency: Int) {
         self.name = name
@@ -178,6 +183,12 @@ public final class TaskQueue {
     }
 
     /// The best queued task a worker asking for `kinds` may lease (any kind when nil), removed.
+    /// The next task the server's executors start: by lanes once the queue has them.
+    func popForServer() -> TaskRecord? {
+        if let lanes { return lanes.popNext(of: nil) }
+        return ready.popBest()
+    }
+
     func popForWorkers(of kinds: Set<String>?) -> TaskRecord? {
         if let lanes { return lanes.popNext(of: kinds) }
         return readyForWorkers.popBest(of: kinds)

@@ -38,6 +38,8 @@ final class ServiceMetrics {
     private var scheduleRuns: [(counter: Counter, counted: UInt64)] = []
     private var droppedLogLinesCounted = 0
     private var leaseCollectors: [String: LeaseCollectors] = [:]
+    /// Rate-limited queues' starts that waited for a token, and how many the counter was told.
+    private var rateDelayed: [String: (counter: Counter, counted: Int)] = [:]
     private let leaseLatency: ValueHistogram
     /// Two label values (kind and state): a struct, not a joined string, so a lookup on the
     /// per-task path allocates nothing.
@@ -308,6 +310,25 @@ final class ServiceMetrics {
         }
     }
 
+    /// A series for each queue once it is rate-limited, kept while the queue is (a limit removed
+    /// leaves its count standing).
+    private func updateRateLimitSeries(_ queues: [String: TaskQueue]) {
+        for (name, queue) in queues where queue.rateLimit != nil || rateDelayed[name] != nil {
+            var entry = rateDelayed[name] ?? (registry.makeCounter(
+                descriptor: Self.name("tasks_delayed_by_rate_limit", "total",
+                                      "Task starts and leases that waited for a token of their queue's rate limit, by queue."),
+                labels: [("queue", name)]), 0)
+            // A queue forgotten and made again between scrapes starts from zero: no negative steps.
+            entry.counter.increment(by: Int64(max(0, queue.delayedByRateLimit - entry.counted)))
+            entry.counted = queue.delayedByRateLimit
+            rateDelayed[name] = entry
+        }
+        for (name, entry) in rateDelayed where queues[name] == nil {
+            registry.unregisterCounter(entry.counter)
+            rateDelayed[name] = nil
+        }
+    }
+
     /// The text exposition, with the state gauges brought up to date first. `queues`: those of
     /// the engines here (with cells, of the cells this replica owns).
     func render(queues: [String: TaskQueue], connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
@@ -339,6 +360,7 @@ final class ServiceMetrics {
             taskGauges[name] = nil
         }
         updateLeaseSeries(queues)
+        updateRateLimitSeries(queues)
         openConnections.set(Double(connections))
         waiting.set(Double(longPolls))
         transfers.set(Double(activeTransfers))

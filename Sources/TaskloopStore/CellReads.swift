@@ -114,7 +114,7 @@ public enum CellReads {
     public static func queues(finishedSince: Int64, interval: Int64) -> [PGQuery] {
         [
             PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-            PGQuery("SELECT name, max_concurrency, paused, dispatch, key_concurrency FROM taskloop.cell_queues", binaryResults: true),
+            PGQuery("SELECT \(CellSchema.queueColumns) FROM taskloop.cell_queues", binaryResults: true),
             PGQuery("SELECT queue, state, count(*) FROM taskloop.cell_tasks GROUP BY queue, state", binaryResults: true),
             PGQuery("SELECT queue, finished_at / $2, count(*) FROM taskloop.cell_tasks WHERE finished_at >= $1 GROUP BY 1, 2",
                     [.int(finishedSince), .int(interval)], binaryResults: true),

@@ -69,6 +69,12 @@ public enum CellSchema {
         PGQuery("CREATE INDEX IF NOT EXISTS cell_unique_keys_cell ON taskloop.cell_unique_keys (cell)"),
     ]
 
+    /// A queue's rate limit (both NULL: none).
+    public static let rateLimitsSetUp = [
+        PGQuery("ALTER TABLE taskloop.cell_queues ADD COLUMN IF NOT EXISTS rate_per_second double precision, "
+                + "ADD COLUMN IF NOT EXISTS rate_burst int"),
+    ]
+
     static let insertTasks = PGRowsStatement(
         name: "cell_insert_tasks",
         head: "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, kind, name_folded, dependencies, workflow, "
@@ -82,11 +88,15 @@ public enum CellSchema {
         """)
     static let deleteWorkflow = PGStatement("cell_delete_workflow", "DELETE FROM taskloop.cell_workflows WHERE id = $1")
     static let upsertQueue = PGStatement("cell_upsert_queue", """
-        INSERT INTO taskloop.cell_queues (name, cell, max_concurrency, paused, dispatch, key_concurrency)
-        VALUES ($1, $2, $3, $4, $5, $6)
+        INSERT INTO taskloop.cell_queues (name, cell, max_concurrency, paused, dispatch, key_concurrency, rate_per_second, rate_burst)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
         ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency, paused = excluded.paused,
-            dispatch = excluded.dispatch, key_concurrency = excluded.key_concurrency
+            dispatch = excluded.dispatch, key_concurrency = excluded.key_concurrency,
+            rate_per_second = excluded.rate_per_second, rate_burst = excluded.rate_burst
         """)
+    /// A queue's columns as `PostgresRows.queues` reads them: `per_second` as text, which
+    /// PostgreSQL writes exactly (shortest round trip), as it reads the text it is given.
+    static let queueColumns = "name, max_concurrency, paused, dispatch, key_concurrency, rate_per_second::text, rate_burst"
     static let deleteQueue = PGStatement("cell_delete_queue", "DELETE FROM taskloop.cell_queues WHERE name = $1")
     static let upsertKey = PGStatement("cell_keep_key", "SELECT taskloop.keep_idempotency_key($1, $2, $3, $4, $5, $6)")
     static let deleteKey = PGStatement("cell_delete_key", "DELETE FROM taskloop.cell_idempotency_keys WHERE key = $1")
@@ -133,7 +143,9 @@ public enum CellSchema {
             for queue in batch.queues {
                 queries.append(PGQuery(upsertQueue, [.text(queue.name), cellValue, .int(queue.maxConcurrency), .bool(queue.paused),
                                                      .text(queue.dispatch.rawValue),
-                                                     queue.keyConcurrency.map { .int($0) } ?? .null]))
+                                                     queue.keyConcurrency.map { .int($0) } ?? .null,
+                                                     .optional(queue.rateLimit.map { "\($0.perSecond)" }),
+                                                     queue.rateLimit.map { .int($0.burst) } ?? .null]))
             }
             for name in batch.forgottenQueues { queries.append(PGQuery(deleteQueue, [.text(name)])) }
             for key in batch.idempotencyKeys {
@@ -157,7 +169,7 @@ public enum CellSchema {
             PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
             PGQuery("SELECT sequence, record FROM taskloop.cell_tasks WHERE cell = $1 ORDER BY sequence", cellValue, binaryResults: true),
             PGQuery("SELECT id, record FROM taskloop.cell_workflows WHERE cell = $1", cellValue, binaryResults: true),
-            PGQuery("SELECT name, max_concurrency, paused, dispatch, key_concurrency FROM taskloop.cell_queues WHERE cell = $1", cellValue,
+            PGQuery("SELECT \(queueColumns) FROM taskloop.cell_queues WHERE cell = $1", cellValue,
                     binaryResults: true),
             PGQuery("SELECT key, request_hash, status, resource, expires_at FROM taskloop.cell_idempotency_keys WHERE cell = $1",
                     cellValue, binaryResults: true),

@@ -29,7 +29,8 @@ enum PostgresRows {
         (0..<rows.rowCount).map { row in
             QueueSnapshot(name: rows.text(row, 0) ?? "", maxConcurrency: Int(rows.int(row, 1) ?? 1), paused: rows.bool(row, 2) ?? false,
                           dispatch: QueueDispatch(rawValue: rows.text(row, 3) ?? "") ?? .server,
-                          keyConcurrency: rows.int(row, 4).map { Int($0) })
+                          keyConcurrency: rows.int(row, 4).map { Int($0) },
+                          rateLimit: rows.text(row, 5).flatMap(Double.init).map { RateLimit(perSecond: $0, burst: Int(rows.int(row, 6) ?? 1)) })
         }
     }
 

@@ -141,13 +141,16 @@ public final class SQLiteTaskStore: TaskStore {
         }
         if !batch.queues.isEmpty {
             let upsert = try database.statement("""
-                INSERT INTO queues (name, max_concurrency, paused, dispatch, key_concurrency) VALUES (?, ?, ?, ?, ?)
+                INSERT INTO queues (name, max_concurrency, paused, dispatch, key_concurrency, rate_per_second, rate_burst)
+                VALUES (?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (name) DO UPDATE SET max_concurrency = excluded.max_concurrency, paused = excluded.paused,
-                    dispatch = excluded.dispatch, key_concurrency = excluded.key_concurrency
+                    dispatch = excluded.dispatch, key_concurrency = excluded.key_concurrency,
+                    rate_per_second = excluded.rate_per_second, rate_burst = excluded.rate_burst
                 """)
             for queue in batch.queues {
                 try upsert.bind(1, queue.name).bind(2, Int64(queue.maxConcurrency)).bind(3, Int64(queue.paused ? 1 : 0))
-                    .bind(4, queue.dispatch.rawValue).bind(5, queue.keyConcurrency.map(Int64.init)).run()
+                    .bind(4, queue.dispatch.rawValue).bind(5, queue.keyConcurrency.map(Int64.init))
+                    .bind(6, queue.rateLimit?.perSecond).bind(7, queue.rateLimit.map { Int64($0.burst) }).run()
             }
         }
         if !batch.forgottenQueues.isEmpty {
@@ -285,14 +288,16 @@ public final class SQLiteTaskStore: TaskStore {
 
     package static func load(_ database: SQLiteDatabase) throws -> StoredState {
         var state = StoredState()
-        let queues = try database.statement("SELECT name, max_concurrency, paused, dispatch, key_concurrency FROM queues")
+        let queues = try database.statement(
+            "SELECT name, max_concurrency, paused, dispatch, key_concurrency, rate_per_second, rate_burst FROM queues")
         while try queues.step() {
             guard let dispatch = QueueDispatch(rawValue: queues.string(3) ?? "") else {
                 throw RecordDecodingError(table: "queues", reason: "queue \(queues.string(0) ?? "") has an unknown dispatch")
             }
+            let rateLimit = queues.isNull(5) ? nil : RateLimit(perSecond: queues.double(5), burst: Int(queues.int64(6)))
             state.queues.append(QueueSnapshot(name: queues.string(0) ?? "", maxConcurrency: Int(queues.int64(1)),
                                               paused: queues.int64(2) != 0, dispatch: dispatch,
-                                              keyConcurrency: queues.isNull(4) ? nil : Int(queues.int64(4))))
+                                              keyConcurrency: queues.isNull(4) ? nil : Int(queues.int64(4)), rateLimit: rateLimit))
         }
         queues.reset()
         let workflows = try database.statement("SELECT id, record FROM workflows")

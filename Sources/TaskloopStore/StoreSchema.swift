@@ -119,6 +119,11 @@ public enum StoreSchema {
             record BLOB NOT NULL
         ) WITHOUT ROWID;
         """) },
+        // 9: a queue's rate limit (both NULL: none).
+        { database in try database.execute("""
+        ALTER TABLE queues ADD COLUMN rate_per_second REAL;
+        ALTER TABLE queues ADD COLUMN rate_burst INTEGER;
+        """) },
     ]
 
     /// The version this server writes.

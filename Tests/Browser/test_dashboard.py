@@ -283,6 +283,36 @@ def test_set_and_lift_a_queues_cap_per_concurrency_key(page, api, server):
     wait_until(lambda: "tenant-42" in page.section("Task").text, message="the concurrency key among the task's facts")
 
 
+def test_set_and_remove_a_queues_rate_limit(page, api):
+    api("PATCH", "/queues/emails", {"rate_limit": {"per_second": 5, "burst": 10}})
+    page.open("/queues")
+    row = page.wait_find('table.queues tr[data-queue="emails"]')
+    shown = row.find_element(By.CSS_SELECTOR, ".rate-limit")
+    wait_until(lambda: shown.text == "5/s, burst 10", message="the rate limit shown")
+
+    per_second = row.find_element(By.CSS_SELECTOR, "input.rate-per-second")
+    burst = row.find_element(By.CSS_SELECTOR, "input.rate-burst")
+    per_second.clear()
+    per_second.send_keys("0.5")
+    burst.clear()
+    burst.send_keys("2")
+    row.find_element(By.CSS_SELECTOR, 'button[aria-label="Set the rate limit of emails"]').click()
+    wait_until(lambda: api("GET", "/queues/emails")["rate_limit"] == {"per_second": 0.5, "burst": 2},
+               message="the API to show 0.5/s, burst 2")
+    wait_until(lambda: shown.text == "0.5/s, burst 2", message="the new rate limit shown")
+    wait_until(lambda: "emails: rate limit 0.5/s, burst 2" in page.find("#toasts").text, message="a toast naming the rate limit")
+
+    # An empty rate removes the limit.
+    per_second.clear()
+    row.find_element(By.CSS_SELECTOR, 'button[aria-label="Set the rate limit of emails"]').click()
+    wait_until(lambda: api("GET", "/queues/emails")["rate_limit"] is None, message="the API to show no rate limit")
+    wait_until(lambda: shown.text == "none", message="no rate limit shown")
+
+    # A change made elsewhere arrives as queue.updated.
+    api("PATCH", "/queues/emails", {"rate_limit": {"per_second": 20, "burst": 1}})
+    wait_until(lambda: shown.text == "20/s, burst 1", message="the rate limit set through the API shown")
+
+
 def test_queue_counts_follow_the_tasks(page, api, server):
     api("PATCH", "/queues/mail", {"paused": True})
     page.open("/queues")

@@ -5,10 +5,10 @@ import TaskloopTestSupport
 import TaskloopTime
 @testable import TaskloopEngine
 
-/// Random DAGs under random failures, cancellations, pauses, limit changes, unique keys and
-/// concurrency keys with changing caps, on the virtual clock. Every event and every step is checked against the engine's invariants.
-/// Each seed is independent; a failure names its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that
-/// one).
+/// Random DAGs under random failures, cancellations, pauses, limit changes, rate limits, unique
+/// keys and concurrency keys with changing caps, on the virtual clock. Every event and every
+/// step is checked against the engine's invariants. Each seed is independent; a failure names
+/// its seed (`TASKLOOP_ENGINE_SEED=<n>` runs just that one).
 @Suite struct EnginePropertyTests {
     @Test func invariantsHoldForRandomWorkloads() {
         if let failure = firstPropertyFailure(base: 0xE17E_0000, count: 200, Self.run) { Issue.record(Comment(rawValue: failure)) }
@@ -39,6 +39,8 @@ import TaskloopTime
         // After a cap is lowered, a key may run more than it until enough of its tasks end:
         // the most it may run, per queue and key, falling as they end.
         var overCap: [String: [String: Int]] = [:]
+        // Each rate-limited queue's limit and the monotonic times of its starts since it was set.
+        var rateLimits: [String: (limit: RateLimit, starts: [UInt64])] = [:]
 
         func fail(_ text: String) { if violation == nil { violation = text } }
 
@@ -104,6 +106,11 @@ import TaskloopTime
                 fail("queue \(queue.name) runs \(queue.running) > \(queue.maxConcurrency)")
             }
             if queue.paused { fail("paused queue \(queue.name) started \(record.id)") }
+            if var limited = rateLimits[queue.name] {
+                limited.starts.append(clock.now)
+                rateLimits[queue.name] = limited
+                checkRate(of: queue.name, limited)
+            }
             // The best queued task of its lane started (across lanes, turns decide).
             for other in queuedByQueue[queue.name, default: [:]].values
             where queue.lanes == nil || other.concurrencyKey == record.concurrencyKey {
@@ -154,7 +161,8 @@ import TaskloopTime
         }
 
         /// No key runs more than its cap (or, after the cap was lowered, more than it ran then),
-        /// and no queued task waits while its queue has room and its key is under the cap.
+        /// and no queued task waits while its queue has room, a token if it is rate-limited, and
+        /// its key under the cap (no lost wake-up).
         func checkKeyCaps() {
             for name in queueNames {
                 let queue = engine.queue(named: name)
@@ -167,7 +175,9 @@ import TaskloopTime
                     guard let cap = queue.keyConcurrency, let key = record.concurrencyKey else { startable = true; continue }
                     if running[key, default: 0] < cap { startable = true }
                 }
-                if startable && !queue.paused && queue.running < queue.maxConcurrency {
+                // A rate-limited queue without a token waits for it: its timer is due later.
+                let hasToken = queue.rateBucket?.hasToken(at: clock.now) ?? true
+                if startable && hasToken && !queue.paused && queue.running < queue.maxConcurrency {
                     fail("queue \(name) runs \(queue.running) of \(queue.maxConcurrency) with a startable task queued")
                 }
                 guard let cap = queue.keyConcurrency else {
@@ -194,6 +204,19 @@ import TaskloopTime
                 overCap[name] = cap.map { cap in running.filter { $0.value > cap } }
                 // Lanes freed by a new cap rejoin at the back: turns owed before are void.
                 owedTurns[name] = nil
+            }
+        }
+
+        /// In every window that ends with the latest start, since the limit was set: at most
+        /// `burst + per_second * w` starts.
+        func checkRate(of queue: String, _ limited: (limit: RateLimit, starts: [UInt64])) {
+            guard let last = limited.starts.last else { return }
+            for (index, first) in limited.starts.enumerated() {
+                let count = limited.starts.count - index
+                let allowed = Double(limited.limit.burst) + limited.limit.perSecond * Double(last - first) / 1_000
+                if Double(count) > allowed + 1e-9 {
+                    fail("queue \(queue) started \(count) tasks from \(first) to \(last) ms, beyond \(allowed) at \(limited.limit)")
+                }
             }
         }
 
@@ -272,7 +295,7 @@ import TaskloopTime
         let steps = 300 + random.below(300)
         for _ in 0..<steps {
             guard violation == nil else { break }
-            switch random.below(14) {
+            switch random.below(15) {
             case 0...4:
                 let spec = randomSpec()
                 do {
@@ -322,6 +345,15 @@ import TaskloopTime
                         _ = try? engine.retryTask(record.id)
                     }
                 }
+            case 13:
+                // A rate limit set, changed or removed: a new one starts with a full bucket.
+                let name = queueNames[random.below(queueNames.count)]
+                let rates = [2.5, 3, 7.5, 40, 200]
+                let limit = random.below(4) == 0 ? nil : RateLimit(perSecond: rates[random.below(rates.count)], burst: 1 + random.below(4))
+                // The log starts before the call: the new bucket's burst starts inside it.
+                let previous = rateLimits[name]
+                rateLimits[name] = limit.map { ($0, []) }
+                if (try? engine.updateQueue(name, rateLimit: .some(limit))) == nil { rateLimits[name] = previous }
             case 12:
                 // The wall clock is set forward or back.
                 clock.wallClockSkew += Int64(random.below(1_200)) - 600
@@ -344,6 +376,7 @@ import TaskloopTime
             }
             clock.advance(by: 1_000)
             checkCounts()
+            checkKeyCaps()
         }
         if let stuck = submitted.first(where: { !$0.state.isTerminal }) {
             fail("\(stuck.id) never finished: \(stuck.state.rawValue), blocked by \(stuck.blockingDependencies)")

@@ -29,7 +29,7 @@ import TaskloopTestSupport
             }
             try pollUntil("a connection") { connected.value != nil }
             try connected.value!.get()
-            _ = try execute(CellSchema.setUp + CellSchema.keyConcurrencySetUp)
+            _ = try execute(CellSchema.setUp + CellSchema.keyConcurrencySetUp + CellSchema.rateLimitsSetUp)
         }
 
         /// Runs `queries` as one batch; the row count of each result.
@@ -83,6 +83,7 @@ import TaskloopTestSupport
         _ = try client.call("PATCH", "/queues/mail", json: #"{"paused":true}"#)
         _ = try client.call("PATCH", "/queues/video", json: #"{"dispatch":"workers","max_concurrency":3}"#)
         _ = try client.call("PATCH", "/queues/spare", json: #"{"max_concurrency":7}"#)
+        _ = try client.call("PATCH", "/queues/paced", json: #"{"rate_limit":{"per_second":0.3,"burst":4}}"#)
         var mailIDs: [String] = []
         for number in 0..<12 {
             let name = ["Send Mail \(number)", "résumé Ünïcode \(number)", "report-\(number)"][number % 3]
@@ -117,7 +118,7 @@ import TaskloopTestSupport
             let engine = application.engine!
             let tasks = engine.listTasks(before: nil, limit: .max) { _ in true }.tasks.map { engine.snapshot(of: $0) }
             let queues = engine.queues.values.filter { $0.paused || $0.maxConcurrency != engine.configuration.defaultConcurrency
-                || $0.dispatch != .server }.map { engine.snapshot(of: $0) }
+                || $0.dispatch != .server || $0.rateLimit != nil }.map { engine.snapshot(of: $0) }
             let kept = workflows.map { engine.snapshot(of: engine.workflow(TaskID($0)!)!) }
             return (tasks, queues, kept)
         }
@@ -231,7 +232,7 @@ import TaskloopTestSupport
                 #expect(answer.map { String(decoding: $0, as: UTF8.self) } == (expected.status == 200 ? expected.text : nil), "\(path)")
             }
         }
-        // Idle "spare" is kept by its settings alone, "default" by nothing.
+        // Idle "spare" and "paced" are kept by their settings alone, "default" by nothing.
         try compare("/queues") { now, execute, done in
             ClusterLists.queues(defaultConcurrency: defaultConcurrency, at: now, execute: execute) { done($0.map { $0 }) }
         }

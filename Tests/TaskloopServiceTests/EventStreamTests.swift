@@ -213,13 +213,18 @@ import TaskloopTestSupport
         defer { try? service.stop() }
         let client = try service.client()
         let start = try Self.eventSeq(client)
-        for body in [#"{"paused":true}"#, #"{"max_concurrency":3}"#, #"{"paused":false}"#] {
+        for body in [#"{"paused":true}"#, #"{"max_concurrency":3}"#, #"{"paused":false}"#,
+                     #"{"rate_limit":{"per_second":2.5,"burst":3}}"#, #"{"rate_limit":null}"#] {
             #expect(try client.call("PATCH", "/queues/lane", json: body).status == 200)
         }
         let replay = try Stream(port: service.port, "/events?types=queue.updated&since=\(start)")
-        let queues = try replay.waitFor(3).compactMap { $0.data["queue"] as? [String: Any] }
-        #expect(queues.map { $0["paused"] as? Bool } == [true, true, false])
-        #expect(queues.map { $0["max_concurrency"] as? Int }.dropFirst() == [3, 3])
+        let queues = try replay.waitFor(5).compactMap { $0.data["queue"] as? [String: Any] }
+        #expect(queues.map { $0["paused"] as? Bool } == [true, true, false, false, false])
+        #expect(queues.map { $0["max_concurrency"] as? Int }.dropFirst() == [3, 3, 3, 3])
+        let limits = queues.map { $0["rate_limit"] as? [String: Any] }
+        #expect(limits.map { $0?["per_second"] as? Double } == [nil, nil, nil, 2.5, nil])
+        #expect(limits.map { $0?["burst"] as? Int } == [nil, nil, nil, 3, nil])
+        #expect(queues.allSatisfy { $0.keys.contains("rate_limit") })
     }
 
     @Test func aTaskStreamStartsWithTheTaskAndEndsAfterItsEnd() throws {

@@ -319,13 +319,15 @@ enum Representation {
     /// `at`: the wall-clock time the queue's finish history is read at.
     static func write(_ queue: TaskQueue, at wallClock: Int64, into json: inout JSONWriter) {
         writeQueue(queue.name, maxConcurrency: queue.maxConcurrency, paused: queue.paused, dispatch: queue.dispatch,
-                   keyConcurrency: queue.keyConcurrency, waitingWorkers: queue.waitingLessees, count: { queue.counts[$0] },
+                   keyConcurrency: queue.keyConcurrency, rateLimit: queue.rateLimit, waitingWorkers: queue.waitingLessees,
+                   count: { queue.counts[$0] },
                    finished: queue.finishHistory.counts(at: wallClock), into: &json)
     }
 
     /// A queue from its parts: a live one's, or what the cells' records say of one.
     /// `finished`: tasks finished per interval of `FinishHistory`, oldest first.
     static func writeQueue(_ name: String, maxConcurrency: Int, paused: Bool, dispatch: QueueDispatch, keyConcurrency: Int?,
+                           rateLimit: RateLimit?,
                            waitingWorkers: Int, count: (TaskState) -> Int, finished: [Int], into json: inout JSONWriter) {
         json.beginObject()
         json.field("name", name)
@@ -334,6 +336,16 @@ enum Representation {
         json.field("dispatch", dispatch.rawValue)
         json.key(static: "key_concurrency")
         if let keyConcurrency { json.int(keyConcurrency) } else { json.null() }
+        json.key(static: "rate_limit")
+        if let rateLimit {
+            json.beginObject()
+            json.key(static: "per_second")
+            json.double(rateLimit.perSecond)
+            json.field("burst", rateLimit.burst)
+            json.endObject()
+        } else {
+            json.null()
+        }
         json.field("waiting_workers", waitingWorkers)
         json.key(static: "counts")
         json.beginObject()

@@ -160,6 +160,27 @@ struct BodyReader {
         }
     }
 
+    /// A queue's `rate_limit`: `{per_second, burst}`, or null to remove it (`.some(nil)`);
+    /// nil when refused.
+    mutating func rateLimit(_ value: JSONValue) -> RateLimit?? {
+        if value.isNull { return .some(nil) }
+        guard let object = object(value, "rate_limit") else { return nil }
+        rejectUnknown(object, allowed: ["per_second", "burst"], prefix: "rate_limit.")
+        var perSecond: Double?, burst: Int?
+        if case .some(let value?) = number(object, "per_second", prefix: "rate_limit.", in: Rules.rateLimitPerSecond) {
+            perSecond = value
+        } else if object["per_second"] == nil {
+            fail("rate_limit.per_second", "is required: the tasks the queue may start per second.")
+        }
+        if case .some(let value?) = integer(object, "burst", prefix: "rate_limit.", in: Rules.rateLimitBurst) {
+            burst = Int(value)
+        } else if object["burst"] == nil {
+            fail("rate_limit.burst", "is required: the tasks the queue may start at once.")
+        }
+        guard let perSecond, let burst else { return nil }
+        return .some(RateLimit(perSecond: perSecond, burst: burst))
+    }
+
     /// `{fraction?, message?, details?}` of a progress report or a heartbeat.
     mutating func progressReport(_ object: JSONObject, prefix: String) -> ExternalReport {
         var fraction: Double?, message: String?, details: JSONValue?

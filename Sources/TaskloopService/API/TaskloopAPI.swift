@@ -421,9 +421,9 @@ extension TaskloopApplication {
         let name = request.parameters["name"] ?? ""
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
-        var maxConcurrency: Int?, paused: Bool?, dispatch: QueueDispatch?, keyConcurrency: Int??
+        var maxConcurrency: Int?, paused: Bool?, dispatch: QueueDispatch?, keyConcurrency: Int??, rateLimit: RateLimit??
         if let object = reader.object(document, "") {
-            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused", "dispatch", "key_concurrency"], prefix: "")
+            reader.rejectUnknown(object, allowed: ["max_concurrency", "paused", "dispatch", "key_concurrency", "rate_limit"], prefix: "")
             if case .some(let value?) = reader.string(object, "dispatch", prefix: "") {
                 dispatch = QueueDispatch(rawValue: value)
                 if dispatch == nil { reader.fail("dispatch", "must be server or workers.") }
@@ -436,10 +436,11 @@ extension TaskloopApplication {
                                                       nullable: true) {
                 keyConcurrency = .some(value.map { Int($0) })
             }
+            if let value = object["rate_limit"] { rateLimit = reader.rateLimit(value) }
         }
         try reader.check()
         let queue = try reply.engine.updateQueue(name, maxConcurrency: maxConcurrency, paused: paused, dispatch: dispatch,
-                                                 keyConcurrency: keyConcurrency)
+                                                 keyConcurrency: keyConcurrency, rateLimit: rateLimit)
         reply.send(.json(.ok, Representation.queue(queue, at: reply.engine.scheduler.wallClock)))
     }
 

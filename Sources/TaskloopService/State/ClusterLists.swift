@@ -154,7 +154,7 @@ enum ClusterLists {
             row.finished[current - Int64(FinishHistory.intervalCount - 1) + index] ?? 0
         }
         Representation.writeQueue(name, maxConcurrency: settings.maxConcurrency, paused: settings.paused, dispatch: settings.dispatch,
-                                  keyConcurrency: settings.keyConcurrency,
+                                  keyConcurrency: settings.keyConcurrency, rateLimit: settings.rateLimit,
                                   waitingWorkers: 0, count: { row.counts[$0] ?? 0 }, finished: finished, into: &json)
     }
 }

@@ -1,9 +1,14 @@
-// Queues: counts by state, limit and cap per concurrency key (editable), dispatch, pause/resume, cancel-all, and a sparkline
+// Queues: counts by state, limit, cap per concurrency key and rate limit (editable), dispatch, pause/resume, cancel-all, and a sparkline
 // of tasks finished per interval. `queue.updated` events replace a queue at once; task events
 // refresh the counts at most once a second (a queue's counts change with every task).
 
 import { call, get, follow, ApiError } from './api.js';
 import { h, s, fill, STATES, toast, confirmButton, adminOnly } from './dom.js';
+
+// "5/s, burst 10", or "none".
+function describeRate(limit) {
+  return limit ? `${limit.per_second}/s, burst ${limit.burst}` : 'none';
+}
 
 function sparkline(throughput) {
   const counts = throughput.finished;
@@ -33,6 +38,7 @@ export async function mount(view) {
       h('th', { scope: 'col' }, 'Dispatch'),
       h('th', { scope: 'col' }, 'Limit'),
       h('th', { scope: 'col' }, 'Per key'),
+      h('th', { scope: 'col' }, 'Rate limit'),
       h('th', { scope: 'col' }, 'Status'),
       STATES.map((state) => h('th', { scope: 'col', class: 'count' }, state)),
       h('th', { scope: 'col' }, 'Finished'),
@@ -85,6 +91,27 @@ export async function mount(view) {
         toast(`${name}: ${error.message}`, 'error');
       }
     } }, perKey, adminOnly(h('button', { type: 'submit', 'aria-label': `Set the cap per key of ${name}` }, 'Set')));
+    // The rate limit: tasks per second and burst; an empty rate removes it.
+    const rateShown = h('span', { class: 'rate-limit' });
+    const perSecond = adminOnly(h('input', { type: 'number', min: 0.001, max: 1000000, step: 'any', class: 'rate-per-second',
+      'aria-label': `Tasks per second of ${name}`, name: 'per_second', placeholder: '/s' }));
+    const burst = adminOnly(h('input', { type: 'number', min: 1, max: 1000000, class: 'rate-burst',
+      'aria-label': `Burst of ${name}`, name: 'burst', placeholder: 'burst' }));
+    let rateDirty = false;
+    for (const input of [perSecond, burst]) input.addEventListener('input', () => { rateDirty = true; });
+    const saveRate = adminOnly(h('button', { type: 'submit', 'aria-label': `Set the rate limit of ${name}` }, 'Set'));
+    const rateForm = h('form', { class: 'inline', onsubmit: async (event) => {
+      event.preventDefault();
+      const rateLimit = perSecond.value === '' ? null : { per_second: Number(perSecond.value), burst: Number(burst.value || 1) };
+      try {
+        const { json } = await call('PATCH', `/queues/${encodeURIComponent(name)}`, { rate_limit: rateLimit });
+        rateDirty = false;
+        render(json);
+        toast(`${name}: rate limit ${describeRate(json.rate_limit)}`);
+      } catch (error) {
+        toast(`${name}: ${error.message}`, 'error');
+      }
+    } }, rateShown, perSecond, burst, saveRate);
     const dispatch = h('td');
     const status = h('td');
     const pause = adminOnly(h('button', { type: 'button', class: 'pause' }));
@@ -113,6 +140,7 @@ export async function mount(view) {
       dispatch,
       h('td', {}, limitForm),
       h('td', {}, perKeyForm),
+      h('td', {}, rateForm),
       status,
       STATES.map((state) => h('td', { class: `count state-text-${state}` }, counts[state])),
       finished,
@@ -125,6 +153,11 @@ export async function mount(view) {
           ? `workers${queue.waiting_workers ? ` (${queue.waiting_workers} waiting)` : ''}` : 'server';
         if (!dirty && document.activeElement !== limit) limit.value = queue.max_concurrency;
         if (!perKeyDirty && document.activeElement !== perKey) perKey.value = queue.key_concurrency ?? '';
+        rateShown.textContent = describeRate(queue.rate_limit);
+        if (!rateDirty && document.activeElement !== perSecond && document.activeElement !== burst) {
+          perSecond.value = queue.rate_limit ? queue.rate_limit.per_second : '';
+          burst.value = queue.rate_limit ? queue.rate_limit.burst : '';
+        }
         fill(status, h('span', { class: `badge ${queue.paused ? 'paused' : 'active'}` }, queue.paused ? 'paused' : 'active'));
         pause.textContent = queue.paused ? 'Resume' : 'Pause';
         pause.setAttribute('aria-label', `${queue.paused ? 'Resume' : 'Pause'} ${name}`);
