@@ -145,6 +145,7 @@ let package = Package(
                 .embedInCode("Resources/ui/task.js"),
                 .embedInCode("Resources/ui/workflow.js"),
                 .embedInCode("Resources/ui/graph.js"),
+                .embedInCode("Resources/ui/schedules.js"),
             ],
             swiftSettings: hotPathSettings
         ),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The dashboard in a real browser: Tests/Browser (pytest + selenium) drives the system's headless
 # Chromium against fresh servers of the debug build, each test a thing a person sees or does
-# (live table, progress, cancel, retry, bulk, filters, queues, task page, workflow graph, 10,000
-# tasks, the token dialog), with no console errors and no serious axe-core violations.
+# (live table, progress, cancel, retry, bulk, filters, queues, task page, workflow graph, schedules,
+# 10,000 tasks, the token dialog), with no console errors and no serious axe-core violations.
 # Installs Debian's chromium and chromium-driver when missing; never builds: run `swift build`
 # first. Arguments go to pytest (e.g. `-k graph`). TASKLOOP_UI_SCREENSHOTS=DIR also saves PNGs
 # of the main views there (docs/screenshots/ holds the committed ones).

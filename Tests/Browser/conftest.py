@@ -78,11 +78,13 @@ class ApiError(Exception):
 
 
 class Server:
-    """A taskloop process on a free port, and `api(method, path, body)` to talk to it."""
+    """A taskloop process on a free port, and `api(method, path, body)` to talk to it. Its state
+    is in memory unless `durability` says otherwise (None: the server's own choice, as a replica
+    on --database-url needs)."""
 
-    def __init__(self, *args, token=None, token_flag=True):
+    def __init__(self, *args, token=None, token_flag=True, durability="memory"):
         self.token = token
-        command = [taskloop_binary(), "--port", "0", "--durability", "memory", "--log-level", "warning", *args]
+        command = [taskloop_binary(), "--port", "0", *(["--durability", durability] if durability else []), "--log-level", "warning", *args]
         if token and token_flag:
             command += ["--auth-token", token]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")

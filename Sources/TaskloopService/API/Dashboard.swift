@@ -35,6 +35,7 @@ enum Dashboard {
         "task.js": File(PackageResources.task_js, "text/javascript; charset=utf-8"),
         "workflow.js": File(PackageResources.workflow_js, "text/javascript; charset=utf-8"),
         "graph.js": File(PackageResources.graph_js, "text/javascript; charset=utf-8"),
+        "schedules.js": File(PackageResources.schedules_js, "text/javascript; charset=utf-8"),
     ]
 
     /// Everything from this origin and nothing else: no inline script or style, no frames.

@@ -10,6 +10,7 @@ const views = {
   tasks: () => import('./tasks.js'),
   task: () => import('./task.js'),
   workflow: () => import('./workflow.js'),
+  schedules: () => import('./schedules.js'),
 };
 
 function parse(hash) {
@@ -17,6 +18,7 @@ function parse(hash) {
   const parts = path.split('/').filter(Boolean).map(decodeURIComponent);
   const query = Object.fromEntries(new URLSearchParams(search));
   if (parts[0] === 'queues') return { view: 'queues', query };
+  if (parts[0] === 'schedules') return { view: 'schedules', id: parts[1], query };
   if (parts[0] === 'tasks' && parts[1]) return { view: 'task', id: parts[1], query };
   if (parts[0] === 'workflows' && parts[1]) return { view: 'workflow', id: parts[1], query };
   return { view: 'tasks', query };
@@ -32,7 +34,7 @@ async function route() {
   stopCurrent?.();
   stopCurrent = null;
   for (const link of document.querySelectorAll('nav a[data-section]')) {
-    const current = link.dataset.section === (target.view === 'queues' ? 'queues' : 'tasks') && target.view !== 'task' && target.view !== 'workflow';
+    const current = link.dataset.section === target.view && !target.id;
     if (current) link.setAttribute('aria-current', 'page'); else link.removeAttribute('aria-current');
   }
   try {

@@ -121,7 +121,9 @@ export async function mount(view, target) {
       row('Retry', `backoff ${formatDuration(task.retry.backoff_ms)} × ${task.retry.backoff_factor}`),
       row('Timeout', task.timeout_ms ? formatDuration(task.timeout_ms) : 'none'),
       row('On dependency failure', task.on_dependency_failure),
-      row('Workflow', task.workflow ? h('a', { href: `#/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow) : '—'));
+      row('Workflow', task.workflow ? h('a', { href: `#/workflows/${encodeURIComponent(task.workflow)}` }, task.workflow) : '—'),
+      row('Schedule', task.schedule ? h('a', { class: 'schedule', href: `#/schedules/${encodeURIComponent(task.schedule.id)}` },
+        `run of ${formatTime(task.schedule.slot)}`) : '—'));
     ranFor.textContent = formatDuration(runTime(task));
     const waited = task.started_at ? Date.parse(task.started_at) - Date.parse(task.created_at) : null;
     fill(timings,
