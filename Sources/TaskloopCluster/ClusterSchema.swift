@@ -7,8 +7,8 @@ import TaskloopStore
 public enum ClusterSchema {
     /// Bumped when replicas must not own cells together with older ones. 2: task records and
     /// cell messages may hold the `scheduled` state, run and expiry times, and unique keys.
-    /// 3: and concurrency keys.
-    public static let protocolVersion = 3
+    /// 3: and concurrency keys. 4: and the schedule that made a task; cells keep schedules.
+    public static let protocolVersion = 4
 
     /// Serialises the creation of the tables ("TLCELLS" would read better in a lock listing;
     /// the number only has to be fixed and unlikely to collide).
@@ -69,7 +69,7 @@ public enum ClusterSchema {
     /// The layout of the cluster's tables, kept in `taskloop.cluster.schema`. Each migration
     /// runs once, in order, in one transaction with the version's update; a replica refuses a
     /// cluster whose tables are newer than it knows.
-    public static let schemaVersion = 4
+    public static let schemaVersion = 6
 
     struct Migration {
         let version: Int
@@ -132,6 +132,8 @@ public enum ClusterSchema {
         Migration(version: 4, statements: CellSchema.uniqueKeysSetUp),
         // A queue's cap on running tasks per concurrency key (NULL: none).
         Migration(version: 5, statements: CellSchema.keyConcurrencySetUp),
+        // The cells' schedules (`CellSchema.schedulesSetUp`).
+        Migration(version: 6, statements: CellSchema.schedulesSetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.
