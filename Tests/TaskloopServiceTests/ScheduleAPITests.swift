@@ -216,10 +216,11 @@ struct ScheduleAPITests {
     }
 }
 
-/// A schedule's cell moving to another replica: its next owner goes on after the last slot
-/// the first committed, so across the move every slot runs exactly once (`catchup: all`
-/// runs the slots that passed while the cell moved).
-@Suite(.serialized, .inTheDefaultStageOnly) struct ScheduleCellMoveTests {
+/// Schedules in cells, on replicas of their own: a schedule's cell moving to another replica
+/// (its next owner goes on after the last slot the first committed, so across the move every
+/// slot runs exactly once; `catchup: all` runs the slots that passed while the cell moved),
+/// and a workflow run whose tasks are in two cells.
+@Suite(.serialized, .inTheDefaultStageOnly) struct ScheduleCellTests {
     @Test func theNextOwnerGoesOnAfterTheLastSlotAndRepeatsNone() throws {
         let (_, replicas) = try CellServiceTests.startCellReplicas("s0", "s1")
         let queue = "ticks"
@@ -257,5 +258,33 @@ struct ScheduleAPITests {
         let runs = try #require(try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])
         let runSlots = try runs.map { try ScheduleAPITests.milliseconds($0["slot"]) }
         #expect(runSlots == runSlots.sorted() && Set(runSlots).count == runSlots.count, "last_runs: \(runSlots)")
+    }
+
+    /// A workflow template whose tasks are in two cells: each run's members of the other cell
+    /// are made there, and the run's state (on the schedule and in the list read from the
+    /// cells' records) follows the whole workflow.
+    @Test func aWorkflowRunSpansCells() throws {
+        let service = try CellServiceTests.startCellReplicas("w0").replicas[0]
+        defer { try? service.stop() }
+        let client = try service.client()
+        let (home, other) = CellServiceTests.queuesOfTwoCells(service)
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"spans","cron":"@yearly","paused":true,"workflow":{"tasks":[{"key":"a","kind":"noop","queue":"\#(home)"},
+             {"key":"b","kind":"external","queue":"\#(other)","dependencies":["a"]}]}}
+            """#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        let run = try client.call("POST", "/schedules/\(id)/trigger")
+        #expect(run.status == 201, "\(run.text)")
+        let member = try #require((run.json["keys"] as? [String: String])?["b"])
+        _ = try client.waitForState(member, "running")
+        func states() throws -> [String?] {
+            let one = (try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])?.first?["state"] as? String
+            let listed = (try client.call("GET", "/schedules").json["schedules"] as? [[String: Any]])?.first { $0["id"] as? String == id }
+            return [one, (listed?["last_runs"] as? [[String: Any]])?.first?["state"] as? String]
+        }
+        #expect(try states() == ["running", "running"])
+        #expect(try client.call("POST", "/tasks/\(member)/complete", json: #"{"result":{}}"#).status == 200)
+        try pollUntil("the run to succeed everywhere") { try states() == ["succeeded", "succeeded"] }
     }
 }
