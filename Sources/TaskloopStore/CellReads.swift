@@ -87,15 +87,16 @@ public enum CellReads {
     public static let schedules = [
         PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
         PGQuery("SELECT record FROM taskloop.cell_schedules ORDER BY id", binaryResults: true),
-        // The runs are in the records: their tasks and workflows are found by the ids in them.
+        // The runs are in the records: their tasks and workflows are looked up by the ids in
+        // them (the tasks' key and workflow index), never by a scan of the tasks.
         PGQuery("""
-            SELECT t.id, t.state FROM taskloop.cell_tasks t JOIN taskloop.cell_schedules s
-                ON t.id IN (SELECT r->>'task_id' FROM jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
+            SELECT id, state FROM taskloop.cell_tasks WHERE id IN (SELECT r->>'task_id' FROM taskloop.cell_schedules s,
+                jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
             """),
         PGQuery("""
-            SELECT t.workflow, t.state, count(*) FROM taskloop.cell_tasks t JOIN taskloop.cell_schedules s
-                ON t.workflow IN (SELECT r->>'workflow_id' FROM jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
-            GROUP BY t.workflow, t.state
+            SELECT workflow, state, count(*) FROM taskloop.cell_tasks WHERE workflow IN (SELECT r->>'workflow_id'
+                FROM taskloop.cell_schedules s, jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
+            GROUP BY workflow, state
             """),
         PGQuery("COMMIT"),
     ]
