@@ -498,7 +498,8 @@ public final class CellHost {
             guard let self, let hosted else { return }
             record(events, of: hosted, by: engine)
         }
-        try engine.restore(queues: state.queues, workflows: state.workflows, tasks: state.tasks, uniqueKeys: state.uniqueKeys)
+        try engine.restore(queues: state.queues, workflows: state.workflows, tasks: state.tasks, uniqueKeys: state.uniqueKeys,
+                           schedules: state.schedules)
         hosted.engine = engine
         hosted.lastMessage = 0
         hosted.applied = []

@@ -7,8 +7,8 @@ import TaskloopStore
 public enum ClusterSchema {
     /// Bumped when replicas must not own cells together with older ones. 2: task records and
     /// cell messages may hold the `scheduled` state, run and expiry times, and unique keys.
-    /// 3: and concurrency keys.
-    public static let protocolVersion = 3
+    /// 3: and concurrency keys. 4: and the schedule that made a task; cells keep schedules.
+    public static let protocolVersion = 4
 
     /// Serialises the creation of the tables ("TLCELLS" would read better in a lock listing;
     /// the number only has to be fixed and unlikely to collide).
@@ -68,8 +68,9 @@ public enum ClusterSchema {
 
     /// The layout of the cluster's tables, kept in `taskloop.cluster.schema`. Each migration
     /// runs once, in order, in one transaction with the version's update; a replica refuses a
-    /// cluster whose tables are newer than it knows.
-    public static let schemaVersion = 4
+    /// cluster whose tables are newer than it knows. The newest migration's: a version kept by
+    /// hand fell behind its migrations once, and a cluster at it never ran the newer ones.
+    public static let schemaVersion = migrations[migrations.count - 1].version
 
     struct Migration {
         let version: Int
@@ -134,6 +135,8 @@ public enum ClusterSchema {
         Migration(version: 5, statements: CellSchema.keyConcurrencySetUp),
         // Queues' rate limits (`CellSchema.rateLimitsSetUp`).
         Migration(version: 6, statements: CellSchema.rateLimitsSetUp),
+        // The cells' schedules (`CellSchema.schedulesSetUp`).
+        Migration(version: 7, statements: CellSchema.schedulesSetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.

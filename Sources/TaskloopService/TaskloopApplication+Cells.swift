@@ -325,6 +325,22 @@ extension TaskloopApplication {
                                         live: { queues[$0] }, execute: execute) { done($0.map { .json(.ok, $0) }) }
                 })
             },
+            "GET /schedules": { [unowned self] _, reply in
+                readFromCells(reply, { execute, done in
+                    // The position first, as for `GET /tasks`.
+                    execute([ClusterEvents.now()]) { result in
+                        let results: [PGResult]
+                        switch result {
+                        case .failure(let error): return done(.failure(error))
+                        case .success(let value): results = value
+                        }
+                        let position = ClusterEvents.position(of: results[0])
+                        ClusterLists.schedules(execute: execute) { list in
+                            done(list.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) })
+                        }
+                    }
+                })
+            },
         ]
         handlers["GET /events"] = { [unowned self] request, reply in try streamClusterEvents(request, reply) }
         handlers["GET /tasks/{id}/events"] = { [unowned self] request, reply in try streamClusterTaskEvents(request, reply) }
@@ -588,6 +604,10 @@ final class ClusterEventRenderer {
             if let progress = progressed(task, of: engine, at: now) { written.append(progress) }
         } leftRunning: { task in
             progressWindows.removeValue(forKey: task.id)?.ends.cancel()
+        } scheduleChanged: { schedule, deleted in
+            written.append(ClusterEvents.Written(time: now, type: EventKind.scheduleUpdated.rawValue, task: nil, workflow: nil, queue: nil,
+                                                 data: StreamEvent.scheduleData(seq: nil, time: now, schedule: schedule, deleted: deleted,
+                                                                                in: engine)))
         }
         return written
     }

@@ -81,6 +81,46 @@ public enum CellReads {
         Set((0..<result.rowCount).compactMap { result.text($0, 0).flatMap(TaskID.init) })
     }
 
+    /// Every cell's schedules, oldest first, and the states of their runs, in one snapshot;
+    /// `schedules(_:)` reads them. A run's state is its task's, or its workflow's as its
+    /// members' states make it (`WorkflowRecord.state(of:)`).
+    public static let schedules = [
+        PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+        PGQuery("SELECT record FROM taskloop.cell_schedules ORDER BY id", binaryResults: true),
+        // The runs are in the records: their tasks and workflows are looked up by the ids in
+        // them (the tasks' key and workflow index), never by a scan of the tasks.
+        PGQuery("""
+            SELECT id, state FROM taskloop.cell_tasks WHERE id IN (SELECT r->>'task_id' FROM taskloop.cell_schedules s,
+                jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
+            """),
+        PGQuery("""
+            SELECT workflow, state, count(*) FROM taskloop.cell_tasks WHERE workflow IN (SELECT r->>'workflow_id'
+                FROM taskloop.cell_schedules s, jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
+            GROUP BY workflow, state
+            """),
+        PGQuery("COMMIT"),
+    ]
+
+    /// What `schedules` read: the schedules, and the state of each run's task or workflow
+    /// still kept.
+    public static func schedules(_ results: [PGResult]) throws -> (schedules: [ScheduleSnapshot], states: [TaskID: TaskState]) {
+        let schedules = try CellSchema.schedules(results[1])
+        var states: [TaskID: TaskState] = [:]
+        for row in 0..<results[2].rowCount {
+            if let id = results[2].text(row, 0).flatMap(TaskID.init), let state = results[2].text(row, 1).flatMap(TaskState.init) {
+                states[id] = state
+            }
+        }
+        var counts: [TaskID: StateCounts] = [:]
+        for row in 0..<results[3].rowCount {
+            if let id = results[3].text(row, 0).flatMap(TaskID.init), let state = results[3].text(row, 1).flatMap(TaskState.init) {
+                counts[id, default: StateCounts()][state] += results[3].int(row, 2).map(Int.init) ?? 0
+            }
+        }
+        for (id, memberCounts) in counts { states[id] = WorkflowRecord.state(of: memberCounts) }
+        return (schedules, states)
+    }
+
     /// A workflow and its tasks still kept, in order, in one snapshot; `workflow` reads them.
     public static func workflow(_ id: TaskID) -> [PGQuery] {
         let idValue = [PGValue.text(id.description)]

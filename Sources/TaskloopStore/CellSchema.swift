@@ -75,6 +75,14 @@ public enum CellSchema {
                 + "ADD COLUMN IF NOT EXISTS rate_burst int"),
     ]
 
+    /// A cell's schedules (Engine+Schedules), in `ScheduleRecordCodec`'s JSON: a schedule's
+    /// template names a queue of its cell, so the schedule is the cell's, and the commit that
+    /// fires a slot writes its run's tasks and the schedule's `last_slot` together.
+    public static let schedulesSetUp = [
+        PGQuery("CREATE TABLE IF NOT EXISTS taskloop.cell_schedules (id text COLLATE \"C\" PRIMARY KEY, cell int NOT NULL, record bytea NOT NULL)"),
+        PGQuery("CREATE INDEX IF NOT EXISTS cell_schedules_cell ON taskloop.cell_schedules (cell)"),
+    ]
+
     static let insertTasks = PGRowsStatement(
         name: "cell_insert_tasks",
         head: "INSERT INTO taskloop.cell_tasks (id, cell, sequence, queue, state, kind, name_folded, dependencies, workflow, "
@@ -105,6 +113,11 @@ public enum CellSchema {
         ON CONFLICT (queue, key) DO UPDATE SET cell = excluded.cell, id = excluded.id, finished_at = excluded.finished_at
         """)
     static let deleteUniqueKey = PGStatement("cell_drop_unique_key", "DELETE FROM taskloop.cell_unique_keys WHERE queue = $1 AND key = $2")
+    static let upsertSchedule = PGStatement("cell_upsert_schedule", """
+        INSERT INTO taskloop.cell_schedules (id, cell, record) VALUES ($1, $2, $3)
+        ON CONFLICT (id) DO UPDATE SET cell = excluded.cell, record = excluded.record
+        """)
+    static let deleteSchedule = PGStatement("cell_delete_schedule", "DELETE FROM taskloop.cell_schedules WHERE id = $1")
 
     /// The statements that write `batch`, a settled batch of `cell`'s engine. Webhooks and
     /// their deliveries are not a cell's (the batch must carry none).
@@ -158,6 +171,11 @@ public enum CellSchema {
                                                          .text(tombstone.id.description), .int(tombstone.finishedAt)]))
             }
             for name in batch.droppedUniqueKeys { queries.append(PGQuery(deleteUniqueKey, [.text(name.queue), .text(name.key)])) }
+            for schedule in batch.schedules {
+                queries.append(PGQuery(upsertSchedule, [.text(schedule.id.description), cellValue,
+                                                        .bytes(ScheduleRecordCodec.encode(schedule))]))
+            }
+            for id in batch.deletedSchedules { queries.append(PGQuery(deleteSchedule, [.text(id.description)])) }
         }
         return queries
     }
@@ -174,6 +192,7 @@ public enum CellSchema {
             PGQuery("SELECT key, request_hash, status, resource, expires_at FROM taskloop.cell_idempotency_keys WHERE cell = $1",
                     cellValue, binaryResults: true),
             PGQuery("SELECT queue, key, id, finished_at FROM taskloop.cell_unique_keys WHERE cell = $1", cellValue),
+            PGQuery("SELECT record FROM taskloop.cell_schedules WHERE cell = $1", cellValue, binaryResults: true),
             PGQuery("COMMIT"),
         ]
     }
@@ -209,7 +228,16 @@ public enum CellSchema {
         state.queues = PostgresRows.queues(results[3])
         state.idempotencyKeys = PostgresRows.keys(results[4])
         state.uniqueKeys = try PostgresRows.uniqueKeys(results[5])
+        state.schedules = try schedules(results[6])
         return state
+    }
+
+    /// The schedules of `rows`, whose one column is a schedule's record.
+    public static func schedules(_ rows: PGResult) throws(RecordDecodingError) -> [ScheduleSnapshot] {
+        var schedules: [ScheduleSnapshot] = []
+        schedules.reserveCapacity(rows.rowCount)
+        for row in 0..<rows.rowCount { schedules.append(try ScheduleRecordCodec.decode(rows.bytes(row, 0) ?? [])) }
+        return schedules
     }
 
     /// How many of the records in `rows` (one column, a task's record) are of unfinished tasks;

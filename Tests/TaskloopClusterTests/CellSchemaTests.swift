@@ -43,6 +43,13 @@ import TaskloopTestSupport
         first.tasks = (1...3).map { Self.task($0, cell: 7, queue: "mail") }
         first.queues = [QueueSnapshot(name: "mail", maxConcurrency: 4, paused: true)]
         first.idempotencyKeys = [IdempotencyRecord(key: "k1", requestHash: [1, 2, 3], status: 201, resource: "/tasks/x", expiresAt: 99)]
+        let run = ScheduleRun(slot: 1_700_000_060_000, at: 1_700_000_060_004, target: .task(first.tasks[0].id))
+        first.schedules = [1, 2].map { number in
+            ScheduleSnapshot(id: Self.task(100 + number, cell: 7, queue: "mail").id,
+                             spec: ScheduleSpec(name: "s\(number)", cron: "* * * * *", template: .task(TaskSpec(kind: "noop", queue: "mail"))),
+                             createdAt: 1_700_000_000_000, updatedAt: 1_700_000_000_000, lastSlot: 1_700_000_060_000,
+                             lastRuns: [run], firedCount: 1, currentRun: run.target)
+        }
         #expect(try commit(first, cell: 7) == nil)
         var other = StoreBatch()
         other.tasks = [Self.task(1, cell: 8, queue: "video")]
@@ -52,6 +59,8 @@ import TaskloopTestSupport
         #expect(loaded.tasks == first.tasks)
         #expect(loaded.queues == first.queues)
         #expect(loaded.idempotencyKeys == first.idempotencyKeys)
+        #expect(loaded.schedules.sorted { $0.id < $1.id } == first.schedules.sorted { $0.id < $1.id })
+        #expect(try load(8).schedules.isEmpty)
         #expect(try load(8).tasks == other.tasks)
 
         var second = StoreBatch()
@@ -59,6 +68,10 @@ import TaskloopTestSupport
         second.evictedTasks = [first.tasks[0].storedKey]
         second.forgottenQueues = []
         second.expiredIdempotencyKeys = ["k1"]
+        var fired = first.schedules[1]
+        fired.lastSlot += 60_000
+        second.schedules = [fired]
+        second.deletedSchedules = [first.schedules[0].id]
         #expect(try commit(second, cell: 7) == nil)
         // A commit under a stale epoch changes nothing.
         var stale = StoreBatch()
@@ -70,6 +83,7 @@ import TaskloopTestSupport
         #expect(again.tasks.map(\.name) == ["t2", "t3"])
         #expect(again.tasks.map(\.state) == [.succeeded, .queued])
         #expect(again.idempotencyKeys.isEmpty)
+        #expect(again.schedules == [fired])
         try cluster.finish()
     }
 

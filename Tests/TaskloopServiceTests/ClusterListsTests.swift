@@ -29,7 +29,7 @@ import TaskloopTestSupport
             }
             try pollUntil("a connection") { connected.value != nil }
             try connected.value!.get()
-            _ = try execute(CellSchema.setUp + CellSchema.keyConcurrencySetUp + CellSchema.rateLimitsSetUp)
+            _ = try execute(CellSchema.setUp + CellSchema.keyConcurrencySetUp + CellSchema.rateLimitsSetUp + CellSchema.schedulesSetUp)
         }
 
         /// Runs `queries` as one batch; the row count of each result.
@@ -253,5 +253,56 @@ import TaskloopTestSupport
         #expect(live[0].contains(#"{"name":"video","max_concurrency":3"#), "the others from the records")
         try cells.finish()
         try service.stop()
+    }
+
+    /// The schedules across cells, each with its runs' states read from the tasks' records (a
+    /// workflow's from its members'), as the server shows them.
+    @Test func schedulesFromTheCellsAreTheServersByteForByte() throws {
+        let service = try ServiceHarness(replicas: 1) { $0.durability = .memory }
+        defer { try? service.stop() }
+        let client = try service.client()
+        func post(_ path: String, _ json: String) throws -> [String: Any] {
+            let response = try client.call("POST", path, json: json)
+            #expect((200..<300).contains(response.status), "\(path) \(json): \(response.text)")
+            return response.json
+        }
+        let held = try post("/schedules", #"{"name":"held","cron":"@yearly","paused":true,"task":{"kind":"external","queue":"mail"}}"#)
+        let running = try post("/schedules/\(held["id"] as! String)/trigger", "{}")["id"] as! String
+        let flow = try post("/schedules", """
+            {"name":"flow","cron":"0 3 * * *","timezone":"Europe/Berlin","workflow":{"tasks":[{"key":"a","kind":"noop"},
+             {"key":"b","kind":"external","dependencies":["a"]}]}}
+            """)
+        let workflow = try post("/schedules/\(flow["id"] as! String)/trigger", "{}")["id"] as! String
+        let done = try post("/schedules", #"{"name":"done","cron":"*/5 * * * *","jitter_ms":100,"task":{"kind":"noop","queue":"video"}}"#)
+        let finished = try post("/schedules/\(done["id"] as! String)/trigger", "{}")["id"] as! String
+        _ = try client.waitForState(finished, "succeeded")
+        #expect(try client.task(running)["state"] as? String == "running")
+        try pollUntil("the workflow's first task to finish") {
+            try client.call("GET", "/workflows/\(workflow)").json["tasks"].map { "\($0)".contains("succeeded") } == true
+        }
+
+        let state = service.onLoop { application in
+            let engine = application.engine!
+            let tasks = engine.listTasks(before: nil, limit: .max) { _ in true }.tasks.map { engine.snapshot(of: $0) }
+            return (tasks, engine.allSchedules.map { engine.snapshot(of: $0) }, engine.snapshot(of: engine.workflow(TaskID(workflow)!)!))
+        }
+        let cells = try Cells()
+        // Each schedule in a cell of its own, its runs' tasks in yet others.
+        for (cell, schedule) in state.1.enumerated() {
+            var batch = StoreBatch()
+            batch.schedules = [schedule]
+            try cells.execute(CellSchema.writes(of: batch, cell: UInt16(cell)))
+        }
+        var tasks = StoreBatch()
+        tasks.tasks = state.0
+        tasks.workflows = [state.2]
+        try cells.execute(CellSchema.writes(of: tasks, cell: 9))
+
+        let expected = try client.call("GET", "/schedules")
+        let answer = try cells.answer { execute, done in ClusterLists.schedules(execute: execute, done) }
+        #expect(String(decoding: answer, as: UTF8.self) == expected.text)
+        let states = (expected.json["schedules"] as? [[String: Any]])?.map { ($0["last_runs"] as? [[String: Any]])?.first?["state"] as? String }
+        #expect(states == ["running", "running", "succeeded"], "\(expected.text)")
+        try cells.finish()
     }
 }

@@ -7,7 +7,7 @@ import TaskloopTestSupport
 /// on the wall clock with `schedule: {id, slot}` on their tasks; bad bodies named field by
 /// field; `schedule.updated` events; the metrics; and, through a restart, a slot that passed
 /// while the server was down running by `catchup`.
-@Suite(.disabled(if: ServiceHarness.replicaCount > 1, "schedules are served by a single server only so far (cells: not yet)"))
+@Suite
 struct ScheduleAPITests {
     static func milliseconds(_ timestamp: Any?) throws -> Int64 {
         try ScheduledTaskServiceTests.milliseconds(timestamp)
@@ -79,9 +79,10 @@ struct ScheduleAPITests {
         // A task nobody scheduled says so.
         let plain = try client.submit(#"{"kind":"noop"}"#)
         #expect(plain["schedule"] is NSNull)
+        // With replicas each counts the runs of the cells it serves: summed, they count them all.
         let metrics = try service.allMetrics()
-        let fired = metrics.split(separator: "\n").first { $0.hasPrefix("taskloop_schedule_runs_fired_total ") }
-        #expect(fired.flatMap { Double($0.split(separator: " ")[1]) }.map { $0 >= 2 } == true, "\(fired ?? "none")")
+        let fired = metrics.split(separator: "\n").filter { $0.hasPrefix("taskloop_schedule_runs_fired_total ") }
+        #expect(fired.compactMap { Double($0.split(separator: " ")[1]) }.reduce(0, +) >= 2, "\(fired)")
         #expect(metrics.contains("taskloop_schedule_runs_missed_total 0"))
         #expect(metrics.contains("taskloop_schedule_runs_skipped_total"))
     }
@@ -150,8 +151,9 @@ struct ScheduleAPITests {
         #expect(try client.call("GET", "/schedules/\(made)").json["cron"] as? String == "@hourly")
     }
 
-    /// Each change is a `schedule.updated` event: made, fired, deleted (with `deleted: true`).
-    @Test(.numbersEventsAsOneServer) func changesAreScheduleUpdatedEvents() throws {
+    /// Each change is a `schedule.updated` event: made, fired, deleted (with `deleted: true`);
+    /// with replicas, from the cell's commits, on a stream of any replica.
+    @Test func changesAreScheduleUpdatedEvents() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
@@ -214,21 +216,75 @@ struct ScheduleAPITests {
     }
 }
 
-/// With replicas, schedules are not served yet: every route says so (501), and nothing is made.
-@Suite(.enabled(if: ServiceHarness.replicaCount > 1, "a single server serves schedules (ScheduleAPITests)"))
-struct ScheduleOnCellsTests {
-    @Test func everyScheduleRouteAnswers501() throws {
-        let service = try ServiceHarness()
+/// Schedules in cells, on replicas of their own: a schedule's cell moving to another replica
+/// (its next owner goes on after the last slot the first committed, so across the move every
+/// slot runs exactly once; `catchup: all` runs the slots that passed while the cell moved),
+/// and a workflow run whose tasks are in two cells.
+@Suite(.serialized, .inTheDefaultStageOnly) struct ScheduleCellTests {
+    @Test func theNextOwnerGoesOnAfterTheLastSlotAndRepeatsNone() throws {
+        let (_, replicas) = try CellServiceTests.startCellReplicas("s0", "s1")
+        let queue = "ticks"
+        let owner = try #require(replicas.first { replica in
+            replica.onLoop { application in
+                let host = application.cellHost!
+                return host.hostedCells.contains(host.cell(ofQueue: queue))
+            }
+        })
+        let survivor = try #require(replicas.first { $0 !== owner })
+        defer { try? survivor.stop() }
+        let created = try owner.client().call("POST", "/schedules", json: #"""
+            {"name":"moves","cron":"* * * * * *","catchup":"all","max_catchup":1000,"task":{"kind":"noop","queue":"\#(queue)"}}
+            """#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        // From the survivor: the list is read from the cells' records, whoever owns them.
+        try pollUntil("two committed runs", timeout: 10) {
+            let listed = try survivor.client().call("GET", "/schedules").json["schedules"] as? [[String: Any]]
+            return (listed?.first { $0["id"] as? String == id }?["last_runs"] as? [Any])?.count ?? 0 >= 2
+        }
+        try owner.stop()
+        let stoppedAt = Int64(Date().timeIntervalSince1970 * 1_000)
+        try CellServiceTests.waitForEveryCell([survivor])
+        let client = try survivor.client()
+        var slots: [Int64] = []
+        try pollUntil("runs after the move", timeout: 15) {
+            let tasks = try client.call("GET", "/tasks?queue=\(queue)&limit=1000").json["tasks"] as? [[String: Any]] ?? []
+            slots = try tasks.map { try ScheduleAPITests.milliseconds(($0["schedule"] as? [String: Any])?["slot"]) }.sorted()
+            return slots.count { $0 > stoppedAt + 1_000 } >= 2
+        }
+        #expect(Set(slots).count == slots.count, "a slot ran twice: \(slots)")
+        // None skipped either: each second from the first slot to the last made one run.
+        #expect(zip(slots, slots.dropFirst()).allSatisfy { $1 - $0 == 1_000 }, "slots: \(slots)")
+        let runs = try #require(try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])
+        let runSlots = try runs.map { try ScheduleAPITests.milliseconds($0["slot"]) }
+        #expect(runSlots == runSlots.sorted() && Set(runSlots).count == runSlots.count, "last_runs: \(runSlots)")
+    }
+
+    /// A workflow template whose tasks are in two cells: each run's members of the other cell
+    /// are made there, and the run's state (on the schedule and in the list read from the
+    /// cells' records) follows the whole workflow.
+    @Test func aWorkflowRunSpansCells() throws {
+        let service = try CellServiceTests.startCellReplicas("w0").replicas[0]
         defer { try? service.stop() }
         let client = try service.client()
-        let created = try client.call("POST", "/schedules", json: #"{"name":"x","cron":"@hourly","task":{"kind":"noop"}}"#)
-        #expect(created.status == 501 && created.json["code"] as? String == "not_implemented", "\(created.text)")
-        #expect(created.header("Content-Type") == "application/problem+json")
-        #expect(try client.call("GET", "/schedules").status == 501)
-        let id = "01JB0000000000000000000000"
-        #expect(try client.call("GET", "/schedules/\(id)").status == 501)
-        #expect(try client.call("PATCH", "/schedules/\(id)", json: #"{"paused":true}"#).status == 501)
-        #expect(try client.call("DELETE", "/schedules/\(id)").status == 501)
-        #expect(try client.call("POST", "/schedules/\(id)/trigger").status == 501)
+        let (home, other) = CellServiceTests.queuesOfTwoCells(service)
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"spans","cron":"@yearly","paused":true,"workflow":{"tasks":[{"key":"a","kind":"noop","queue":"\#(home)"},
+             {"key":"b","kind":"external","queue":"\#(other)","dependencies":["a"]}]}}
+            """#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        let run = try client.call("POST", "/schedules/\(id)/trigger")
+        #expect(run.status == 201, "\(run.text)")
+        let member = try #require((run.json["keys"] as? [String: String])?["b"])
+        _ = try client.waitForState(member, "running")
+        func states() throws -> [String?] {
+            let one = (try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])?.first?["state"] as? String
+            let listed = (try client.call("GET", "/schedules").json["schedules"] as? [[String: Any]])?.first { $0["id"] as? String == id }
+            return [one, (listed?["last_runs"] as? [[String: Any]])?.first?["state"] as? String]
+        }
+        #expect(try states() == ["running", "running"])
+        #expect(try client.call("POST", "/tasks/\(member)/complete", json: #"{"result":{}}"#).status == 200)
+        try pollUntil("the run to succeed everywhere") { try states() == ["succeeded", "succeeded"] }
     }
 }

@@ -7,17 +7,7 @@ import TaskloopTime
 /// Schedules (cron) over HTTP: create, list, read, change, delete, and trigger one run now.
 /// The engine owns them (Engine+Schedules); these read bodies and render.
 extension TaskloopApplication {
-    /// Schedules live in a single server's engine and store so far: with replicas (cells) they
-    /// are not kept in the shared database, so the routes say so rather than make one a cell's
-    /// move would lose.
-    func refuseSchedulesOnCells() throws(APIProblem) {
-        guard cellHost != nil else { return }
-        throw APIProblem(.notImplemented, detail: "Schedules are not served with replicas (--shared-database) yet.",
-                         code: "not_implemented")
-    }
-
     func createSchedule(_ request: HTTPRequest, _ reply: Reply) throws {
-        try refuseSchedulesOnCells()
         try refuseWhileDraining()
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
@@ -30,7 +20,6 @@ extension TaskloopApplication {
     }
 
     func listSchedules(_ request: HTTPRequest, _ reply: Reply) throws {
-        try refuseSchedulesOnCells()
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()
         json.key(static: "schedules")
@@ -42,12 +31,10 @@ extension TaskloopApplication {
     }
 
     func getSchedule(_ request: HTTPRequest, _ reply: Reply) throws {
-        try refuseSchedulesOnCells()
         reply.send(.json(.ok, Representation.schedule(try existingSchedule(request, reply.engine), in: reply.engine)))
     }
 
     func updateSchedule(_ request: HTTPRequest, _ reply: Reply) throws {
-        try refuseSchedulesOnCells()
         let schedule = try existingSchedule(request, reply.engine)
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
@@ -59,7 +46,6 @@ extension TaskloopApplication {
     }
 
     func deleteSchedule(_ request: HTTPRequest, _ reply: Reply) throws {
-        try refuseSchedulesOnCells()
         let schedule = try existingSchedule(request, reply.engine)
         try reply.engine.deleteSchedule(schedule.id)
         reply.send(.json(.ok, Representation.schedule(schedule, in: reply.engine)))
@@ -67,13 +53,18 @@ extension TaskloopApplication {
 
     /// One run now: 201 with the run's task (or workflow) and its Location.
     func triggerSchedule(_ request: HTTPRequest, _ reply: Reply) throws {
-        try refuseSchedulesOnCells()
         try refuseWhileDraining()
         let schedule = try existingSchedule(request, reply.engine)
         // A trigger's run always made its task or workflow: a refusal throws instead.
         let run = try reply.engine.triggerSchedule(schedule.id)
         if case .workflow(let id) = run.target {
-            reply.send(.json(.created, Representation.workflow(reply.engine.workflow(id)!), location: Representation.path("/workflows/", id)))
+            let workflow = reply.engine.workflow(id)!
+            // On cells, members of other cells are made there after the commit: shown as submitted.
+            var answer = Representation.workflow(workflow)
+            if !workflow.remoteMembers.isEmpty, case .workflow(_, let members) = schedule.spec.template {
+                answer = Representation.workflow(workflow, submitted: members.map { ($0.key, $0.spec) }, in: reply.engine)
+            }
+            reply.send(.json(.created, answer, location: Representation.path("/workflows/", id)))
         } else {
             let id = run.target.id!
             reply.send(.json(.created, Representation.task(reply.engine.task(id)!, in: reply.engine),
@@ -209,10 +200,23 @@ extension Representation {
     /// the next five slots (unjittered; none while paused), `last_runs` the newest twenty runs,
     /// oldest first, each with its task's or workflow's state now.
     static func write(_ schedule: ScheduleRecord, in engine: Engine, deleted: Bool = false, into json: inout JSONWriter) {
-        let spec = schedule.spec
+        write(schedule.id, schedule.spec, createdAt: schedule.createdAt, updatedAt: schedule.updatedAt,
+              nextRuns: deleted ? [] : engine.nextRuns(of: schedule), lastRuns: schedule.lastRuns, state: engine.state(of:),
+              deleted: deleted, into: &json)
+    }
+
+    /// A schedule as its cell's last commit left it (`GET /schedules` with replicas, read from
+    /// the database): `state` gives each run's state as its engine would.
+    static func write(_ schedule: ScheduleSnapshot, state: (ScheduleRun) -> String, into json: inout JSONWriter) {
+        write(schedule.id, schedule.spec, createdAt: schedule.createdAt, updatedAt: schedule.updatedAt, nextRuns: schedule.nextRuns(),
+              lastRuns: schedule.lastRuns, state: state, deleted: false, into: &json)
+    }
+
+    private static func write(_ id: TaskID, _ spec: ScheduleSpec, createdAt: Int64, updatedAt: Int64, nextRuns: [Int64],
+                              lastRuns: [ScheduleRun], state: (ScheduleRun) -> String, deleted: Bool, into json: inout JSONWriter) {
         json.beginObject()
         json.key(static: "id")
-        write(schedule.id, into: &json)
+        write(id, into: &json)
         json.field("name", spec.name)
         json.field("cron", spec.cron)
         json.field("timezone", spec.timezone)
@@ -226,15 +230,15 @@ extension Representation {
         json.field("jitter_ms", Int(spec.jitterMilliseconds))
         timestamp("start_at", spec.startAt, into: &json)
         timestamp("end_at", spec.endAt, into: &json)
-        timestamp("created_at", schedule.createdAt, into: &json)
-        timestamp("updated_at", schedule.updatedAt, into: &json)
+        timestamp("created_at", createdAt, into: &json)
+        timestamp("updated_at", updatedAt, into: &json)
         json.key(static: "next_runs")
         json.beginArray()
-        if !deleted { for slot in engine.nextRuns(of: schedule) { json.string(rfc3339(slot)) } }
+        for slot in nextRuns { json.string(rfc3339(slot)) }
         json.endArray()
         json.key(static: "last_runs")
         json.beginArray()
-        for run in schedule.lastRuns {
+        for run in lastRuns {
             json.beginObject()
             timestamp("slot", run.slot, into: &json)
             timestamp("at", run.at, into: &json)
@@ -248,7 +252,7 @@ extension Representation {
             case .none:
                 break
             }
-            json.field("state", engine.state(of: run))
+            json.field("state", state(run))
             if let error = run.error { json.field("error", error) }
             json.endObject()
         }

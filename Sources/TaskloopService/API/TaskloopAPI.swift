@@ -182,20 +182,20 @@ extension TaskloopApplication {
             Route(.POST, "/queues/{name}/lease", [200, 404, 409, 415, 422], forWorkers: true, placement: .queue) { [unowned self] request, reply in
                 try lease(request, reply)
             },
-            Route(.POST, "/schedules", [201, 409, 415, 422, 501], placement: .submittedSchedule) { [unowned self] request, reply in
+            Route(.POST, "/schedules", [201, 409, 415, 422], placement: .submittedSchedule) { [unowned self] request, reply in
                 try createSchedule(request, reply)
             },
-            Route(.GET, "/schedules", [200, 501], placement: .everyCell) { [unowned self] request, reply in try listSchedules(request, reply) },
-            Route(.GET, "/schedules/{id}", [200, 404, 501], placement: .schedule) { [unowned self] request, reply in
+            Route(.GET, "/schedules", [200], placement: .everyCell) { [unowned self] request, reply in try listSchedules(request, reply) },
+            Route(.GET, "/schedules/{id}", [200, 404], placement: .schedule) { [unowned self] request, reply in
                 try getSchedule(request, reply)
             },
-            Route(.PATCH, "/schedules/{id}", [200, 404, 415, 422, 501], placement: .schedule) { [unowned self] request, reply in
+            Route(.PATCH, "/schedules/{id}", [200, 404, 415, 422], placement: .schedule) { [unowned self] request, reply in
                 try updateSchedule(request, reply)
             },
-            Route(.DELETE, "/schedules/{id}", [200, 404, 501], placement: .schedule) { [unowned self] request, reply in
+            Route(.DELETE, "/schedules/{id}", [200, 404], placement: .schedule) { [unowned self] request, reply in
                 try deleteSchedule(request, reply)
             },
-            Route(.POST, "/schedules/{id}/trigger", [201, 404, 409, 429, 501], placement: .schedule) { [unowned self] request, reply in
+            Route(.POST, "/schedules/{id}/trigger", [201, 404, 409, 429], placement: .schedule) { [unowned self] request, reply in
                 try triggerSchedule(request, reply)
             },
             Route(.POST, "/queues/{name}/cancel", [200, 404], placement: .queue) { [unowned self] request, reply in

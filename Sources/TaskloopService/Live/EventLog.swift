@@ -144,15 +144,20 @@ final class StreamEvent: FilterableEvent {
         workflowID = nil
         queueName = nil
         endsTask = false
+        renderedData = Self.scheduleData(seq: Int(seq), time: time, schedule: schedule, deleted: deleted, in: engine)
+    }
+
+    /// A `schedule.updated` event's JSON; without `seq` where the id is given later (cells: the database's).
+    static func scheduleData(seq: Int?, time: Int64, schedule: ScheduleRecord, deleted: Bool, in engine: Engine) -> [UInt8] {
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()
-        json.field("seq", Int(seq))
+        if let seq { json.field("seq", seq) }
         json.field("type", EventKind.scheduleUpdated.rawValue)
         Representation.timestamp("time", time, into: &json)
         json.key(static: "schedule")
         Representation.write(schedule, in: engine, deleted: deleted, into: &json)
         json.endObject()
-        renderedData = json.bytes
+        return json.bytes
     }
 
     /// An event a cell's commit wrote, rendered by the engine that made it (a replica on cells).

@@ -6,10 +6,10 @@ import TaskloopStore
 
 /// What any replica of a cluster answers from the cells' records in the database instead of
 /// from an engine (contract v3, "Replicas that add capacity"): `GET /tasks` across every cell,
-/// `GET /workflows/{id}` and `GET /queues` (a single queue, all in one cell, is its owner's
-/// to answer). The JSON is the single
-/// server's, byte for byte: `Representation` writes it from the records the cells' owners
-/// committed, and a page is cut as `Engine.listTasks` and `TaskloopAPI.listTasks` cut theirs.
+/// `GET /workflows/{id}`, `GET /queues` and `GET /schedules` (a single queue or schedule, all
+/// in one cell, is its owner's to answer). The JSON is the single server's, byte for byte:
+/// `Representation` writes it from the records the cells' owners committed, and a page is cut
+/// as `Engine.listTasks` and `TaskloopAPI.listTasks` cut theirs.
 ///
 /// What the records do not hold: how many workers wait on a queue's lease calls (0 here, unless
 /// `live` gives the queue), and finishes of tasks retried or evicted since (the throughput is
@@ -108,6 +108,33 @@ enum ClusterLists {
                 } catch {
                     return .failure(PGError(message: "\(error)"))
                 }
+            })
+        }
+    }
+
+    /// `GET /schedules`'s answer: every cell's schedules as their last commits left them,
+    /// oldest first, each run's state as the tasks' records show it (one forgotten since shows
+    /// the state it ended with, as its engine would).
+    static func schedules(execute: Execute, _ completion: @escaping (Result<[UInt8], PGError>) -> Void) {
+        execute(CellReads.schedules) { result in
+            completion(result.flatMap { results in
+                let read: (schedules: [ScheduleSnapshot], states: [TaskID: TaskState])
+                do { read = try CellReads.schedules(results) } catch { return .failure(PGError(message: "\(error)")) }
+                var json = JSONWriter(capacity: 1_024)
+                json.beginObject()
+                json.key(static: "schedules")
+                json.beginArray()
+                for schedule in read.schedules {
+                    Representation.write(schedule, state: { run in
+                        switch run.target {
+                        case .none: "skipped"
+                        case .task(let id), .workflow(let id): (read.states[id] ?? run.endedAs ?? .cancelled).rawValue
+                        }
+                    }, into: &json)
+                }
+                json.endArray()
+                json.endObject()
+                return .success(json.bytes)
             })
         }
     }
