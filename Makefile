@@ -61,6 +61,7 @@ bench: bench-deps
 	bash Benchmarks/events/run.sh
 	bash Benchmarks/ui/run.sh
 	bash Benchmarks/replicas/run.sh
+	bash Benchmarks/timers/run.sh
 
 clean:
 	rm -rf .build

@@ -1,8 +1,14 @@
 # Sourced by the benchmarks that time the built server: builds the release binary ($binary),
 # makes a scratch dir ($work, removed at exit with every server started), and gives `stop PID`
 # (SIGTERM, then wait) and `server_cpu_seconds` (user + system CPU of $server so far).
-swift build -c release --product taskloop >/dev/null
-binary="$(swift build -c release --show-bin-path)/taskloop"
+# BENCH_BINARY names another build to time instead (an A/B against an older commit's release
+# build); then nothing is built.
+if [ -n "${BENCH_BINARY:-}" ]; then
+    binary=$BENCH_BINARY
+else
+    swift build -c release --product taskloop >/dev/null
+    binary="$(swift build -c release --show-bin-path)/taskloop"
+fi
 source scripts/serve-in-background.sh
 work=$(mktemp -d)
 at_exit 'rm -rf "$work"'
