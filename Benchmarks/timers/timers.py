@@ -8,7 +8,8 @@
   far URL COUNT                  COUNT noops due in an hour, for the idle measurement.
   schedules URL COUNT            COUNT schedules firing every second (noop runs, overlap allow).
   fired URL SECONDS              runs fired per second over SECONDS (taskloop_schedule_runs_fired_total).
-  rate URL PER_SECOND SECONDS    a queue limited to PER_SECOND (burst 1) with more noops than it
+  rate URL PER_SECOND BURST SECONDS
+                                 a queue limited to PER_SECOND (BURST) with more noops than it
                                  can start in SECONDS; the starts counted over SECONDS after a
                                  5 s settling, as a rate and its error against the limit.
 """
@@ -127,9 +128,9 @@ def fired(url, seconds):
     print(f"{(last - first) / (time.time() - began):.0f}")
 
 
-def rate(url, per_second, seconds):
+def rate(url, per_second, burst, seconds):
     connection = connect(url)
-    call(connection, "PATCH", "/queues/limited", {"rate_limit": {"per_second": per_second, "burst": 1}})
+    call(connection, "PATCH", "/queues/limited", {"rate_limit": {"per_second": per_second, "burst": burst}})
     count = int(per_second * (seconds + 10) * 1.2)
     submit(connection, "limited", [None] * count)
     time.sleep(5)
@@ -140,7 +141,7 @@ def rate(url, per_second, seconds):
     elapsed = time.time() - began
     started = last["succeeded"] - first["succeeded"]
     measured = started / elapsed
-    print(f"  rate limit {per_second}/s over {elapsed:.1f} s: {measured:.2f}/s, "
+    print(f"  rate limit {per_second}/s, burst {burst}, over {elapsed:.1f} s: {measured:.2f}/s, "
           f"{100 * (measured - per_second) / per_second:+.2f}% (goal within 2%)")
 
 
@@ -148,4 +149,4 @@ if __name__ == "__main__":
     command, url, *rest = sys.argv[1:]
     {"lag": lambda: lag(url, int(rest[0]), float(rest[1])), "far": lambda: far(url, int(rest[0])),
      "schedules": lambda: schedules(url, int(rest[0])), "fired": lambda: fired(url, float(rest[0])),
-     "rate": lambda: rate(url, float(rest[0]), float(rest[1]))}[command]()
+     "rate": lambda: rate(url, float(rest[0]), int(rest[1]), float(rest[2]))}[command]()
