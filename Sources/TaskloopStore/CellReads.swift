@@ -88,14 +88,18 @@ public enum CellReads {
         PGQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
         PGQuery("SELECT record FROM taskloop.cell_schedules ORDER BY id", binaryResults: true),
         // The runs are in the records: their tasks and workflows are looked up by the ids in
-        // them (the tasks' key and workflow index), never by a scan of the tasks.
+        // them (the tasks' key and workflow index), never by a scan of the tasks. The ids are
+        // matched in the record's JSON text rather than read through jsonb, which refuses a
+        // record holding `\u0000` (a name or param may): one such record failed every read of
+        // the list. A string value cannot hold the pattern (its quotes are escaped), and an id a
+        // template's params happen to hold only adds a lookup.
         PGQuery("""
-            SELECT id, state FROM taskloop.cell_tasks WHERE id IN (SELECT r->>'task_id' FROM taskloop.cell_schedules s,
-                jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
+            SELECT id, state FROM taskloop.cell_tasks WHERE id IN (SELECT (regexp_matches(convert_from(record, 'UTF8'),
+                '"task_id":"([0-9A-Z]{26})"', 'g'))[1] FROM taskloop.cell_schedules)
             """),
         PGQuery("""
-            SELECT workflow, state, count(*) FROM taskloop.cell_tasks WHERE workflow IN (SELECT r->>'workflow_id'
-                FROM taskloop.cell_schedules s, jsonb_array_elements(convert_from(s.record, 'UTF8')::jsonb->'last_runs') r)
+            SELECT workflow, state, count(*) FROM taskloop.cell_tasks WHERE workflow IN (SELECT (regexp_matches(
+                convert_from(record, 'UTF8'), '"workflow_id":"([0-9A-Z]{26})"', 'g'))[1] FROM taskloop.cell_schedules)
             GROUP BY workflow, state
             """),
         PGQuery("COMMIT"),

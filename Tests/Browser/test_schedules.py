@@ -153,7 +153,7 @@ def free_port():
 
 @pytest.fixture
 def replica():
-    """One replica on a throwaway PostgreSQL: a server whose API answers 501 for schedules."""
+    """One replica on a throwaway PostgreSQL: its schedules live in the cells it owns."""
     if not any(pathlib.Path("/usr/lib/postgresql").glob("*/bin/initdb")):
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
     script = str(ROOT / "scripts/postgres-cluster.sh")
@@ -169,14 +169,20 @@ def replica():
         shutil.rmtree(cluster, ignore_errors=True)
 
 
-def test_with_replicas_the_view_says_schedules_are_not_served(browser, replica):
+# Known and not yet fixed: with replicas the dashboard's live views ask /events since=NaN (400),
+# because api.js reads Event-Seq as a number and a replica answers a position. The list and the
+# page still show; the console error is what fails. strict: the fix makes this test pass.
+@pytest.mark.xfail(strict=True, reason="api.js follows events from Number(Event-Seq); replicas answer positions")
+def test_with_a_replica_the_view_lists_and_opens_its_schedules(browser, replica):
     browser.get("about:blank")
     browser.get_log("browser")
-    for route in ("/schedules", "/schedules/01NOSUCHSCHEDULE000000000"):
-        browser.get(f"{replica.url}/ui#{route}")
-        notice = wait_until(lambda: (browser.find_elements(By.CSS_SELECTOR, "#view .view .notice") or [None])[0],
-                            message=f"the notice of #{route}")
-        assert "not available on this server" in notice.text and "replicas" in notice.text
-    problems = console_problems(browser.get_log("browser"), allowed_statuses=(501,))
+    made = replica.api("POST", "/schedules", {"name": "replica-nightly", "cron": YEARLY, "task": {"kind": "noop"}})
+    browser.get(f"{replica.url}/ui#/schedules")
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr.schedule[data-id="{made["id"]}"]'),
+               message="the schedule's row, read from the shared database")
+    browser.get(f"{replica.url}/ui#/schedules/{made['id']}")
+    wait_until(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#view h1")] == ["replica-nightly"],
+               message="the schedule's page")
+    problems = console_problems(browser.get_log("browser"))
     browser.get("about:blank")
     assert not problems, "console errors:\n" + "\n".join(problems)

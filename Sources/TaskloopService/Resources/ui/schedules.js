@@ -2,7 +2,6 @@
 // schedule's page (its fields, next runs, last runs linked to their task or workflow, pause or
 // resume, trigger, delete). `schedule.updated` events redraw a schedule at once; a run's state
 // is read when the schedule is, so a task or workflow event of one of its runs re-reads it.
-// With replicas the API answers 501 for schedules: the view says so instead of a table.
 
 import { call, get, follow, ApiError } from './api.js';
 import { h, fill, badge, formatTime, jsonBlock, toast, confirmButton, adminOnly } from './dom.js';
@@ -10,14 +9,6 @@ import { h, fill, badge, formatTime, jsonBlock, toast, confirmButton, adminOnly 
 const path = (id) => `/schedules/${encodeURIComponent(id)}`;
 const when = (iso) => (iso ? h('time', { datetime: iso }, formatTime(iso)) : '—');
 const newest = (schedule) => schedule.last_runs[schedule.last_runs.length - 1];
-
-function unavailable(view, error) {
-  if (!(error instanceof ApiError) || error.status !== 501) throw error;
-  fill(view, h('h1', {}, 'Schedules'), h('section', { class: 'notice' },
-    h('p', {}, 'Schedules are not available on this server: ', error.message),
-    h('p', {}, 'With replicas (--shared-database) the API does not serve schedules yet.')));
-  return () => {};
-}
 
 function runTarget(run) {
   if (run.task_id) return h('a', { href: `#/tasks/${encodeURIComponent(run.task_id)}` }, run.task_id);
@@ -42,11 +33,7 @@ function coalesce(ms, work) {
 }
 
 export async function mount(view, target) {
-  try {
-    return target.id ? await mountOne(view, target.id) : await mountList(view);
-  } catch (error) {
-    return unavailable(view, error);
-  }
+  return target.id ? mountOne(view, target.id) : mountList(view);
 }
 
 async function mountList(view) {
