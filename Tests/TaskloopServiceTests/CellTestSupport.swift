@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 import TaskloopCluster
 @testable import TaskloopService
 import TaskloopTestSupport
@@ -33,6 +34,19 @@ extension CellServiceTests {
         let replicas = try names.map { try cellReplica(url, name: $0, configure) }
         try waitForEveryCell(replicas)
         return (url, replicas)
+    }
+
+    /// The replica among `replicas` that serves the cell of `queue`, and one that does not
+    /// (the two cell-move tests start: stop the first, and the second takes the cell).
+    static func ownerOfQueue(_ queue: String, among replicas: [ServiceHarness])
+        throws -> (owner: ServiceHarness, survivor: ServiceHarness) {
+        let owner = try #require(replicas.first { replica in
+            replica.onLoop { application in
+                let host = application.cellHost!
+                return host.hostedCells.contains(host.cell(ofQueue: queue))
+            }
+        })
+        return (owner, try #require(replicas.first { $0 !== owner }))
     }
 
     /// Until each replica serves exactly the cells rendezvous hashing gives it: no cell moves.

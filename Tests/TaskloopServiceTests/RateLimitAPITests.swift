@@ -131,13 +131,7 @@ import TaskloopTestSupport
     @Test func theLimitSurvivesItsCellMovingToAnotherReplica() throws {
         let (_, replicas) = try CellServiceTests.startCellReplicas("q0", "q1")
         let queue = "moved"
-        let owner = try #require(replicas.first { replica in
-            replica.onLoop { application in
-                let host = application.cellHost!
-                return host.hostedCells.contains(host.cell(ofQueue: queue))
-            }
-        })
-        let survivor = try #require(replicas.first { $0 !== owner })
+        let (owner, survivor) = try CellServiceTests.ownerOfQueue(queue, among: replicas)
         defer { try? survivor.stop() }
         #expect(try owner.client().call("PATCH", "/queues/\(queue)", json: Self.limit).status == 200)
         try owner.stop()

@@ -224,13 +224,7 @@ struct ScheduleAPITests {
     @Test func theNextOwnerGoesOnAfterTheLastSlotAndRepeatsNone() throws {
         let (_, replicas) = try CellServiceTests.startCellReplicas("s0", "s1")
         let queue = "ticks"
-        let owner = try #require(replicas.first { replica in
-            replica.onLoop { application in
-                let host = application.cellHost!
-                return host.hostedCells.contains(host.cell(ofQueue: queue))
-            }
-        })
-        let survivor = try #require(replicas.first { $0 !== owner })
+        let (owner, survivor) = try CellServiceTests.ownerOfQueue(queue, among: replicas)
         defer { try? survivor.stop() }
         let created = try owner.client().call("POST", "/schedules", json: #"""
             {"name":"moves","cron":"* * * * * *","catchup":"all","max_catchup":1000,"task":{"kind":"noop","queue":"\#(queue)"}}

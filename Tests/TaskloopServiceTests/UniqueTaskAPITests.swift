@@ -185,13 +185,7 @@ import TaskloopTestSupport
     @Test func keysSurviveTheirCellMovingToAnotherReplica() throws {
         let (_, replicas) = try CellServiceTests.startCellReplicas("u0", "u1") { $0.engine.retentionMilliseconds = 1 }
         let queue = "mq"
-        let owner = try #require(replicas.first { replica in
-            replica.onLoop { application in
-                let host = application.cellHost!
-                return host.hostedCells.contains(host.cell(ofQueue: queue))
-            }
-        })
-        let survivor = try #require(replicas.first { $0 !== owner })
+        let (owner, survivor) = try CellServiceTests.ownerOfQueue(queue, among: replicas)
         defer { try? survivor.stop() }
         let holders = try Self.holders(try owner.client(), queue: queue)
         try owner.stop()
