@@ -84,7 +84,9 @@ public enum EngineEvent {
     /// end (`TaskRecord.inputs`); its state did not change.
     case releasedByRetry(TaskRecord)
     /// A message for another cell, to be committed with the rest of its batch (Engine+Cells).
-    case messageSent(CellMessage)
+    /// Indirect: a message is many words, and inline it made every event as large, which
+    /// each copy of an event (several per submission) paid for.
+    indirect case messageSent(CellMessage)
     /// A task gained a watcher: a cell with tasks depending on it (`Engine.watchers(of:)`).
     case watched(TaskRecord)
     /// A member in another cell reported an end, a retry or progress to its workflow's home

@@ -108,6 +108,9 @@ public final class TaskRecord {
 
     public var maxAttempts: Int { retry.maxAttempts }
     /// See `TaskSpec.uniqueKey`; the window is the submission's, kept to show it.
+    /// Whether the task carries any of the fields few do: a unique key, a concurrency key, a
+    /// schedule's mark. Without them, each of those reads nil.
+    public var hasRareFields: Bool { rare != nil }
     public var uniqueKey: String? { rare?.uniqueKey }
     public var uniqueForMilliseconds: UInt64? { rare?.uniqueForMilliseconds }
     /// See `TaskSpec.concurrencyKey`.

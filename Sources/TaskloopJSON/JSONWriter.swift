@@ -133,6 +133,14 @@ public struct JSONWriter: ~Copyable {
         }
     }
 
+    /// Members known when compiling, written as one run (`"a":null,"b":null`), which must need
+    /// no escaping: fields that are null on most values cost one copy together.
+    @inlinable public mutating func members(static text: StaticString) {
+        separate()
+        append(text)
+        needsComma = true
+    }
+
     @inlinable public mutating func field(_ name: StaticString, _ value: String) { key(static: name); string(value) }
     @inlinable public mutating func field(_ name: StaticString, _ value: Int) { key(static: name); int(value) }
     @inlinable public mutating func field(_ name: StaticString, _ value: Bool) { key(static: name); bool(value) }

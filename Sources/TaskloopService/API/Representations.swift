@@ -73,8 +73,12 @@ enum Representation {
         json.double(moment.retry.backoffFactor)
         json.endObject()
         timestamp("created_at", task.createdAt, into: &json)
-        timestamp("scheduled_for", task.scheduledFor, into: &json)
-        timestamp("expires_at", task.expiresAt, into: &json)
+        if task.scheduledFor == nil && task.expiresAt == nil {
+            json.members(static: #""scheduled_for":null,"expires_at":null"#)
+        } else {
+            timestamp("scheduled_for", task.scheduledFor, into: &json)
+            timestamp("expires_at", task.expiresAt, into: &json)
+        }
         timestamp("started_at", moment.startedAt, into: &json)
         timestamp("finished_at", moment.finishedAt, into: &json)
         if let resultLimit {
@@ -94,6 +98,16 @@ enum Representation {
         } else {
             json.null()
         }
+        if task.hasRareFields {
+            writeRareFields(of: task, into: &json)
+        } else {
+            json.members(static: #""unique_key":null,"unique_for_ms":null,"concurrency_key":null,"schedule":null"#)
+        }
+        json.endObject()
+    }
+
+    /// The fields few tasks carry (`TaskRecord.hasRareFields`).
+    private static func writeRareFields<Task: RepresentedTask>(of task: Task, into json: inout JSONWriter) {
         json.field("unique_key", task.uniqueKey)
         json.key(static: "unique_for_ms")
         if let window = task.uniqueForMilliseconds { json.int(Int64(clamping: window)) } else { json.null() }
@@ -108,7 +122,6 @@ enum Representation {
         } else {
             json.null()
         }
-        json.endObject()
     }
 
     /// `value`, or, when its JSON passes `limit` bytes, the same shape with long strings and
@@ -571,6 +584,8 @@ protocol RepresentedTask {
     var concurrencyKey: String? { get }
     /// The schedule run that made it.
     var schedule: ScheduleSlot? { get }
+    /// Whether any of the four fields above is set: most tasks have none.
+    var hasRareFields: Bool { get }
     /// What changes over its life, as it is now.
     var moment: TaskMoment { get }
 }
@@ -584,6 +599,7 @@ extension TaskRecord: RepresentedTask {
 extension TaskSnapshot: RepresentedTask {
     var queueName: String { queue }
     var workflowID: TaskID? { workflow }
+    var hasRareFields: Bool { uniqueKey != nil || uniqueForMilliseconds != nil || concurrencyKey != nil || schedule != nil }
     var moment: TaskMoment { TaskMoment(self) }
 }
 

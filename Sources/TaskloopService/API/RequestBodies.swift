@@ -72,11 +72,21 @@ struct BodyReader {
         return object
     }
 
-    /// A body names a handful of fields: scanning the list beats hashing each name.
-    mutating func rejectUnknown(_ object: JSONObject, allowed: [String], alsoAllowed extra: String? = nil, prefix: String) {
-        for member in object where !allowed.contains(member.key) && member.key != extra {
-            fail(prefix + member.key, "is not a known field.")
+    /// Refuses the members not in `allowed` (nor `extra`) and answers which of `allowed` are
+    /// present, bit `i` for `allowed[i]`, so a reader can skip the lookups of the many optional
+    /// fields a body leaves out. A body names a handful of fields: scanning the list beats hashing.
+    @discardableResult
+    mutating func rejectUnknown(_ object: JSONObject, allowed: [String], alsoAllowed extra: String? = nil,
+                                prefix: String) -> UInt64 {
+        var present: UInt64 = 0
+        for member in object {
+            if let index = allowed.firstIndex(of: member.key) {
+                present |= 1 << UInt64(index)
+            } else if member.key != extra {
+                fail(prefix + member.key, "is not a known field.")
+            }
         }
+        return present
     }
 
     /// Why a field's value was refused, for `errors[].message`.
@@ -205,11 +215,22 @@ struct BodyReader {
         "metadata", "run_at", "delay_ms", "expires_at", "ttl_ms", "unique_key", "unique_for_ms", "concurrency_key",
     ]
 
+    /// The fields of a submission that most leave out, as bits of `rejectUnknown`'s answer:
+    /// a plain task pays one test for them all.
+    private static let optionalTaskFields: (plain: UInt64, later: UInt64) = {
+        func bits(_ names: [String]) -> UInt64 {
+            names.reduce(0) { $0 | 1 << UInt64(taskFields.firstIndex(of: $1)!) }
+        }
+        return (plain: bits(["name", "priority", "dependencies", "on_dependency_failure", "timeout_ms", "retry", "metadata"]),
+                later: bits(["run_at", "delay_ms", "expires_at", "ttl_ms", "unique_key", "unique_for_ms", "concurrency_key"]))
+    }()
+
     /// A task submission. Inside a workflow (`siblingKeys` non-nil), dependencies may name
     /// sibling keys and `key` is allowed.
     mutating func taskSpec(_ object: JSONObject, prefix: String, siblingKeys: Set<String>? = nil) -> TaskSpec? {
         let errorsBefore = errors.count
-        rejectUnknown(object, allowed: Self.taskFields, alsoAllowed: siblingKeys == nil ? nil : "key", prefix: prefix)
+        let present = rejectUnknown(object, allowed: Self.taskFields, alsoAllowed: siblingKeys == nil ? nil : "key",
+                                    prefix: prefix)
         var spec = TaskSpec(kind: "")
         if object.nonNull("kind") != nil {
             if case .some(let kind?) = string(object, "kind", prefix: prefix, maxLength: Rules.maxKindLength) { spec.kind = kind }
@@ -221,8 +242,15 @@ struct BodyReader {
                 fail(prefix + "params", "must be an object, not \(params.kindDescription).")
             }
         }
-        if case .some(let name) = string(object, "name", prefix: prefix, maxLength: Rules.maxNameLength, nullable: true) { spec.name = name }
         if case .some(let queue?) = string(object, "queue", prefix: prefix, maxLength: Rules.maxQueueNameLength) { spec.queue = queue }
+        if present & Self.optionalTaskFields.plain != 0 { plainOptions(object, prefix: prefix, siblingKeys: siblingKeys, into: &spec) }
+        if present & Self.optionalTaskFields.later != 0 { laterOptions(object, prefix: prefix, into: &spec) }
+        return errors.count == errorsBefore ? spec : nil
+    }
+
+    /// A submission's v1 options beyond kind, params and queue.
+    private mutating func plainOptions(_ object: JSONObject, prefix: String, siblingKeys: Set<String>?, into spec: inout TaskSpec) {
+        if case .some(let name) = string(object, "name", prefix: prefix, maxLength: Rules.maxNameLength, nullable: true) { spec.name = name }
         if case .some(let priority?) = integer(object, "priority", prefix: prefix, in: Rules.priorities) { spec.priority = Int(priority) }
         if let dependencies = object["dependencies"] {
             if let list = dependencies.arrayValue {
@@ -276,6 +304,10 @@ struct BodyReader {
                 fail(prefix + "metadata", "must be an object, not \(metadata.kindDescription).")
             }
         }
+    }
+
+    /// A submission's time-and-flow options: times, a unique key, a concurrency key.
+    private mutating func laterOptions(_ object: JSONObject, prefix: String, into spec: inout TaskSpec) {
         spec.runAt = taskTime(object, at: "run_at", after: "delay_ms", in: Rules.delayMilliseconds, prefix: prefix)
         spec.expiry = taskTime(object, at: "expires_at", after: "ttl_ms", in: Rules.ttlMilliseconds, prefix: prefix)
         if case .some(let key) = string(object, "unique_key", prefix: prefix, maxLength: Rules.uniqueKeyLengths.upperBound,
@@ -294,7 +326,6 @@ struct BodyReader {
                 spec.concurrencyKey = key
             }
         }
-        return errors.count == errorsBefore ? spec : nil
     }
 
     /// A time given as an RFC 3339 `atKey` or as milliseconds after submission `afterKey`, not both.

@@ -31,7 +31,7 @@ struct EventMapping {
                       progressed: (TaskRecord) -> Void, leftRunning: (TaskRecord) -> Void,
                       scheduleChanged: (ScheduleRecord, _ deleted: Bool) -> Void = { _, _ in }) {
         var workflowsTouched: [WorkflowRecord] = []
-        var schedulesTouched: [(ScheduleRecord, deleted: Bool)] = []
+        var schedulesTouched: [ScheduleTouch] = []
         var spent: [WorkflowRecord] = []
         for event in events {
             switch event {
@@ -61,10 +61,12 @@ struct EventMapping {
             case .evicted(let task, let workflowEmptied):
                 if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
             case .scheduleChanged(let schedule):
-                if !schedulesTouched.contains(where: { $0.0 === schedule }) { schedulesTouched.append((schedule, false)) }
+                if !schedulesTouched.contains(where: { $0.schedule === schedule }) {
+                    schedulesTouched.append(ScheduleTouch(schedule: schedule, deleted: false))
+                }
             case .scheduleDeleted(let schedule):
-                schedulesTouched.removeAll { $0.0 === schedule }
-                schedulesTouched.append((schedule, true))
+                schedulesTouched.removeAll { $0.schedule === schedule }
+                schedulesTouched.append(ScheduleTouch(schedule: schedule, deleted: true))
             case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
                 break
             }
@@ -76,7 +78,14 @@ struct EventMapping {
         // Forgotten by its engine: nothing more is said of it.
         for workflow in spent { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
         // Once per schedule per call, as the call left it (a fire and its run's end may share one).
-        for (schedule, deleted) in schedulesTouched { scheduleChanged(schedule, deleted) }
+        for touch in schedulesTouched { scheduleChanged(touch.schedule, touch.deleted) }
+    }
+
+    /// A struct, not a tuple: an array of tuples looks up its type's metadata at run time, on
+    /// every call, even empty.
+    private struct ScheduleTouch {
+        let schedule: ScheduleRecord
+        let deleted: Bool
     }
 }
 
