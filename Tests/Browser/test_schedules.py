@@ -1,10 +1,12 @@
 """The dashboard's Schedules view in a real browser: the list follows the API as schedules come,
-change and go; a schedule's page pauses, runs now (the run and its state appear in its last
+change, end and go; a schedule's page pauses, runs now (the run and its state appear in its last
 runs, linked both ways with the run's task) and deletes; on a replica (event ids are positions
 there) both follow the API as on a single server.
 
 Every wait has a deadline and waits on a DOM or API state; no test sleeps to synchronise.
 """
+
+import datetime
 
 import pytest
 from selenium.webdriver.common.by import By
@@ -87,6 +89,24 @@ def test_list_open_pause_trigger_and_delete_a_schedule(page, api, server):
     assert [s["id"] for s in api("GET", "/schedules")["schedules"]] == [hourly["id"]]
     assert server.task(task_id)["state"] == "succeeded"
     assert not page.axe_violations(), "axe-core objects to the schedules list"
+
+
+def test_a_schedule_past_its_last_slot_says_it_ended_without_a_reload(page, api):
+    # Every 2 s until 5 s from now: two or three runs, then none (what the API says too).
+    end_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=5)
+    ending = create(api, "ending", cron="*/2 * * * * *", end_at=end_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+    page.open("/schedules")
+    wait_until(lambda: page.find_all(f'tr.schedule[data-id="{ending["id"]}"]'), message="the schedule's row")
+    page.driver.execute_script("window.sameDocument = true")
+    assert cells(page, ending["id"])[3] == "active" and cells(page, ending["id"])[4] != "—"
+    wait_until(lambda: cells(page, ending["id"])[3:5] == ["ended", "—"], message="the row to say ended, with no next run")
+    assert api("GET", f"/schedules/{ending['id']}")["next_runs"] == []
+
+    row(page, ending["id"]).find_element(By.LINK_TEXT, "ending").click()
+    wait_until(lambda: page.find("#view h1").text == "ending", message="the schedule's page")
+    assert page.find(".heading .badge").get_attribute("data-state") == "ended"
+    assert page.find("ol.next-runs").text == "None: the schedule has ended."
+    assert page.find_all("tr.run") and page.driver.execute_script("return window.sameDocument === true"), "the page was reloaded"
 
 
 @pytest.mark.console_allows(404)
