@@ -291,17 +291,12 @@ async function joinAt(subscriber, at) {
     handOver(subscriber, id, type, data);
   });
   if (!caughtUp) return;
-  subscriber.complete = at;
-  if (!missed) {
-    // Either nothing matching came between, or the view is ahead: then what the stream has yet
-    // to send up to `since` is old news to it, and the reverse replay names the last of it.
-    let ahead = null;
-    if (!await replay(subscriber, controller, at, since, (id) => { ahead = id; })) return;
-    if (ahead !== null) {
-      subscriber.skipThrough = ahead;
-      subscriber.complete = since;
-    }
-  }
+  // If it brought nothing, either nothing matching came between, or the view is ahead: then what
+  // the stream has yet to send up to `since` is old news to it; the reverse replay names the last.
+  let ahead = null;
+  if (!missed && !await replay(subscriber, controller, at, since, (id) => { ahead = id; })) return;
+  subscriber.complete = ahead === null ? at : since;
+  subscriber.skipThrough = ahead;
   subscriber.replay = null;
   subscriber.state = 'live';
   const held = subscriber.held;
