@@ -11,8 +11,11 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -171,6 +174,31 @@ def server(request, tmp_path):
     yield instance
     code = instance.stop()
     assert code == 0, f"taskloop exited with {code}:\n" + "".join(instance.output)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def replica():
+    """One replica on a throwaway PostgreSQL (its tasks and schedules live in the cells it owns;
+    its event ids are positions, not numbers). Skipped where PostgreSQL is not installed."""
+    if not any(pathlib.Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    script = str(ROOT / "scripts/postgres-cluster.sh")
+    # Directly in /tmp: the cluster runs as the postgres user, who cannot enter pytest's tmp_path.
+    cluster = pathlib.Path(tempfile.mkdtemp(prefix="taskloop-ui-pg-"))
+    url = subprocess.run([script, "start", str(cluster), str(free_port())], check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        instance = Server("--database-url", url, "--replica-name", "r1", durability=None)
+        yield instance
+        assert instance.stop() == 0, "".join(instance.output)
+    finally:
+        subprocess.run([script, "stop", str(cluster)], check=False)
+        shutil.rmtree(cluster, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,24 +1,19 @@
 """The dashboard's Schedules view in a real browser: the list follows the API as schedules come,
-change and go; a schedule's page pauses, runs now (the run and its state appear in its last
-runs, linked both ways with the run's task) and deletes; with replicas, where the API does not
-serve schedules, the view says so.
+change, end and go; a schedule's page pauses, runs now (the run and its state appear in its last
+runs, linked both ways with the run's task) and deletes; on a replica (event ids are positions
+there) both follow the API as on a single server.
 
 Every wait has a deadline and waits on a DOM or API state; no test sleeps to synchronise.
 """
 
-import pathlib
-import shutil
-import socket
-import subprocess
-import tempfile
+import datetime
 
 import pytest
 from selenium.webdriver.common.by import By
 
-from conftest import Server, console_problems, wait_until
+from conftest import Page, console_problems, wait_until
 from test_access import READER, TOKENS, assert_all_refused, enter_token
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 # New Year at midnight: no slot comes during a test, so every run is one the test made.
 YEARLY = "0 0 1 1 *"
 
@@ -96,6 +91,24 @@ def test_list_open_pause_trigger_and_delete_a_schedule(page, api, server):
     assert not page.axe_violations(), "axe-core objects to the schedules list"
 
 
+def test_a_schedule_past_its_last_slot_says_it_ended_without_a_reload(page, api):
+    # Every 2 s until 5 s from now: two or three runs, then none (what the API says too).
+    end_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=5)
+    ending = create(api, "ending", cron="*/2 * * * * *", end_at=end_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+    page.open("/schedules")
+    wait_until(lambda: page.find_all(f'tr.schedule[data-id="{ending["id"]}"]'), message="the schedule's row")
+    page.driver.execute_script("window.sameDocument = true")
+    assert cells(page, ending["id"])[3] == "active" and cells(page, ending["id"])[4] != "—"
+    wait_until(lambda: cells(page, ending["id"])[3:5] == ["ended", "—"], message="the row to say ended, with no next run")
+    assert api("GET", f"/schedules/{ending['id']}")["next_runs"] == []
+
+    row(page, ending["id"]).find_element(By.LINK_TEXT, "ending").click()
+    wait_until(lambda: page.find("#view h1").text == "ending", message="the schedule's page")
+    assert page.find(".heading .badge").get_attribute("data-state") == "ended"
+    assert page.find("ol.next-runs").text == "None: the schedule has ended."
+    assert page.find_all("tr.run") and page.driver.execute_script("return window.sameDocument === true"), "the page was reloaded"
+
+
 @pytest.mark.console_allows(404)
 def test_a_schedule_deleted_elsewhere_leaves_the_list_and_its_page_says_so(page, api):
     kept = create(api, "kept")
@@ -145,44 +158,32 @@ def test_a_read_token_sees_schedules_but_cannot_change_them(page, server):
     assert server.api("GET", f"/schedules/{schedule['id']}")["paused"] is False
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture
-def replica():
-    """One replica on a throwaway PostgreSQL: its schedules live in the cells it owns."""
-    if not any(pathlib.Path("/usr/lib/postgresql").glob("*/bin/initdb")):
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    script = str(ROOT / "scripts/postgres-cluster.sh")
-    # Directly in /tmp: the cluster runs as the postgres user, who cannot enter pytest's tmp_path.
-    cluster = pathlib.Path(tempfile.mkdtemp(prefix="taskloop-ui-pg-"))
-    url = subprocess.run([script, "start", str(cluster), str(free_port())], check=True, capture_output=True, text=True).stdout.strip()
-    try:
-        instance = Server("--database-url", url, "--replica-name", "r1", durability=None)
-        yield instance
-        assert instance.stop() == 0, "".join(instance.output)
-    finally:
-        subprocess.run([script, "stop", str(cluster)], check=False)
-        shutil.rmtree(cluster, ignore_errors=True)
-
-
-# Known and not yet fixed: with replicas the dashboard's live views ask /events since=NaN (400),
-# because api.js reads Event-Seq as a number and a replica answers a position. The list and the
-# page still show; the console error is what fails. strict: the fix makes this test pass.
-@pytest.mark.xfail(strict=True, reason="api.js follows events from Number(Event-Seq); replicas answer positions")
 def test_with_a_replica_the_view_lists_and_opens_its_schedules(browser, replica):
+    """On a replica, event ids are positions, not numbers: the list and the page follow
+    `schedule.updated` from them all the same, without a reload."""
     browser.get("about:blank")
     browser.get_log("browser")
-    made = replica.api("POST", "/schedules", {"name": "replica-nightly", "cron": YEARLY, "task": {"kind": "noop"}})
-    browser.get(f"{replica.url}/ui#/schedules")
-    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr.schedule[data-id="{made["id"]}"]'),
-               message="the schedule's row, read from the shared database")
-    browser.get(f"{replica.url}/ui#/schedules/{made['id']}")
-    wait_until(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#view h1")] == ["replica-nightly"],
-               message="the schedule's page")
+    page = Page(browser, replica)
+    made = create(replica.api, "replica-nightly")
+    page.open("/schedules")
+    wait_until(lambda: page.find_all(f'tr.schedule[data-id="{made["id"]}"]'), message="the schedule's row, read from the shared database")
+    page.wait_live()
+    browser.execute_script("window.sameDocument = true")
+    later = create(replica.api, "a-replica-hourly")
+    wait_until(lambda: [r.get_attribute("data-id") for r in page.find_all("tr.schedule")] == [later["id"], made["id"]],
+               message="the schedule made after the page loaded, listed first")
+    replica.api("PATCH", f"/schedules/{made['id']}", {"paused": True})
+    wait_until(lambda: cells(page, made["id"])[3] == "paused", message="the pause made through the API")
+
+    row(page, made["id"]).find_element(By.LINK_TEXT, "replica-nightly").click()
+    wait_until(lambda: page.find("#view h1").text == "replica-nightly", message="the schedule's page")
+    page.wait_live()
+    replica.api("PATCH", f"/schedules/{made['id']}", {"paused": False})
+    wait_until(lambda: page.find(".heading .badge").get_attribute("data-state") == "active", message="the resume made through the API")
+    replica.api("POST", f"/schedules/{made['id']}/trigger")
+    wait_until(lambda: page.find_all("tr.run") and page.find("tr.run").get_attribute("data-state") == "succeeded",
+               message="the run made through the API, succeeded")
+    assert browser.execute_script("return window.sameDocument === true"), "the page was reloaded"
     problems = console_problems(browser.get_log("browser"))
     browser.get("about:blank")
     assert not problems, "console errors:\n" + "\n".join(problems)

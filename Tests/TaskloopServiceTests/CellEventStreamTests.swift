@@ -175,7 +175,7 @@ extension CellServiceTests {
     }
 
     /// A resume from before the oldest event the history keeps starts with `reset`, then goes
-    /// on from the oldest kept, as a single server's does.
+    /// on from the oldest kept, as a single server's does; `since=0` is before every event.
     @Test func aResumeFromBeforeTheHistoryStartsWithReset() throws {
         let cluster = try PostgresCluster.shared()
         let (url, replicas) = try Self.startCellReplicas("r0")
@@ -186,6 +186,9 @@ extension CellServiceTests {
         let beginning = String(repeating: "0", count: 24)
         let all = try Stream(port: service.port, "/events?since=\(beginning)").waitUntil { Self.ended(ids, in: $0) }
         #expect(all.first?.type != "reset" && all.count >= 12)
+        // `0`, as on a single server: before every event (the dashboard's task history asks so).
+        let fromZero = try Stream(port: service.port, "/events?since=0").waitUntil { $0.count >= all.count }
+        #expect(fromZero.prefix(all.count).map(\.wireID) == all.map(\.wireID))
         // Dropped from the history as `--event-history-seconds` would drop them.
         try cluster.sql("DELETE FROM taskloop.cell_events WHERE (transaction, index) IN "
                         + "(SELECT transaction, index FROM taskloop.cell_events ORDER BY transaction, index LIMIT 3)", database: url)

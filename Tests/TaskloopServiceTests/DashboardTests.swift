@@ -101,9 +101,8 @@ import TaskloopTestSupport
 
     /// The Schedules view lists, then follows `schedule.updated` from the list's Event-Seq: the
     /// stream from there holds what came after the list (a deletion) and not what it already
-    /// showed (the schedule's creation).
-    @Test(.disabled(if: ServiceHarness.replicaCount > 1, "schedules are served by a single server only so far"))
-    func schedulesListSaysWhereItsEventsResume() throws {
+    /// showed (the schedule's creation). With replicas the position is opaque, and used as given.
+    @Test func schedulesListSaysWhereItsEventsResume() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
         let client = try service.client()
@@ -111,7 +110,7 @@ import TaskloopTestSupport
             {"name":"listed","cron":"0 0 1 1 *","task":{"kind":"noop"}}
             """#).json["id"] as? String)
         let list = try client.call("GET", "/schedules")
-        let position = try #require(list.header("Event-Seq").flatMap { Int($0) })
+        let position = try #require(list.header("Event-Seq"))
         #expect((list.json["schedules"] as? [[String: Any]])?.map { $0["id"] as? String } == [id])
         #expect(try client.call("DELETE", "/schedules/\(id)").status == 200)
         let stream = try EventStreamTests.Stream(port: service.port, "/events?types=schedule.updated&since=\(position)")

@@ -83,7 +83,8 @@ extension TaskloopApplication {
         let filter = eventFilter(request, errors: &errors)
         var since: EventPosition?
         if let text = request.headers["Last-Event-ID"] ?? request.query("since") {
-            if let value = EventPosition(text) { since = value } else {
+            // `0`, before every event as on a single server: everything kept, one way for both.
+            if text == "0" { since = .start } else if let value = EventPosition(text) { since = value } else {
                 errors.append(.init(field: "since", message: "must be an event id (the id: of an event)."))
             }
         }

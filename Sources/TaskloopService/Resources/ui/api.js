@@ -141,7 +141,10 @@ export function query(params) {
 // GET /events unfiltered and passes each event on over a BroadcastChannel; each view filters what
 // it wants. A view that needs events from before the shared stream's position (its list's
 // Event-Seq, or a task's whole history) gets them from a bounded replay (`until`), which ends.
-// Positions: after announcing position P the leader sends only events numbered above P.
+// After announcing position P the leader sends only the events after P.
+// Positions (event ids, Event-Seq) are opaque: a number on one server, a position on replicas.
+// The page only tests them for equality; which of two comes first only the server knows, and
+// says through `since` and `until`.
 
 const LEADER_LOCK = 'taskloop.events.leader';
 // Web Locks exist only in secure contexts (https, localhost): elsewhere each tab leads itself.
@@ -221,12 +224,18 @@ function matches(filters, type, data) {
   return true;
 }
 
-// A subscriber is `waiting` for a position, `catching` up (a replay; live events wait in
-// `held`), or `live`. `complete`: every matching event up to this number has been handed over.
+// A subscriber is `waiting` for a position, `catching` up (replays; live events wait in
+// `held`), or `live`. `complete`: the position up to which it has every matching event.
+// `skipThrough`: the last of the matching events the shared stream has yet to send that the
+// view already had (it listed after the stream's position); the stream's events up to that
+// one are passed over.
 
-function handOver(subscriber, seq, type, data) {
-  if (subscriber.complete !== null && seq <= subscriber.complete) return;
-  subscriber.complete = seq;
+function handOver(subscriber, id, type, data) {
+  if (subscriber.skipThrough !== null) {
+    if (id === subscriber.skipThrough) subscriber.skipThrough = null;
+    return;
+  }
+  subscriber.complete = id;
   if (matches(subscriber.filters, type, data)) subscriber.onEvent(type, data);
 }
 
@@ -234,56 +243,78 @@ function join(subscriber) {
   subscriber.replay?.abort();
   subscriber.replay = null;
   subscriber.held = [];
+  subscriber.skipThrough = null;
   subscriber.state = 'waiting';
   if (position !== null) joinAt(subscriber, position);
   else if (!leading) shared?.postMessage({ kind: 'ask' });
 }
 
+/**
+ * GET /events with the subscriber's filters after `since` up to `until` (it ends there, at
+ * once if `until` does not come after `since`): `each(id, type, data)` for every event, resuming
+ * after the last one if the connection breaks. Resolves false if the subscriber moved on.
+ */
+async function replay(subscriber, controller, since, until, each) {
+  const { task, workflow, queue, types } = subscriber.filters;
+  let delay = 250;
+  for (;;) {
+    try {
+      const response = await openEvents({ task, workflow, queue, types, since, until }, controller.signal);
+      await readEvents(response, (type, data, id) => {
+        if (type === 'reset') { subscriber.onReset?.(JSON.parse(data).oldest); return; }
+        since = id;
+        each(id, type, JSON.parse(data));
+      });
+      return subscriber.replay === controller;
+    } catch {
+      if (subscriber.replay !== controller) return false;
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 5000);
+    }
+  }
+}
+
 async function joinAt(subscriber, at) {
-  if (subscriber.complete === null || subscriber.complete >= at) {
-    if (subscriber.complete === null) subscriber.complete = at;
+  const since = subscriber.complete;
+  if (since === null || since === at) {
+    subscriber.complete = at;
     subscriber.state = 'live';
     return;
   }
   subscriber.state = 'catching';
   const controller = new AbortController();
   subscriber.replay = controller;
-  const { task, workflow, queue, types } = subscriber.filters;
-  let delay = 250;
-  while (subscriber.replay === controller) {
-    try {
-      const response = await openEvents({ task, workflow, queue, types, since: subscriber.complete, until: at }, controller.signal);
-      await readEvents(response, (type, data, id) => {
-        if (type === 'reset') subscriber.onReset?.(JSON.parse(data).oldest);
-        else handOver(subscriber, Number(id), type, JSON.parse(data));
-      });
-      break;
-    } catch (error) {
-      if (subscriber.replay !== controller) return;
-      await new Promise((resolve) => setTimeout(resolve, delay));
-      delay = Math.min(delay * 2, 5000);
-    }
-  }
-  if (subscriber.replay !== controller) return;
+  // What the view missed up to the shared stream's position (nothing if it is ahead of it).
+  let missed = false;
+  const caughtUp = await replay(subscriber, controller, since, at, (id, type, data) => {
+    missed = true;
+    handOver(subscriber, id, type, data);
+  });
+  if (!caughtUp) return;
+  // If it brought nothing, either nothing matching came between, or the view is ahead: then what
+  // the stream has yet to send up to `since` is old news to it; the reverse replay names the last.
+  let ahead = null;
+  if (!missed && !await replay(subscriber, controller, at, since, (id) => { ahead = id; })) return;
+  subscriber.complete = ahead === null ? at : since;
+  subscriber.skipThrough = ahead;
   subscriber.replay = null;
-  if (subscriber.complete < at) subscriber.complete = at;
   subscriber.state = 'live';
   const held = subscriber.held;
   subscriber.held = [];
-  for (const [seq, type, data] of held) handOver(subscriber, seq, type, data);
+  for (const [id, type, data] of held) handOver(subscriber, id, type, data);
 }
 
 /** What every tab does with the leader's messages (the leader's own tab included). */
 function receive(message) {
   switch (message.kind) {
     case 'event': {
-      position = message.seq;
+      position = message.id;
       let data = null;
       for (const subscriber of subscribers) {
-        if (subscriber.state === 'waiting' || (subscriber.complete !== null && message.seq <= subscriber.complete)) continue;
+        if (subscriber.state === 'waiting') continue;
         data ??= JSON.parse(message.data);
-        if (subscriber.state === 'catching') subscriber.held.push([message.seq, message.type, data]);
-        else handOver(subscriber, message.seq, message.type, data);
+        if (subscriber.state === 'catching') subscriber.held.push([message.id, message.type, data]);
+        else handOver(subscriber, message.id, message.type, data);
       }
       break;
     }
@@ -330,14 +361,14 @@ async function lead() {
   for (;;) {
     try {
       const response = await openEvents({ since: leaderPosition });
-      if (leaderPosition === null) leaderPosition = Number(response.headers.get('Event-Seq'));
+      leaderPosition ??= response.headers.get('Event-Seq');
       leaderState = 'live';
       announce();
       delay = 250;
       await readEvents(response, (type, data, id) => {
         if (type === 'reset') { broadcast({ kind: 'reset', oldest: JSON.parse(data).oldest }); return; }
-        leaderPosition = Number(id);
-        broadcast({ kind: 'event', seq: leaderPosition, type, data });
+        leaderPosition = id;
+        broadcast({ kind: 'event', id, type, data });
       });
     } catch {
       // Reconnects below.
@@ -358,15 +389,14 @@ if (shared) {
 }
 
 /**
- * Follows the events matching `filters` ({task, workflow, queue, types}) from `since` (a
- * sequence number, usually a list's Event-Seq; none: from now on): `onEvent(type, data)` for
+ * Follows the events matching `filters` ({task, workflow, queue, types}) after `since` (an
+ * event id, usually a list's Event-Seq; '0': from the oldest kept; none: from now on): `onEvent(type, data)` for
  * each, in order; `onReset(oldest)` when the server no longer has the events asked for (re-list
  * then). Returns {stop()}.
  */
 export function follow(filters, since, onEvent, onReset) {
   const subscriber = {
-    filters, onEvent, onReset, complete: since === undefined || since === null ? null : Number(since),
-    state: 'waiting', held: [], replay: null,
+    filters, onEvent, onReset, complete: since ?? null, state: 'waiting', held: [], replay: null, skipThrough: null,
   };
   subscribers.add(subscriber);
   join(subscriber);

@@ -1,5 +1,5 @@
-// Schedules: the list (name, cron, timezone, paused, next run, last run's state) and one
-// schedule's page (its fields, next runs, last runs linked to their task or workflow, pause or
+// Schedules: the list (name, cron, timezone, active, paused or ended, next run, last run's state)
+// and one schedule's page (its fields, next runs, last runs linked to their task or workflow, pause or
 // resume, trigger, delete). `schedule.updated` events redraw a schedule at once; a run's state
 // is read when the schedule is, so a task or workflow event of one of its runs re-reads it.
 
@@ -9,6 +9,8 @@ import { h, fill, badge, formatTime, jsonBlock, toast, confirmButton, adminOnly 
 const path = (id) => `/schedules/${encodeURIComponent(id)}`;
 const when = (iso) => (iso ? h('time', { datetime: iso }, formatTime(iso)) : '—');
 const newest = (schedule) => schedule.last_runs[schedule.last_runs.length - 1];
+/** Active, paused, deleted, or ended: no slot is left before its end_at (the API's next_runs are none). */
+const statusOf = (schedule) => (schedule.deleted ? 'deleted' : schedule.paused ? 'paused' : schedule.next_runs.length ? 'active' : 'ended');
 
 function runTarget(run) {
   if (run.task_id) return h('a', { href: `#/tasks/${encodeURIComponent(run.task_id)}` }, run.task_id);
@@ -81,7 +83,8 @@ async function mountList(view) {
         const last = newest(schedule);
         fill(cells[0], h('code', {}, schedule.cron));
         fill(cells[1], schedule.timezone);
-        fill(cells[2], h('span', { class: `badge ${schedule.paused ? 'paused' : 'active'}` }, schedule.paused ? 'paused' : 'active'));
+        const status = statusOf(schedule);
+        fill(cells[2], h('span', { class: `badge ${status}` }, status));
         fill(cells[3], when(schedule.next_runs[0]));
         fill(cells[4], last ? [badge(last.state), ' ', when(last.slot)] : '—');
       },
@@ -108,7 +111,8 @@ async function mountList(view) {
     if (type === 'schedule.updated') render(data.schedule);
     else if (runs.has(runOf(data))) reread.later(runs.get(runOf(data)));
   }, () => relist().catch(() => null));
-  // No timer: each slot that comes (run or skipped) is a `schedule.updated` with the next runs.
+  // No timer: each slot that comes (run or skipped) is a `schedule.updated` with the next runs,
+  // and the last before end_at comes with none (the schedule has ended).
   return () => {
     stream.stop();
     reread.stop();
@@ -163,8 +167,8 @@ async function mountOne(view, id) {
     runs = new Set(schedule.last_runs.map((run) => run.task_id || run.workflow_id).filter(Boolean));
     title.textContent = schedule.name;
     document.title = `${schedule.name} · Taskloop`;
-    const state = schedule.deleted ? 'deleted' : schedule.paused ? 'paused' : 'active';
-    fill(status, h('span', { class: `badge ${state === 'active' ? 'active' : 'paused'}`, dataset: { state } }, state));
+    const state = statusOf(schedule);
+    fill(status, h('span', { class: `badge ${state === 'deleted' ? 'paused' : state}`, dataset: { state } }, state));
     pause.textContent = schedule.paused ? 'Resume' : 'Pause';
     pause.hidden = trigger.hidden = remove.hidden = Boolean(schedule.deleted);
     fill(facts,

@@ -189,7 +189,7 @@ export async function mount(view, target) {
   renderDependencies();
   // The buffered history replays first (each event carries the task as it was then), so the
   // page settles on the latest; drawing once per frame keeps a long replay cheap.
-  const stream = follow({ task: id }, 0, (type, data) => {
+  const stream = follow({ task: id }, '0', (type, data) => {
     history.push(data);
     historyList.append(h('li', {}, h('time', { datetime: data.time }, formatTime(data.time)), ' ', h('span', { class: `event ${type.replace('.', '-')}` }, describe(data))));
     task = data.task;
