@@ -179,24 +179,24 @@ public final class ScheduleRecord {
 
     /// The first slot after `instant` (wall-clock milliseconds) within start/end, in milliseconds.
     func slot(after instant: Int64) -> Int64? {
-        var after = instant
-        if let startAt = spec.startAt { after = max(after, startAt - 1) }
-        let seconds = after >= 0 ? after / 1000 : (after - 999) / 1000
-        guard let next = cron.next(after: seconds) else { return nil }
-        let slot = next * 1000
-        if let endAt = spec.endAt, slot > endAt { return nil }
-        return slot
+        guard let next = cron.next(after: firstSearchSecond(after: instant)), next <= lastSlotSecond else { return nil }
+        return next * 1000
     }
 
-    /// The next `count` slots after `instant`.
+    /// The next `count` slots after `instant` within start/end.
     public func slots(count: Int, after instant: Int64) -> [Int64] {
-        var slots: [Int64] = []
-        var cursor = instant
-        while slots.count < count, let slot = slot(after: cursor) {
-            slots.append(slot)
-            cursor = slot
-        }
-        return slots
+        cron.next(count: count, after: firstSearchSecond(after: instant), through: lastSlotSecond).map { $0 * 1000 }
+    }
+
+    /// The cron search for the slots after `instant` starts after this second: none is before start_at.
+    private func firstSearchSecond(after instant: Int64) -> Int64 {
+        guard let startAt = spec.startAt else { return Engine.seconds(instant) }
+        return Engine.seconds(max(instant, startAt - 1))
+    }
+
+    /// The last second a slot may fall on: end_at's, or none.
+    private var lastSlotSecond: Int64 {
+        spec.endAt.map(Engine.seconds) ?? .max
     }
 }
 
