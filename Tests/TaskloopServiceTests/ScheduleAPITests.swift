@@ -178,12 +178,7 @@ struct ScheduleAPITests {
     @Test(.inTheDefaultStageOnly) func slotsPassedWhileDownRunAfterTheRestartByCatchup() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func start() throws -> ServiceHarness {
-            try ServiceHarness {
-                $0.durability = .full
-                $0.dataDirectory = directory
-            }
-        }
+        func start() throws -> ServiceHarness { try ServiceHarness.keepingState(in: directory) }
         func now() -> Int64 { Int64(Date().timeIntervalSince1970 * 1_000) }
         let first = try start()
         var client = try first.client()
