@@ -76,7 +76,7 @@ extension TaskloopApplication {
         let renderer = ClusterEventRenderer(scheduler: scheduler)
         let host: CellHost
         do {
-            host = try CellHost(loop: loop, keeper: keeper, makeEngine: { [unowned self] cell in
+            host = try CellHost(loop: loop, keeper: keeper, zones: engineConfiguration.zones, makeEngine: { [unowned self] cell in
                 var configuration = engineConfiguration
                 let layout = cellHost!.layout
                 configuration.cells = CellPlacement(cell: cell.index) { layout.cell(ofQueue: $0).index }
