@@ -232,10 +232,10 @@ public struct ScheduleSnapshot: Sendable, Equatable {
 extension ScheduleSnapshot {
     /// The next `count` slots after `lastSlot` (unjittered), as `Engine.nextRuns` shows a live
     /// schedule's: for a schedule read from a store rather than an engine. None while paused,
-    /// or when its cron or zone cannot be read here.
-    public func nextRuns(count: Int = 5) -> [Int64] {
+    /// or when its cron cannot be read here or its zone is not among those loaded (no file is read).
+    public func nextRuns(count: Int = 5, zones: TimeZoneCatalog) -> [Int64] {
         guard !spec.paused, let expression = try? CronExpression(spec.cron),
-              let zone = try? TimeZoneRules.load(named: spec.timezone) else { return [] }
+              let zone = zones.loaded(named: spec.timezone) else { return [] }
         let record = ScheduleRecord(id: id, spec: spec, cron: CronSchedule(expression: expression, zone: zone), createdAt: createdAt,
                                     lastSlot: lastSlot)
         return record.slots(count: count, after: lastSlot)

@@ -308,8 +308,9 @@ extension TaskloopApplication {
                 })
             },
             "GET /schedules": { [unowned self] _, reply in
+                let zones = configuration.engine.zones, loop = loop
                 readFromCellsAfterPosition(reply, { position, execute, done in
-                    ClusterLists.schedules(execute: execute) { list in
+                    ClusterLists.schedules(zones: zones, loop: loop, execute: execute) { list in
                         done(list.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) })
                     }
                 })

@@ -235,8 +235,10 @@ extension Representation {
 
     /// A schedule as its cell's last commit left it (`GET /schedules` with replicas, read from
     /// the database): `state` gives each run's state as its engine would.
-    static func write(_ schedule: ScheduleSnapshot, state: (ScheduleRun) -> String, into json: inout JSONWriter) {
-        write(schedule.id, schedule.spec, createdAt: schedule.createdAt, updatedAt: schedule.updatedAt, nextRuns: schedule.nextRuns(),
+    static func write(_ schedule: ScheduleSnapshot, zones: TimeZoneCatalog, state: (ScheduleRun) -> String,
+                      into json: inout JSONWriter) {
+        write(schedule.id, schedule.spec, createdAt: schedule.createdAt, updatedAt: schedule.updatedAt,
+              nextRuns: schedule.nextRuns(zones: zones),
               lastRuns: schedule.lastRuns, state: state, deleted: false, into: &json)
     }
 
