@@ -92,7 +92,10 @@ let package = Package(
         // another replica's cells forwarded to it.
         .target(
             name: "TaskloopCluster",
-            dependencies: ["TaskloopEngine", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopLoop", "TaskloopPostgres", "TaskloopStore"]
+            dependencies: [
+                "TaskloopEngine", "TaskloopHTTP", "TaskloopHTTPClient", "TaskloopLoop", "TaskloopPostgres", "TaskloopStore",
+                "TaskloopTime",
+            ]
         ),
         .target(
             name: "TaskloopEngine",

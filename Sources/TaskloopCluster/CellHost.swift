@@ -1,8 +1,10 @@
+import Dispatch
 import Glibc
 import TaskloopEngine
 import TaskloopLoop
 import TaskloopPostgres
 import TaskloopStore
+import TaskloopTime
 
 /// The cells this replica owns, each a single-server engine of its own (docs/SCALING.md,
 /// "Under way: cells"): the keeper says which cells to open, drain and close; the host loads a
@@ -77,6 +79,8 @@ public final class CellHost {
     private let url: String
     private var cells: [Cell: HostedCell] = [:]
     private let makeEngine: (Cell) -> Engine
+    /// The zones the engines' schedules use, loaded off the loop as a cell opens.
+    private let zones: TimeZoneCatalog
     private let eventsOf: (Engine, [EngineEvent]) -> [ClusterEvents.Written]
     private var endOfTurn: LoopCheck?
     private var isClosed = false
@@ -120,7 +124,8 @@ public final class CellHost {
     private var gatherUntil: UInt64 = 0
     private var gatherTimer: LoopTimer?
 
-    public init(loop: EventLoop, keeper settings: CellKeeper.Settings, makeEngine: @escaping (Cell) -> Engine,
+    public init(loop: EventLoop, keeper settings: CellKeeper.Settings, zones: TimeZoneCatalog = .system,
+                makeEngine: @escaping (Cell) -> Engine,
                 eventsOf: @escaping (Engine, [EngineEvent]) -> [ClusterEvents.Written]) throws(UVError) {
         self.loop = loop
         url = settings.url
@@ -128,6 +133,7 @@ public final class CellHost {
         committer = CellCommitter(loop: loop, url: settings.url, identity: settings.identity)
         reader = PGConnection(loop: loop)
         self.makeEngine = makeEngine
+        self.zones = zones
         self.eventsOf = eventsOf
         // Weak: engines, keeper and committer may call back after the host has gone (an engine
         // a pending answer still holds, a timer), and then there is nothing to do.
@@ -474,9 +480,34 @@ public final class CellHost {
             case .success(let results):
                 do {
                     let state = try CellSchema.loaded(results)
-                    try serve(hosted, state)
+                    if zones.hasLoaded(zonesOf: state.schedules) {
+                        try serve(hosted, state)
+                    } else {
+                        serveLoadingZones(hosted, state, generation: generation)
+                    }
                 } catch {
                     retryLoad(hosted)
+                }
+            }
+        }
+    }
+
+    /// Reads the tzdata files of zones the cell's schedules name and no engine here has used
+    /// yet off the loop, then serves the cell; a zone that cannot be read fails the load, as a
+    /// record that cannot be read does.
+    private func serveLoadingZones(_ hosted: HostedCell, _ state: StoredState, generation: Int) {
+        let zones = zones, schedules = state.schedules
+        let bound = LoopBound((host: self, hosted: hosted, state: state), loop: loop)
+        DispatchQueue.global().async {
+            let loaded = Result { () throws(EngineError) in try zones.load(zonesOf: schedules) }
+            _ = bound.loop.execute {
+                let (host, hosted, state) = bound.value
+                guard host.cells[hosted.cell] === hosted, hosted.generation == generation, !host.isClosed else { return }
+                do {
+                    try loaded.get()
+                    try host.serve(hosted, state)
+                } catch {
+                    host.retryLoad(hosted)
                 }
             }
         }

@@ -65,7 +65,7 @@ extension Engine {
         for record in all { reopenOne(record, newAttempt: explicit.contains(ObjectIdentifier(record))) }
         for record in all where !record.state.isTerminal { relink(record) }
         for record in all where record.state == .pending && (record.scheduledFor != nil || record.expiresAt != nil) {
-            waitForTimeAgain(record)
+            waitForTime(record, .reopened)
         }
         for record in all where record.state == .pending && record.blockingDependencies == 0 { makeReady(record) }
         dispatching = wasDispatching

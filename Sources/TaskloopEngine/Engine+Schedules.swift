@@ -137,9 +137,10 @@ extension Engine {
         do { expression = try CronExpression(spec.cron) } catch {
             throw EngineError(.invalid, "Invalid cron expression: \(error.description).", field: "cron")
         }
-        let zone: TimeZoneRules
-        do { zone = try TimeZoneRules.load(named: spec.timezone) } catch {
-            throw EngineError(.invalid, "Invalid timezone: \(error.description).", field: "timezone")
+        guard let zone = configuration.zones.loaded(named: spec.timezone) else {
+            let reason = TimeZoneRules.isValidName(spec.timezone) ? "the zone \(spec.timezone) is not loaded"
+                : TimeZoneError.invalidName(spec.timezone).description
+            throw EngineError(.invalid, "Invalid timezone: \(reason).", field: "timezone")
         }
         guard ScheduleSpec.maxCatchupRange.contains(spec.maxCatchup) else {
             throw EngineError(.invalid, "max_catchup must be from \(ScheduleSpec.maxCatchupRange.lowerBound) to "
@@ -362,19 +363,20 @@ extension Engine {
                          currentRun: schedule.currentRun)
     }
 
-    /// Parses what a store kept; throws, having changed nothing, for a cron expression or zone
-    /// this server cannot read (its tzdata lost the zone).
+    /// Parses what a store kept; throws, having changed nothing, for a cron expression this
+    /// server cannot read or a zone not loaded (`TimeZoneCatalog.load(zonesOf:)` loads them).
     func parsedSchedules(_ saved: [ScheduleSnapshot]) throws(EngineError) -> [(ScheduleSnapshot, CronSchedule)] {
         var parsed: [(ScheduleSnapshot, CronSchedule)] = []
         parsed.reserveCapacity(saved.count)
         for snapshot in saved {
-            do {
-                let cron = CronSchedule(expression: try CronExpression(snapshot.spec.cron),
-                                        zone: try TimeZoneRules.load(named: snapshot.spec.timezone))
-                parsed.append((snapshot, cron))
-            } catch {
+            let expression: CronExpression
+            do { expression = try CronExpression(snapshot.spec.cron) } catch {
                 throw EngineError(.invalid, "Schedule \(snapshot.id) cannot be restored: \(error).")
             }
+            guard let zone = configuration.zones.loaded(named: snapshot.spec.timezone) else {
+                throw EngineError(.invalid, "Schedule \(snapshot.id) cannot be restored: its zone \(snapshot.spec.timezone) is not loaded.")
+            }
+            parsed.append((snapshot, CronSchedule(expression: expression, zone: zone)))
         }
         return parsed
     }
@@ -424,5 +426,23 @@ extension ScheduleRun.Target {
         case .task(let id), .workflow(let id): id
         case .none: nil
         }
+    }
+}
+
+extension TimeZoneCatalog {
+    /// Loads the zones of schedules a store kept, before an engine restores them (at start-up,
+    /// or off the loop as a cell opens): blocks on tzdata files. Throws for a zone this
+    /// server cannot read (its tzdata lost it), naming the schedule.
+    public func load(zonesOf schedules: [ScheduleSnapshot]) throws(EngineError) {
+        for schedule in schedules {
+            do { _ = try load(named: schedule.spec.timezone) } catch {
+                throw EngineError(.invalid, "Schedule \(schedule.id) cannot be restored: \(error).")
+            }
+        }
+    }
+
+    /// Whether every zone those schedules name is loaded already (no file is read).
+    public func hasLoaded(zonesOf schedules: [ScheduleSnapshot]) -> Bool {
+        schedules.allSatisfy { loaded(named: $0.spec.timezone) != nil }
     }
 }

@@ -83,7 +83,7 @@ extension Engine {
         emit(.submitted(record))
         unfinishedCount += 1
         record.queue.count(.pending, 1)
-        if record.scheduledFor != nil || record.expiresAt != nil { waitForTime(record) }
+        if record.scheduledFor != nil || record.expiresAt != nil { waitForTime(record, .registered) }
         if claimingUniqueKey && record.uniqueKey != nil { claimUniqueKey(of: record) }
     }
 

@@ -4,52 +4,56 @@
 /// wall clock set forward is noticed within that (one set back: the deadline is not yet due
 /// when the timer fires, and the timer is armed again).
 extension Engine {
-    /// The end of `register`: a task whose time has not come waits `scheduled`; one that may
-    /// expire gets its deadline.
-    func waitForTime(_ record: TaskRecord) {
-        let wallClock = scheduler.wallClock
-        if let expiresAt = record.expiresAt { wallTimers.insert(record, at: expiresAt, for: .expiry) }
-        if let scheduledFor = record.scheduledFor, scheduledFor > wallClock {
-            transition(record, to: .scheduled)
-            wallTimers.insert(record, at: scheduledFor, for: .start)
-        }
-        if record.expiresAt != nil || record.state == .scheduled { armWallTimer() }
+    /// How a task's deadlines come into `wallTimers`.
+    enum WallTimeEntry {
+        /// The end of `register`: the task is `pending`.
+        case registered
+        /// An explicit retry or a dependency's retry reopened the task (now `pending`).
+        case reopened
+        /// After a restart: the task is as it was saved.
+        case restored
     }
 
-    /// After an explicit retry or a dependency's retry reopened `record` (now `pending`): its
-    /// time, if still to come, holds it again, and so does an expiry still to come; one that
-    /// passed is cleared (the task was brought back on purpose).
-    func waitForTimeAgain(_ record: TaskRecord) {
-        let wallClock = scheduler.wallClock
-        var armed = false
-        if let expiresAt = record.expiresAt, record.startedAt == nil {
-            if expiresAt > wallClock {
-                wallTimers.insert(record, at: expiresAt, for: .expiry)
-                armed = true
-            } else {
-                record.expiresAt = nil
-            }
-        }
-        if let scheduledFor = record.scheduledFor, scheduledFor > wallClock {
-            transition(record, to: .scheduled)
-            wallTimers.insert(record, at: scheduledFor, for: .start)
-            armed = true
-        }
-        if armed { armWallTimer() }
+    /// Puts `record`'s deadlines in `wallTimers` and arms the timer if any went in. Whether
+    /// registered, reopened or restored, a task that has not started keeps its expiry and one
+    /// that waits `scheduled` its start; a `pending` task whose time is still to come waits
+    /// `scheduled` again (a restored one is as it was saved: its time passed while it was
+    /// `pending` only if the clock was set back). An expiry that passed is due at once, except a
+    /// reopened task's, which is cleared: the task was brought back on purpose.
+    func waitForTime(_ record: TaskRecord, _ entry: WallTimeEntry) {
+        if insertWallTimers(of: record, entry) { armWallTimer() }
     }
 
     /// After a restart: the deadlines of the restored unfinished tasks. A time that passed while
     /// the server was down is due at once: before anything restored starts, so a task that
     /// expired meanwhile never does.
     func restoreWallTimers(of records: [TaskRecord]) {
-        for record in records where !record.state.isTerminal {
-            if let expiresAt = record.expiresAt, record.startedAt == nil { wallTimers.insert(record, at: expiresAt, for: .expiry) }
-            if record.state == .scheduled, let scheduledFor = record.scheduledFor {
-                wallTimers.insert(record, at: scheduledFor, for: .start)
-            }
-        }
+        for record in records where !record.state.isTerminal { insertWallTimers(of: record, .restored) }
         fireDueWallTimers()
         armWallTimer()
+    }
+
+    /// `waitForTime` without arming the timer; returns whether a deadline went in.
+    @discardableResult
+    private func insertWallTimers(of record: TaskRecord, _ entry: WallTimeEntry) -> Bool {
+        let wallClock = scheduler.wallClock
+        var inserted = false
+        if let expiresAt = record.expiresAt, record.startedAt == nil {
+            if entry == .reopened && expiresAt <= wallClock {
+                record.expiresAt = nil
+            } else {
+                wallTimers.insert(record, at: expiresAt, for: .expiry)
+                inserted = true
+            }
+        }
+        if let scheduledFor = record.scheduledFor {
+            if entry != .restored && scheduledFor > wallClock { transition(record, to: .scheduled) }
+            if record.state == .scheduled {
+                wallTimers.insert(record, at: scheduledFor, for: .start)
+                inserted = true
+            }
+        }
+        return inserted
     }
 
     /// Arms the one timer for the earliest deadline, unless it already fires by then.

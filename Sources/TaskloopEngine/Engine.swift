@@ -1,6 +1,7 @@
 import DequeModule
 import TaskloopBytes
 import TaskloopJSON
+import TaskloopTime
 
 public struct EngineConfiguration: Sendable {
     /// `max_concurrency` of queues created on first use.
@@ -44,6 +45,10 @@ public struct EngineConfiguration: Sendable {
     public var maxForgottenUniqueKeys = 100_000
     /// Most schedules held at once (Engine+Schedules).
     public var maxSchedules = 10_000
+    /// Where the engine finds a schedule's zone, already loaded: it never reads tzdata itself
+    /// (a file read would block its thread). Whoever hands it a schedule loads the zone first,
+    /// off the loop (Engine+Schedules).
+    public var zones: TimeZoneCatalog = .system
 
     public init() {}
 }

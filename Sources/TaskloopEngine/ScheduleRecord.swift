@@ -179,24 +179,24 @@ public final class ScheduleRecord {
 
     /// The first slot after `instant` (wall-clock milliseconds) within start/end, in milliseconds.
     func slot(after instant: Int64) -> Int64? {
-        var after = instant
-        if let startAt = spec.startAt { after = max(after, startAt - 1) }
-        let seconds = after >= 0 ? after / 1000 : (after - 999) / 1000
-        guard let next = cron.next(after: seconds) else { return nil }
-        let slot = next * 1000
-        if let endAt = spec.endAt, slot > endAt { return nil }
-        return slot
+        guard let next = cron.next(after: firstSearchSecond(after: instant)), next <= lastSlotSecond else { return nil }
+        return next * 1000
     }
 
-    /// The next `count` slots after `instant`.
+    /// The next `count` slots after `instant` within start/end.
     public func slots(count: Int, after instant: Int64) -> [Int64] {
-        var slots: [Int64] = []
-        var cursor = instant
-        while slots.count < count, let slot = slot(after: cursor) {
-            slots.append(slot)
-            cursor = slot
-        }
-        return slots
+        cron.next(count: count, after: firstSearchSecond(after: instant), through: lastSlotSecond).map { $0 * 1000 }
+    }
+
+    /// The cron search for the slots after `instant` starts after this second: none is before start_at.
+    private func firstSearchSecond(after instant: Int64) -> Int64 {
+        guard let startAt = spec.startAt else { return Engine.seconds(instant) }
+        return Engine.seconds(max(instant, startAt - 1))
+    }
+
+    /// The last second a slot may fall on: end_at's, or none.
+    private var lastSlotSecond: Int64 {
+        spec.endAt.map(Engine.seconds) ?? .max
     }
 }
 
@@ -232,10 +232,10 @@ public struct ScheduleSnapshot: Sendable, Equatable {
 extension ScheduleSnapshot {
     /// The next `count` slots after `lastSlot` (unjittered), as `Engine.nextRuns` shows a live
     /// schedule's: for a schedule read from a store rather than an engine. None while paused,
-    /// or when its cron or zone cannot be read here.
-    public func nextRuns(count: Int = 5) -> [Int64] {
+    /// or when its cron cannot be read here or its zone is not among those loaded (no file is read).
+    public func nextRuns(count: Int = 5, zones: TimeZoneCatalog) -> [Int64] {
         guard !spec.paused, let expression = try? CronExpression(spec.cron),
-              let zone = try? TimeZoneRules.load(named: spec.timezone) else { return [] }
+              let zone = zones.loaded(named: spec.timezone) else { return [] }
         let record = ScheduleRecord(id: id, spec: spec, cron: CronSchedule(expression: expression, zone: zone), createdAt: createdAt,
                                     lastSlot: lastSlot)
         return record.slots(count: count, after: lastSlot)

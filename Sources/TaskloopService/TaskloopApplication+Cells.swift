@@ -76,7 +76,7 @@ extension TaskloopApplication {
         let renderer = ClusterEventRenderer(scheduler: scheduler)
         let host: CellHost
         do {
-            host = try CellHost(loop: loop, keeper: keeper, makeEngine: { [unowned self] cell in
+            host = try CellHost(loop: loop, keeper: keeper, zones: engineConfiguration.zones, makeEngine: { [unowned self] cell in
                 var configuration = engineConfiguration
                 let layout = cellHost!.layout
                 configuration.cells = CellPlacement(cell: cell.index) { layout.cell(ofQueue: $0).index }
@@ -282,39 +282,21 @@ extension TaskloopApplication {
         var handlers: [String: ServiceHandler] = [
             "GET /tasks": { [unowned self] request, reply in
                 let listing = try ClusterLists.taskListing(request)
-                readFromCells(reply, { [unowned self] execute, done in
-                    // The position first: a stream resumed after it misses nothing the list did not show.
-                    execute([ClusterEvents.now()]) { [unowned self] result in
-                        let results: [PGResult]
-                        switch result {
-                        case .failure(let error): return done(.failure(error))
-                        case .success(let value): results = value
-                        }
-                        let position = ClusterEvents.position(of: results[0])
-                        ClusterLists.tasks(listing, maxResponseBytes: configuration.maxResponseBytes, execute: execute) { page in
-                            done(page.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) })
-                        }
+                readFromCellsAfterPosition(reply, { [unowned self] position, execute, done in
+                    ClusterLists.tasks(listing, maxResponseBytes: configuration.maxResponseBytes, execute: execute) { page in
+                        done(page.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) })
                     }
                 })
             },
             "GET /workflows/{id}": { [unowned self] request, reply in
                 let text = request.parameters["id"] ?? ""
                 guard let id = TaskID(text) else { throw APIProblem(.notFound, detail: "No workflow \(text).") }
-                readFromCells(reply, { execute, done in
-                    // The position first, as for `GET /tasks`.
-                    execute([ClusterEvents.now()]) { result in
-                        let results: [PGResult]
-                        switch result {
-                        case .failure(let error): return done(.failure(error))
-                        case .success(let value): results = value
-                        }
-                        let position = ClusterEvents.position(of: results[0])
-                        ClusterLists.workflow(id, execute: execute) { result in
-                            done(result.map {
-                                $0.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) }
-                                    ?? APIProblem(.notFound, detail: "No workflow \(text).").response()
-                            })
-                        }
+                readFromCellsAfterPosition(reply, { position, execute, done in
+                    ClusterLists.workflow(id, execute: execute) { result in
+                        done(result.map {
+                            $0.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) }
+                                ?? APIProblem(.notFound, detail: "No workflow \(text).").response()
+                        })
                     }
                 })
             },
@@ -326,18 +308,10 @@ extension TaskloopApplication {
                 })
             },
             "GET /schedules": { [unowned self] _, reply in
-                readFromCells(reply, { execute, done in
-                    // The position first, as for `GET /tasks`.
-                    execute([ClusterEvents.now()]) { result in
-                        let results: [PGResult]
-                        switch result {
-                        case .failure(let error): return done(.failure(error))
-                        case .success(let value): results = value
-                        }
-                        let position = ClusterEvents.position(of: results[0])
-                        ClusterLists.schedules(execute: execute) { list in
-                            done(list.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) })
-                        }
+                let zones = configuration.engine.zones, loop = loop
+                readFromCellsAfterPosition(reply, { position, execute, done in
+                    ClusterLists.schedules(zones: zones, loop: loop, execute: execute) { list in
+                        done(list.map { .json(.ok, $0, headers: ["Event-Seq": position.description]) })
                     }
                 })
             },
@@ -411,6 +385,23 @@ extension TaskloopApplication {
                 reply.send(errorResponse(for: error))
             }
         }
+    }
+
+    /// `readFromCells` for an answer that carries its `Event-Seq`: the event position is read
+    /// first, so a stream resumed after it misses nothing the answer did not show.
+    private func readFromCellsAfterPosition(
+        _ reply: Reply,
+        _ read: @escaping (EventPosition, @escaping ClusterLists.Execute,
+                           @escaping (Result<HTTPResponse, PGError>) -> Void) -> Void
+    ) {
+        readFromCells(reply, { execute, done in
+            execute([ClusterEvents.now()]) { result in
+                switch result {
+                case .failure(let error): done(.failure(error))
+                case .success(let results): read(ClusterEvents.position(of: results[0]), execute, done)
+                }
+            }
+        })
     }
 
     /// Answers from a read of the cells' records; a database that cannot be read is 503.

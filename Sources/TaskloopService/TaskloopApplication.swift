@@ -332,6 +332,8 @@ public final class TaskloopApplication {
         engine.addObserver { events in durable.record(events) }
         var loaded = store.takeLoaded()
         do {
+            // Start-up may block: the engine reads no tzdata file.
+            try configuration.engine.zones.load(zonesOf: loaded.schedules)
             try engine.restore(queues: loaded.queues, workflows: loaded.workflows, tasks: loaded.tasks,
                                uniqueKeys: loaded.uniqueKeys, schedules: loaded.schedules)
         } catch {
@@ -460,6 +462,14 @@ public final class TaskloopApplication {
             return reply.send(Self.cellMoving.response())
         }
         reply.engine = engine
+        run(route, request, reply)
+    }
+
+    /// A request whose handler waited off the loop (for a zone to load) and changed nothing:
+    /// served from the start again, where its cell is now.
+    func serveAgain(_ request: HTTPRequest, _ reply: Reply) {
+        guard let route = reply.route else { return }
+        if cellHost != nil && route.placement != .none { return serveInCell(route, request, reply) }
         run(route, request, reply)
     }
 

@@ -40,11 +40,12 @@ public struct CronSchedule: Sendable {
         return nextLocal(atOrAfter: start).map { zone.resolve(localTime: $0).firstInstant }
     }
 
-    /// The first `count` slots after `instant`, ascending (fewer only past the search bound).
-    public func next(count: Int, after instant: Int64) -> [Int64] {
+    /// The first `count` slots after `instant`, ascending: fewer only past the search bound or
+    /// past `through`, the last instant a slot may fall on.
+    public func next(count: Int, after instant: Int64, through: Int64 = .max) -> [Int64] {
         var slots: [Int64] = []
         var cursor = instant
-        while slots.count < count, let slot = next(after: cursor) {
+        while slots.count < count, let slot = next(after: cursor), slot <= through {
             slots.append(slot)
             cursor = slot
         }

@@ -99,7 +99,7 @@ public final class TimeZoneRules: Sendable {
         }
     }
 
-    static func isValidName(_ name: String) -> Bool {
+    public static func isValidName(_ name: String) -> Bool {
         let bytes = Array(name.utf8)
         guard !bytes.isEmpty, bytes.count <= maximumNameLength, bytes.first != UInt8(ascii: "/"),
               bytes.last != UInt8(ascii: "/"), !name.contains("//"), !name.contains("..") else { return false }

@@ -1,3 +1,4 @@
+import Synchronization
 import Testing
 import TaskloopJSON
 import TaskloopTime
@@ -58,7 +59,9 @@ import TaskloopTime
         func create(_ cron: String, zone: String = "UTC", kind: String = "noop", overlap: ScheduleOverlap = .allow,
                     catchup: ScheduleCatchup = .none, maxCatchup: Int = 10, jitter: UInt64 = 0,
                     startAt: String? = nil, endAt: String? = nil) throws -> ScheduleRecord {
-            try engine.createSchedule(ScheduleSpec(
+            // As the service does before a request reaches the engine (off its loop).
+            _ = try engine.configuration.zones.load(named: zone)
+            return try engine.createSchedule(ScheduleSpec(
                 name: "every \(cron)", cron: cron, timezone: zone, template: .task(TaskSpec(kind: kind, name: "run")),
                 overlap: overlap, catchup: catchup, maxCatchup: maxCatchup, jitterMilliseconds: jitter,
                 startAt: startAt.map { RFC3339.milliseconds($0)! }, endAt: endAt.map { RFC3339.milliseconds($0)! }))
@@ -73,16 +76,7 @@ import TaskloopTime
         static func text(_ milliseconds: Int64) -> String {
             let seconds = milliseconds / 1000
             let days = seconds / 86_400, second = seconds % 86_400
-            // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-            let shifted = days + 719_468
-            let era = shifted / 146_097
-            let dayOfEra = shifted - era * 146_097
-            let yearOfEra = (dayOfEra - dayOfEra / 1_460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
-            let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
-            let monthIndex = (5 * dayOfYear + 2) / 153
-            let day = dayOfYear - (153 * monthIndex + 2) / 5 + 1
-            let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
-            let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
+            let (year, month, day) = CivilTime.date(days: days)
             func two(_ value: Int64) -> String { value < 10 ? "0\(value)" : "\(value)" }
             return "\(year)-\(two(month))-\(two(day))T\(two(second / 3600)):\(two(second / 60 % 60)):\(two(second % 60))Z"
         }
@@ -381,6 +375,47 @@ import TaskloopTime
         #expect(s.engine.workflow(id)?.tasks.count == 2)
         #expect(s.engine.state(of: run) == "succeeded")
         #expect(schedule.lastRuns[0].endedAs == .succeeded)
+    }
+
+    /// The engine reads no tzdata file: it has a zone only loaded already, from its catalog
+    /// (the service loads it off the loop first). A zone not loaded is refused naming
+    /// `timezone`, and so is a restore of a schedule in it, changing nothing; the engine never
+    /// calls the catalog's loader.
+    @Test func theEngineUsesOnlyZonesLoadedBeforeItIsAsked() throws {
+        let loads = Mutex(0)
+        let catalog = TimeZoneCatalog { name throws(TimeZoneError) in
+            loads.withLock { $0 += 1 }
+            return try TimeZoneRules.load(named: name)
+        }
+        let s = Harness(at: "2026-01-01T00:00:30Z") { $0.zones = catalog }
+        let spec = ScheduleSpec(name: "tokyo", cron: "0 3 * * *", timezone: "Asia/Tokyo", template: .task(TaskSpec(kind: "noop")))
+        do {
+            try s.engine.createSchedule(spec)
+            Issue.record("a zone not loaded was used")
+        } catch {
+            #expect(error.field == "timezone" && error.message.contains("not loaded"), "\(error.message)")
+        }
+        #expect(s.engine.scheduleCount == 0)
+        #expect(loads.withLock { $0 } == 0)
+
+        _ = try catalog.load(named: "Asia/Tokyo")
+        let schedule = try s.engine.createSchedule(spec)
+        #expect(s.engine.nextRuns(of: schedule, count: 1).map(Harness.text) == ["2026-01-01T18:00:00Z"])
+        #expect(loads.withLock { $0 } == 1)
+
+        let saved = s.engine.snapshot(of: schedule)
+        let elsewhere = TimeZoneCatalog { name throws(TimeZoneError) in
+            loads.withLock { $0 += 1 }
+            return try TimeZoneRules.load(named: name)
+        }
+        let restored = Harness(at: "2026-01-01T00:01:00Z") { $0.zones = elsewhere }
+        #expect(throws: EngineError.self) { try restored.engine.restore(queues: [], workflows: [], tasks: [], schedules: [saved]) }
+        #expect(restored.engine.scheduleCount == 0)
+        #expect(loads.withLock { $0 } == 1)
+        try elsewhere.load(zonesOf: [saved])
+        try restored.engine.restore(queues: [], workflows: [], tasks: [], schedules: [saved])
+        #expect(restored.engine.schedule(schedule.id)?.cron.zone.name == "Asia/Tokyo")
+        #expect(loads.withLock { $0 } == 2)
     }
 
     @Test func badFieldsAreRefusedNamingTheFieldAndChangeNothing() throws {

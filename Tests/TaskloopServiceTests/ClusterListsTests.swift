@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TaskloopTime
 import TaskloopEngine
 import TaskloopExecutors
 import TaskloopHTTP
@@ -300,7 +301,10 @@ import TaskloopTestSupport
         try cells.execute(CellSchema.writes(of: tasks, cell: 9))
 
         let expected = try client.call("GET", "/schedules")
-        let answer = try cells.answer { execute, done in ClusterLists.schedules(execute: execute, done) }
+        // A catalog of its own, which has not loaded Europe/Berlin: the list loads it off the loop.
+        let zones = TimeZoneCatalog(), loop = cells.thread.loop
+        let answer = try cells.answer { execute, done in ClusterLists.schedules(zones: zones, loop: loop, execute: execute, done) }
+        #expect(zones.loaded(named: "Europe/Berlin") != nil)
         #expect(String(decoding: answer, as: UTF8.self) == expected.text)
         let states = (expected.json["schedules"] as? [[String: Any]])?.map { ($0["last_runs"] as? [[String: Any]])?.first?["state"] as? String }
         #expect(states == ["running", "running", "succeeded"], "\(expected.text)")

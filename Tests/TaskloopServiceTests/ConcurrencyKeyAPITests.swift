@@ -99,12 +99,7 @@ import TaskloopTestSupport
     @Test func theCapAndTheKeysSurviveARestart() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func start() throws -> ServiceHarness {
-            try ServiceHarness { configuration in
-                configuration.durability = .full
-                configuration.dataDirectory = directory
-            }
-        }
+        func start() throws -> ServiceHarness { try ServiceHarness.keepingState(in: directory) }
         var service = try start()
         var client = try service.client()
         #expect(try client.call("PATCH", "/queues/kept", json: #"{"max_concurrency":5,"key_concurrency":1}"#).status == 200)

@@ -95,14 +95,10 @@ import TaskloopTestSupport
     @Test func keysSurviveARestart() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let configure: (inout ServiceConfiguration) -> Void = {
-            $0.durability = .full
-            $0.dataDirectory = directory
-        }
-        var service = try ServiceHarness(configure)
+        var service = try ServiceHarness.keepingState(in: directory)
         let first = try service.client().call("POST", "/tasks", json: Self.body, headers: ["Idempotency-Key": "durable"])
         try service.stop()
-        service = try ServiceHarness(configure)
+        service = try ServiceHarness.keepingState(in: directory)
         let again = try service.client().call("POST", "/tasks", json: Self.body, headers: ["Idempotency-Key": "durable"])
         #expect(again.header("Idempotent-Replayed") == "true" && again.json["id"] as? String == first.json["id"] as? String)
         try service.stop()

@@ -114,12 +114,7 @@ import TaskloopTestSupport
     @Test func theLimitSurvivesARestart() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func start() throws -> ServiceHarness {
-            try ServiceHarness { configuration in
-                configuration.durability = .full
-                configuration.dataDirectory = directory
-            }
-        }
+        func start() throws -> ServiceHarness { try ServiceHarness.keepingState(in: directory) }
         var service = try start()
         #expect(try service.client().call("PATCH", "/queues/kept", json: Self.limit).status == 200)
         try service.stop()

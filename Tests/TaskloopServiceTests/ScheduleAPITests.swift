@@ -1,7 +1,9 @@
 import Foundation
+import Synchronization
 import Testing
 @testable import TaskloopService
 import TaskloopTestSupport
+import TaskloopTime
 
 /// Schedules over real sockets: create, list, read, change, trigger and delete; runs that fire
 /// on the wall clock with `schedule: {id, slot}` on their tasks; bad bodies named field by
@@ -119,6 +121,32 @@ struct ScheduleAPITests {
         #expect(workflowRun.header("Location") == "/workflows/\(workflowID)")
     }
 
+    /// A zone's tzdata file is read off the loop: the service loads it before the engine sees
+    /// the request, on another thread, once; a zone with no file is 422 naming `timezone`.
+    @Test func zonesAreLoadedOffTheLoop() throws {
+        let loaders = Mutex<[pthread_t]>([])
+        let catalog = TimeZoneCatalog { name throws(TimeZoneError) in
+            loaders.withLock { $0.append(pthread_self()) }
+            return try TimeZoneRules.load(named: name)
+        }
+        let service = try ServiceHarness { $0.engine.zones = catalog }
+        defer { try? service.stop() }
+        let client = try service.client()
+        let task = #""task":{"kind":"noop"}"#
+        let created = try client.call("POST", "/schedules", json: #"{"name":"tokyo","cron":"0 3 * * *","timezone":"Asia/Tokyo",\#(task)}"#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        let changed = try client.call("PATCH", "/schedules/\(id)", json: #"{"timezone":"America/Lima"}"#)
+        #expect(changed.status == 200 && changed.json["timezone"] as? String == "America/Lima", "\(changed.text)")
+        let unknown = try client.call("POST", "/schedules", json: #"{"name":"x","cron":"* * * * *","timezone":"Mars/Base",\#(task)}"#)
+        #expect(unknown.status == 422 && (unknown.json["errors"] as? [[String: Any]])?.first?["field"] as? String == "timezone")
+        #expect(try client.call("GET", "/schedules/\(id)").json["timezone"] as? String == "America/Lima")
+        let loops = service.replicas.map { $0.onLoop { _ in pthread_self() } }
+        let threads = loaders.withLock { $0 }
+        #expect(threads.count == 3, "Asia/Tokyo, America/Lima and Mars/Base, each read once")
+        #expect(threads.allSatisfy { loader in !loops.contains { pthread_equal($0, loader) != 0 } })
+    }
+
     @Test func badBodiesAre422NamingTheFieldAndMakeNothing() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }
@@ -178,12 +206,7 @@ struct ScheduleAPITests {
     @Test(.inTheDefaultStageOnly) func slotsPassedWhileDownRunAfterTheRestartByCatchup() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func start() throws -> ServiceHarness {
-            try ServiceHarness {
-                $0.durability = .full
-                $0.dataDirectory = directory
-            }
-        }
+        func start() throws -> ServiceHarness { try ServiceHarness.keepingState(in: directory) }
         func now() -> Int64 { Int64(Date().timeIntervalSince1970 * 1_000) }
         let first = try start()
         var client = try first.client()
@@ -252,6 +275,40 @@ struct ScheduleAPITests {
         let runs = try #require(try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])
         let runSlots = try runs.map { try ScheduleAPITests.milliseconds($0["slot"]) }
         #expect(runSlots == runSlots.sorted() && Set(runSlots).count == runSlots.count, "last_runs: \(runSlots)")
+    }
+
+    /// A cell's next owner reads the tzdata of its schedules' zones off its loop before the
+    /// cell's engine restores them. Each replica has a catalog of its own here, so the one
+    /// taking the cell over has not loaded the zone before.
+    @Test func theNextOwnerLoadsTheZonesOffTheLoop() throws {
+        let loaders = Mutex<[Int: [pthread_t]]>([:])
+        var made = 0
+        let (_, replicas) = try CellServiceTests.startCellReplicas("z0", "z1") { configuration in
+            let index = made
+            made += 1
+            configuration.engine.zones = TimeZoneCatalog { name throws(TimeZoneError) in
+                loaders.withLock { $0[index, default: []].append(pthread_self()) }
+                return try TimeZoneRules.load(named: name)
+            }
+        }
+        let queue = "zoned"
+        let (owner, survivor) = try CellServiceTests.ownerOfQueue(queue, among: replicas)
+        defer { try? survivor.stop() }
+        let survivorIndex = try #require(replicas.firstIndex { $0 === survivor })
+        let created = try owner.client().call("POST", "/schedules", json: #"""
+            {"name":"tokyo","cron":"0 3 * * *","timezone":"Asia/Tokyo","task":{"kind":"noop","queue":"\#(queue)"}}
+            """#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        #expect(loaders.withLock { $0[survivorIndex] } == nil)
+        try owner.stop()
+        try CellServiceTests.waitForEveryCell([survivor])
+        let moved = try survivor.client().call("GET", "/schedules/\(id)")
+        #expect(moved.status == 200 && moved.json["timezone"] as? String == "Asia/Tokyo", "\(moved.text)")
+        let loop = survivor.onLoop { _ in pthread_self() }
+        let threads = loaders.withLock { $0[survivorIndex] ?? [] }
+        #expect(threads.count == 1)
+        #expect(threads.allSatisfy { pthread_equal($0, loop) == 0 })
     }
 
     /// A workflow template whose tasks are in two cells: each run's members of the other cell

@@ -110,12 +110,7 @@ import TaskloopTime
     @Test(.inTheDefaultStageOnly) func aRestartKeepsTheTimesAndRunsWhatFellDueWhileDown() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func start() throws -> ServiceHarness {
-            try ServiceHarness {
-                $0.durability = .full
-                $0.dataDirectory = directory
-            }
-        }
+        func start() throws -> ServiceHarness { try ServiceHarness.keepingState(in: directory) }
         let first = try start()
         var client = try first.client()
         let soon = try client.submit(#"{"kind":"noop","delay_ms":400}"#)

@@ -90,6 +90,18 @@ final class ServiceHarness: @unchecked Sendable {
         if !stopped.value { try? stop() }
     }
 
+    /// A server keeping its state `full` in `directory`: one started again on the same
+    /// directory finds what the one before left (a restart test's server). `configure` sets
+    /// anything else.
+    static func keepingState(in directory: String,
+                             _ configure: (inout ServiceConfiguration) -> Void = { _ in }) throws -> ServiceHarness {
+        try ServiceHarness {
+            $0.durability = .full
+            $0.dataDirectory = directory
+            configure(&$0)
+        }
+    }
+
     func stop(timeout: Double = 10) throws {
         for peer in peers { try peer.stop(timeout: timeout) }
         stopped.withLock { $0 = true }

@@ -148,13 +148,7 @@ import TaskloopTestSupport
     @Test func keysSurviveARestart() throws {
         let directory = try BinaryTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func start() throws -> ServiceHarness {
-            try ServiceHarness { configuration in
-                configuration.durability = .full
-                configuration.dataDirectory = directory
-                configuration.engine.retentionMilliseconds = 1
-            }
-        }
+        func start() throws -> ServiceHarness { try ServiceHarness.keepingState(in: directory) { $0.engine.retentionMilliseconds = 1 } }
         var service = try start()
         let holders = try Self.holders(try service.client(), queue: "dq")
         try service.stop()

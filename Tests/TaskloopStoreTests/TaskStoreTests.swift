@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TaskloopTime
 import TaskloopEngine
 import TaskloopJSON
 import TaskloopStore
@@ -316,8 +317,10 @@ import TaskloopTestSupport
 @Suite struct ScheduleStoreTests {
     typealias Durable = TaskStoreTests.Durable
 
-    static func nightly(_ template: ScheduleTemplate, catchup: ScheduleCatchup = .latest) -> ScheduleSpec {
-        ScheduleSpec(name: "nightly", cron: "*/10 * * * * *", timezone: "Europe/Berlin", template: template, overlap: .allow,
+    /// Its zone is loaded first, as the service loads it before the engine sees the schedule.
+    static func nightly(_ template: ScheduleTemplate, catchup: ScheduleCatchup = .latest) throws -> ScheduleSpec {
+        _ = try TimeZoneCatalog.system.load(named: "Europe/Berlin")
+        return ScheduleSpec(name: "nightly", cron: "*/10 * * * * *", timezone: "Europe/Berlin", template: template, overlap: .allow,
                      catchup: catchup, maxCatchup: 3, jitterMilliseconds: 0)
     }
 
@@ -370,7 +373,7 @@ import TaskloopTestSupport
             .init(key: "load", spec: TaskSpec(kind: "sleep", params: ["duration_ms": 5], dependencies: [.sibling(key: "extract")],
                                               onDependencyFailure: .run)),
         ])
-        var spec = Self.nightly(workflow)
+        var spec = try Self.nightly(workflow)
         spec.paused = true
         spec.startAt = 1_000
         spec.endAt = 2_000_000_000_000

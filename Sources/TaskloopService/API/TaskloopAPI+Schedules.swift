@@ -1,6 +1,8 @@
+import Dispatch
 import TaskloopEngine
 import TaskloopHTTP
 import TaskloopJSON
+import TaskloopLoop
 import TaskloopStore
 import TaskloopTime
 
@@ -14,6 +16,7 @@ extension TaskloopApplication {
         let spec = reader.object(document, "").flatMap { reader.scheduleSpec($0, merging: nil) }
         try reader.check()
         try checkKindsAllowed(in: spec!.template, reply.engine)
+        guard zoneIsLoaded(spec!.timezone, request, reply) else { return }
         let schedule = try reply.engine.createSchedule(spec!)
         reply.send(.json(.created, Representation.schedule(schedule, in: reply.engine),
                          location: Representation.path("/schedules/", schedule.id)))
@@ -41,6 +44,7 @@ extension TaskloopApplication {
         let spec = reader.object(document, "").flatMap { reader.scheduleSpec($0, merging: schedule.spec) }
         try reader.check()
         try checkKindsAllowed(in: spec!.template, reply.engine)
+        guard zoneIsLoaded(spec!.timezone, request, reply) else { return }
         try reply.engine.updateSchedule(schedule.id, to: spec!)
         reply.send(.json(.ok, Representation.schedule(schedule, in: reply.engine)))
     }
@@ -70,6 +74,30 @@ extension TaskloopApplication {
             reply.send(.json(.created, Representation.task(reply.engine.task(id)!, in: reply.engine),
                              location: Representation.path("/tasks/", id)))
         }
+    }
+
+    /// Whether the engine can have the zone named `name`: it is loaded, or the name is not a
+    /// zone's (the engine refuses it). If not, the zone's tzdata file is read off the loop and
+    /// the request, which changed nothing yet, is served again once it is; a zone that cannot
+    /// be read is answered 400 naming `timezone`, as the engine words it.
+    private func zoneIsLoaded(_ name: String, _ request: HTTPRequest, _ reply: Reply) -> Bool {
+        let zones = configuration.engine.zones
+        if zones.loaded(named: name) != nil || !TimeZoneRules.isValidName(name) { return true }
+        let bound = LoopBound((application: self, request: request, reply: reply), loop: loop)
+        DispatchQueue.global().async {
+            let loaded = Result { () throws(TimeZoneError) in try zones.load(named: name) }
+            _ = bound.loop.execute {
+                let (application, request, reply) = bound.value
+                switch loaded {
+                case .success:
+                    application.serveAgain(request, reply)
+                case .failure(let error):
+                    let problem = EngineError(.invalid, "Invalid timezone: \(error.description).", field: "timezone")
+                    reply.send(errorResponse(for: problem))
+                }
+            }
+        }
+        return false
     }
 
     func existingSchedule(_ request: HTTPRequest, _ engine: Engine) throws(APIProblem) -> ScheduleRecord {
@@ -207,8 +235,10 @@ extension Representation {
 
     /// A schedule as its cell's last commit left it (`GET /schedules` with replicas, read from
     /// the database): `state` gives each run's state as its engine would.
-    static func write(_ schedule: ScheduleSnapshot, state: (ScheduleRun) -> String, into json: inout JSONWriter) {
-        write(schedule.id, schedule.spec, createdAt: schedule.createdAt, updatedAt: schedule.updatedAt, nextRuns: schedule.nextRuns(),
+    static func write(_ schedule: ScheduleSnapshot, zones: TimeZoneCatalog, state: (ScheduleRun) -> String,
+                      into json: inout JSONWriter) {
+        write(schedule.id, schedule.spec, createdAt: schedule.createdAt, updatedAt: schedule.updatedAt,
+              nextRuns: schedule.nextRuns(zones: zones),
               lastRuns: schedule.lastRuns, state: state, deleted: false, into: &json)
     }
 

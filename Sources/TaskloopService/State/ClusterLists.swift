@@ -1,8 +1,11 @@
+import Dispatch
 import TaskloopEngine
 import TaskloopHTTP
 import TaskloopJSON
+import TaskloopLoop
 import TaskloopPostgres
 import TaskloopStore
+import TaskloopTime
 
 /// What any replica of a cluster answers from the cells' records in the database instead of
 /// from an engine (contract v3, "Replicas that add capacity"): `GET /tasks` across every cell,
@@ -114,29 +117,44 @@ enum ClusterLists {
 
     /// `GET /schedules`'s answer: every cell's schedules as their last commits left them,
     /// oldest first, each run's state as the tasks' records show it (one forgotten since shows
-    /// the state it ended with, as its engine would).
-    static func schedules(execute: Execute, _ completion: @escaping (Result<[UInt8], PGError>) -> Void) {
+    /// the state it ended with, as its engine would). Their `next_runs` need their zones: ones
+    /// this replica has not loaded are read off the loop (tzdata files) before the answer is
+    /// written, on `loop`; one that cannot be read shows none.
+    static func schedules(zones: TimeZoneCatalog, loop: EventLoop, execute: Execute,
+                          _ completion: @escaping (Result<[UInt8], PGError>) -> Void) {
         execute(CellReads.schedules) { result in
-            completion(result.flatMap { results in
-                let read: (schedules: [ScheduleSnapshot], states: [TaskID: TaskState])
-                do { read = try CellReads.schedules(results) } catch { return .failure(PGError(message: "\(error)")) }
-                var json = JSONWriter(capacity: 1_024)
-                json.beginObject()
-                json.key(static: "schedules")
-                json.beginArray()
-                for schedule in read.schedules {
-                    Representation.write(schedule, state: { run in
-                        switch run.target {
-                        case .none: "skipped"
-                        case .task(let id), .workflow(let id): (read.states[id] ?? run.endedAs ?? .cancelled).rawValue
-                        }
-                    }, into: &json)
-                }
-                json.endArray()
-                json.endObject()
-                return .success(json.bytes)
-            })
+            let read: (schedules: [ScheduleSnapshot], states: [TaskID: TaskState])
+            do { read = try CellReads.schedules(result.get()) } catch {
+                return completion(.failure(error as? PGError ?? PGError(message: "\(error)")))
+            }
+            let answer = { completion(.success(writeSchedules(read.schedules, states: read.states, zones: zones))) }
+            guard !zones.hasLoaded(zonesOf: read.schedules) else { return answer() }
+            let names = Set(read.schedules.map(\.spec.timezone))
+            let bound = LoopBound(answer, loop: loop)
+            DispatchQueue.global().async {
+                for name in names { _ = try? zones.load(named: name) }
+                _ = bound.loop.execute { bound.value() }
+            }
         }
+    }
+
+    private static func writeSchedules(_ schedules: [ScheduleSnapshot], states: [TaskID: TaskState],
+                                       zones: TimeZoneCatalog) -> [UInt8] {
+        var json = JSONWriter(capacity: 1_024)
+        json.beginObject()
+        json.key(static: "schedules")
+        json.beginArray()
+        for schedule in schedules {
+            Representation.write(schedule, zones: zones, state: { run in
+                switch run.target {
+                case .none: "skipped"
+                case .task(let id), .workflow(let id): (states[id] ?? run.endedAs ?? .cancelled).rawValue
+                }
+            }, into: &json)
+        }
+        json.endArray()
+        json.endObject()
+        return json.bytes
     }
 
     /// `GET /queues`'s answer: every cell's queues by name, "default" always among them.
