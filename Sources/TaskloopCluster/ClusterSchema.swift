@@ -139,6 +139,8 @@ public enum ClusterSchema {
         Migration(version: 6, statements: CellSchema.rateLimitsSetUp),
         // The cells' schedules (`CellSchema.schedulesSetUp`).
         Migration(version: 7, statements: CellSchema.schedulesSetUp),
+        // Which schedule each event is of (`ClusterEvents.scheduleSetUp`).
+        Migration(version: 8, statements: ClusterEvents.scheduleSetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.
