@@ -157,6 +157,37 @@ final class ClientSession {
         case .list(let query, let format): list(query, format: format)
         case .watch(let id): follow(id, isWorkflow: false, display: liveOrLines()) { [unowned self] in finish($0) }
         case .schedule(let command): schedule(command)
+        case .queue(let command): queue(command)
+        }
+    }
+
+    // MARK: queue
+
+    private func queue(_ command: QueueCommand) {
+        switch command {
+        case .list(let format):
+            server.call("GET", "/queues") { [unowned self] reply in
+                guard let response = success(reply) else { return }
+                guard let queues = response.json?.objectValue?["queues"]?.arrayValue?.compactMap(\.objectValue) else {
+                    return failUnreadable("the answer to GET /queues is not a list of queues")
+                }
+                printLines(queues, format: format, line: QueueRequest.line)
+            }
+        case .show(let name):
+            server.call("GET", "/queues/\(URLText.encoded(name))") { [unowned self] reply in
+                if case .answered(let response) = reply, response.status == 404 {
+                    return end(.unknownOrUnreachable, saying: "no queue \(name) at \(server.base)")
+                }
+                guard let response = success(reply) else { return }
+                printJSON(response)
+                finish(.succeeded)
+            }
+        case .update(let name, let body):
+            server.call("PATCH", "/queues/\(URLText.encoded(name))", body: body) { [unowned self] reply in
+                guard let response = success(reply) else { return }
+                printJSON(response)
+                finish(.succeeded)
+            }
         }
     }
 
