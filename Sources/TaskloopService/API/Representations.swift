@@ -98,14 +98,8 @@ enum Representation {
         json.key(static: "unique_for_ms")
         if let window = task.uniqueForMilliseconds { json.int(Int64(clamping: window)) } else { json.null() }
         json.field("concurrency_key", task.concurrencyKey)
-        write(schedule: task.schedule, into: &json)
-        json.endObject()
-    }
-
-    /// `"schedule": {id, slot}`, the schedule run that made a task or workflow, or null.
-    static func write(schedule: ScheduleSlot?, into json: inout JSONWriter) {
         json.key(static: "schedule")
-        if let schedule {
+        if let schedule = task.schedule {
             json.beginObject()
             json.key(static: "id")
             write(schedule.id, into: &json)
@@ -114,6 +108,7 @@ enum Representation {
         } else {
             json.null()
         }
+        json.endObject()
     }
 
     /// `value`, or, when its JSON passes `limit` bytes, the same shape with long strings and
@@ -376,6 +371,21 @@ enum Representation {
         var json = JSONWriter()
         write(queue, at: wallClock, into: &json)
         return json.bytes
+    }
+
+    /// `"schedule": {id, slot}`, the schedule run that made a workflow, or null (a task writes
+    /// its own among its rare fields).
+    static func write(schedule: ScheduleSlot?, into json: inout JSONWriter) {
+        json.key(static: "schedule")
+        if let schedule {
+            json.beginObject()
+            json.key(static: "id")
+            write(schedule.id, into: &json)
+            timestamp("slot", schedule.slot, into: &json)
+            json.endObject()
+        } else {
+            json.null()
+        }
     }
 
     /// A workflow without its tasks, as events show it: `{id, name, state, progress, schedule}`.
