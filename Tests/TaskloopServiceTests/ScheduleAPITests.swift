@@ -119,6 +119,59 @@ struct ScheduleAPITests {
         #expect(workflowRun.header("Location") == "/workflows/\(workflowID)")
     }
 
+    @Test func badBodiesAre422NamingTheFieldAndMakeNothing() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        func field(_ body: String) throws -> String? {
+            let answer = try client.call("POST", "/schedules", json: body)
+            #expect(answer.status == 422, "\(body): \(answer.text)")
+            #expect(answer.header("Content-Type") == "application/problem+json")
+            return (answer.json["errors"] as? [[String: Any]])?.first?["field"] as? String
+        }
+        let task = #""task":{"kind":"noop"}"#
+        #expect(try field(#"{"name":"x","cron":"61 * * * *",\#(task)}"#) == "cron")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","timezone":"Mars/Base",\#(task)}"#) == "timezone")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"color":"red"}"#) == "color")
+        #expect(try field(#"{"name":"x","cron":"* * * * *"}"#) == "task")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"workflow":{"tasks":[{"key":"a","kind":"noop"}]}}"#) == "workflow")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","task":{"kind":"nope"}}"#) == "task.kind")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","task":{"kind":"noop","priority":"high"}}"#) == "task.priority")
+        #expect(try field(#"{"name":"x","cron":"* * * * *","workflow":{"tasks":[{"key":"a","kind":"nope"}]}}"#) == "workflow.tasks[0].kind")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"overlap":"sometimes"}"#) == "overlap")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"max_catchup":0}"#) == "max_catchup")
+        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"jitter_ms":3600001}"#) == "jitter_ms")
+        #expect(try field(#"{"cron":"* * * * *",\#(task)}"#) == "name")
+        let cron = try client.call("POST", "/schedules", json: #"{"name":"x","cron":"* * * * * * *",\#(task)}"#)
+        #expect((cron.json["errors"] as? [[String: Any]])?.first?["message"] as? String != nil)
+        #expect((try client.call("GET", "/schedules").json["schedules"] as? [Any])?.isEmpty == true)
+        let made = try #require(try client.call("POST", "/schedules", json: #"{"name":"x","cron":"@hourly",\#(task)}"#).json["id"] as? String)
+        let patch = try client.call("PATCH", "/schedules/\(made)", json: #"{"cron":"99 * * * *"}"#)
+        #expect(patch.status == 422 && (patch.json["errors"] as? [[String: Any]])?.first?["field"] as? String == "cron")
+        #expect(try client.call("GET", "/schedules/\(made)").json["cron"] as? String == "@hourly")
+    }
+
+    /// Each change is a `schedule.updated` event: made, fired, deleted (with `deleted: true`);
+    /// with replicas, from the cell's commits, on a stream of any replica.
+    @Test func changesAreScheduleUpdatedEvents() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let stream = try EventStreamTests.Stream(port: service.port, "/events?types=schedule.updated")
+        let id = try #require(try client.call("POST", "/schedules", json: #"""
+            {"name":"events","cron":"* * * * * *","task":{"kind":"noop"}}
+            """#).json["id"] as? String)
+        let fired = try stream.waitUntil { events in
+            events.contains { (($0.data["schedule"] as? [String: Any])?["last_runs"] as? [Any])?.isEmpty == false }
+        }
+        #expect(fired.allSatisfy { $0.type == "schedule.updated" })
+        #expect((fired[0].data["schedule"] as? [String: Any])?["id"] as? String == id)
+        #expect(try client.call("DELETE", "/schedules/\(id)").status == 200)
+        let all = try stream.waitUntil { events in events.contains { $0.data["schedule"].flatMap { ($0 as? [String: Any])?["deleted"] as? Bool } == true } }
+        let last = try #require(all.last)
+        #expect((last.data["schedule"] as? [String: Any])?["id"] as? String == id)
+    }
+
     /// A workflow run says which schedule and slot made it, as its tasks do: in the trigger's
     /// answer, `GET /workflows/{id}` and its `workflow.state` events; a workflow a client
     /// submitted shows null.
@@ -193,59 +246,6 @@ struct ScheduleAPITests {
         #expect(read.status == 200 && read.json["state"] as? String == "running", "\(read.text)")
         let mark = try #require(read.json["schedule"] as? [String: Any], "\(read.text)")
         #expect(mark["id"] as? String == id && mark["slot"] as? String == slot)
-    }
-
-    @Test func badBodiesAre422NamingTheFieldAndMakeNothing() throws {
-        let service = try ServiceHarness()
-        defer { try? service.stop() }
-        let client = try service.client()
-        func field(_ body: String) throws -> String? {
-            let answer = try client.call("POST", "/schedules", json: body)
-            #expect(answer.status == 422, "\(body): \(answer.text)")
-            #expect(answer.header("Content-Type") == "application/problem+json")
-            return (answer.json["errors"] as? [[String: Any]])?.first?["field"] as? String
-        }
-        let task = #""task":{"kind":"noop"}"#
-        #expect(try field(#"{"name":"x","cron":"61 * * * *",\#(task)}"#) == "cron")
-        #expect(try field(#"{"name":"x","cron":"* * * * *","timezone":"Mars/Base",\#(task)}"#) == "timezone")
-        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"color":"red"}"#) == "color")
-        #expect(try field(#"{"name":"x","cron":"* * * * *"}"#) == "task")
-        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"workflow":{"tasks":[{"key":"a","kind":"noop"}]}}"#) == "workflow")
-        #expect(try field(#"{"name":"x","cron":"* * * * *","task":{"kind":"nope"}}"#) == "task.kind")
-        #expect(try field(#"{"name":"x","cron":"* * * * *","task":{"kind":"noop","priority":"high"}}"#) == "task.priority")
-        #expect(try field(#"{"name":"x","cron":"* * * * *","workflow":{"tasks":[{"key":"a","kind":"nope"}]}}"#) == "workflow.tasks[0].kind")
-        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"overlap":"sometimes"}"#) == "overlap")
-        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"max_catchup":0}"#) == "max_catchup")
-        #expect(try field(#"{"name":"x","cron":"* * * * *",\#(task),"jitter_ms":3600001}"#) == "jitter_ms")
-        #expect(try field(#"{"cron":"* * * * *",\#(task)}"#) == "name")
-        let cron = try client.call("POST", "/schedules", json: #"{"name":"x","cron":"* * * * * * *",\#(task)}"#)
-        #expect((cron.json["errors"] as? [[String: Any]])?.first?["message"] as? String != nil)
-        #expect((try client.call("GET", "/schedules").json["schedules"] as? [Any])?.isEmpty == true)
-        let made = try #require(try client.call("POST", "/schedules", json: #"{"name":"x","cron":"@hourly",\#(task)}"#).json["id"] as? String)
-        let patch = try client.call("PATCH", "/schedules/\(made)", json: #"{"cron":"99 * * * *"}"#)
-        #expect(patch.status == 422 && (patch.json["errors"] as? [[String: Any]])?.first?["field"] as? String == "cron")
-        #expect(try client.call("GET", "/schedules/\(made)").json["cron"] as? String == "@hourly")
-    }
-
-    /// Each change is a `schedule.updated` event: made, fired, deleted (with `deleted: true`);
-    /// with replicas, from the cell's commits, on a stream of any replica.
-    @Test func changesAreScheduleUpdatedEvents() throws {
-        let service = try ServiceHarness()
-        defer { try? service.stop() }
-        let client = try service.client()
-        let stream = try EventStreamTests.Stream(port: service.port, "/events?types=schedule.updated")
-        let id = try #require(try client.call("POST", "/schedules", json: #"""
-            {"name":"events","cron":"* * * * * *","task":{"kind":"noop"}}
-            """#).json["id"] as? String)
-        let fired = try stream.waitUntil { events in
-            events.contains { (($0.data["schedule"] as? [String: Any])?["last_runs"] as? [Any])?.isEmpty == false }
-        }
-        #expect(fired.allSatisfy { $0.type == "schedule.updated" })
-        #expect((fired[0].data["schedule"] as? [String: Any])?["id"] as? String == id)
-        #expect(try client.call("DELETE", "/schedules/\(id)").status == 200)
-        let all = try stream.waitUntil { events in events.contains { $0.data["schedule"].flatMap { ($0 as? [String: Any])?["deleted"] as? Bool } == true } }
-        let last = try #require(all.last)
-        #expect((last.data["schedule"] as? [String: Any])?["id"] as? String == id)
     }
 
     /// `GET /events?schedule=ID` has that schedule's `schedule.updated` events and the events
