@@ -228,7 +228,7 @@ let package = Package(
         ),
         .testTarget(
             name: "TaskloopCLITests",
-            dependencies: ["TaskloopCLI", "TaskloopClient", "TaskloopJSON"]
+            dependencies: ["TaskloopCLI", "TaskloopClient", "TaskloopJSON", "TaskloopTime"]
         ),
         .testTarget(
             name: "TaskloopHTTPTests",

@@ -43,6 +43,8 @@ public enum ClientCommand: Sendable {
     case watch(id: String)
     /// `taskloop schedule ...` (Schedules).
     case schedule(ScheduleCommand)
+    /// `taskloop queue ...` (Queues).
+    case queue(QueueCommand)
 }
 
 public enum AfterSubmission: Sendable {

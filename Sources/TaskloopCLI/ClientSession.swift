@@ -157,62 +157,92 @@ final class ClientSession {
         case .list(let query, let format): list(query, format: format)
         case .watch(let id): follow(id, isWorkflow: false, display: liveOrLines()) { [unowned self] in finish($0) }
         case .schedule(let command): schedule(command)
+        case .queue(let command): queue(command)
+        }
+    }
+
+    // MARK: queue
+
+    private func queue(_ command: QueueCommand) {
+        switch command {
+        case .list(let format):
+            server.call("GET", "/queues") { [unowned self] reply in
+                guard let response = success(reply) else { return }
+                guard let queues = response.json?.objectValue?["queues"]?.arrayValue?.compactMap(\.objectValue) else {
+                    return failUnreadable("the answer to GET /queues is not a list of queues")
+                }
+                printLines(queues, format: format, line: QueueRequest.line)
+            }
+        case .show(let name):
+            server.call("GET", "/queues/\(URLText.encoded(name))") { [unowned self] reply in
+                if case .answered(let response) = reply, response.status == 404 {
+                    return end(.unknownOrUnreachable, saying: "no queue \(name) at \(server.base)")
+                }
+                guard let response = success(reply) else { return }
+                printJSON(response)
+                finish(.succeeded)
+            }
+        case .update(let name, let body):
+            server.call("PATCH", "/queues/\(URLText.encoded(name))", body: body) { [unowned self] reply in
+                guard let response = success(reply) else { return }
+                printJSON(response)
+                finish(.succeeded)
+            }
         }
     }
 
     // MARK: schedule
 
     private func schedule(_ command: ScheduleCommand) {
-        func printing(_ pick: @escaping (JSONObject) -> String?) -> (ServerReply) -> Void {
-            { [unowned self] reply in
-                guard let response = success(reply) else { return }
-                guard let object = response.json?.objectValue, let text = pick(object) else {
-                    return failUnreadable("the answer names no id")
-                }
-                Console.print(text)
-                finish(.succeeded)
-            }
-        }
         switch command {
         case .create(let body):
-            server.call("POST", "/schedules", body: body, printing { $0["id"]?.stringValue })
+            server.call("POST", "/schedules", body: body) { [unowned self] reply in
+                guard let response = success(reply) else { return }
+                printID(response)
+            }
         case .list(let format):
             server.call("GET", "/schedules") { [unowned self] reply in
                 guard let response = success(reply) else { return }
                 guard let schedules = response.json?.objectValue?["schedules"]?.arrayValue?.compactMap(\.objectValue) else {
                     return failUnreadable("the answer to GET /schedules is not a list of schedules")
                 }
-                let lines = format == .automatic && Console.isTerminal(Console.output)
-                    ? schedules.map(ScheduleRequest.line) : schedules.map { JSONText.compact(.object($0)) }
-                if !lines.isEmpty { Console.write(lines.map { $0 + "\n" }.joined(), to: Console.output) }
-                finish(.succeeded)
+                printLines(schedules, format: format, line: ScheduleRequest.line)
             }
         case .setPaused(let id, let paused):
-            server.call("PATCH", "/schedules/\(URLText.encoded(id))", body: Array(#"{"paused":\#(paused)}"#.utf8)) { [unowned self] reply in
-                if case .answered(let response) = reply, response.status == 404 {
-                    return end(.unknownOrUnreachable, saying: "no schedule \(id) at \(server.base)")
-                }
-                guard let response = success(reply) else { return }
-                printJSON(response)
-                finish(.succeeded)
-            }
+            onSchedule(id, "PATCH", body: Array(#"{"paused":\#(paused)}"#.utf8)) { [unowned self] in printJSON($0); finish(.succeeded) }
         case .trigger(let id):
-            server.call("POST", "/schedules/\(URLText.encoded(id))/trigger") { [unowned self] reply in
-                if case .answered(let response) = reply, response.status == 404 {
-                    return end(.unknownOrUnreachable, saying: "no schedule \(id) at \(server.base)")
-                }
-                printing { $0["id"]?.stringValue }(reply)
-            }
+            onSchedule(id, "POST", "/trigger") { [unowned self] in printID($0) }
         case .remove(let id):
-            server.call("DELETE", "/schedules/\(URLText.encoded(id))") { [unowned self] reply in
-                if case .answered(let response) = reply, response.status == 404 {
-                    return end(.unknownOrUnreachable, saying: "no schedule \(id) at \(server.base)")
-                }
-                guard let response = success(reply) else { return }
-                printJSON(response)
-                finish(.succeeded)
-            }
+            onSchedule(id, "DELETE") { [unowned self] in printJSON($0); finish(.succeeded) }
         }
+    }
+
+    /// Calls `/schedules/{id}<suffix>`; `done` gets the answer when it succeeded. No such
+    /// schedule ends the run with status 3.
+    private func onSchedule(_ id: String, _ method: String, _ suffix: String = "", body: [UInt8]? = nil,
+                            _ done: @escaping (ServerResponse) -> Void) {
+        server.call(method, "/schedules/\(URLText.encoded(id))\(suffix)", body: body) { [unowned self] reply in
+            if case .answered(let response) = reply, response.status == 404 {
+                return end(.unknownOrUnreachable, saying: "no schedule \(id) at \(server.base)")
+            }
+            if let response = success(reply) { done(response) }
+        }
+    }
+
+    /// Prints the `id` of the answer's object (what it made) and ends.
+    private func printID(_ response: ServerResponse) {
+        guard let id = response.json?.objectValue?["id"]?.stringValue else { return failUnreadable("the answer names no id") }
+        Console.print(id)
+        finish(.succeeded)
+    }
+
+    /// A list's objects, a `line` each on a terminal (unless `format` asks for JSON), one JSON
+    /// object per line otherwise; then ends.
+    private func printLines(_ objects: [JSONObject], format: ListFormat, line: (JSONObject) -> String) {
+        let lines = format == .automatic && Console.isTerminal(Console.output)
+            ? objects.map(line) : objects.map { JSONText.compact(.object($0)) }
+        if !lines.isEmpty { Console.write(lines.map { $0 + "\n" }.joined(), to: Console.output) }
+        finish(.succeeded)
     }
 
     /// Calls `/tasks/{id}<suffix>` and, when no task has the id, `/workflows/{id}<suffix>`;

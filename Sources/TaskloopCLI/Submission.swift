@@ -1,4 +1,5 @@
 import TaskloopJSON
+import TaskloopTime
 
 /// A command line the client refuses before it calls the server.
 public struct UsageError: Error, CustomStringConvertible, Sendable {
@@ -30,7 +31,7 @@ public struct Submission: Sendable {
         func write(into object: inout JSONObject) throws(UsageError) {
             for (flag, text, key) in [("--at", at, "run_at"), ("--expires-at", expiresAt, "expires_at")] {
                 guard let text else { continue }
-                guard Timestamp.milliseconds(text) != nil else {
+                guard RFC3339.milliseconds(text) != nil else {
                     throw UsageError("\(flag) must be an RFC 3339 time such as 2026-11-27T02:00:00Z, not \(text)")
                 }
                 object[key] = .string(text)

@@ -1,4 +1,5 @@
 import TaskloopJSON
+import TaskloopTime
 
 /// `taskloop ls` on a terminal: a table with a header, one task per line, columns as wide as
 /// their widest cell, the name last and the lines fitted to the terminal's width.
@@ -10,7 +11,7 @@ public enum TaskTable {
             let state = task["state"]?.stringValue ?? "?"
             let shownState = state == "running" && task["cancel_requested"]?.boolValue == true ? "cancelling" : state
             let fraction = state == "succeeded" ? 1 : task["progress"]?.objectValue?["fraction"]?.doubleValue
-            let created = task["created_at"]?.stringValue.flatMap(Timestamp.milliseconds)
+            let created = task["created_at"]?.stringValue.flatMap(RFC3339.milliseconds)
             return [
                 task["id"]?.stringValue ?? "?", shownState, task["kind"]?.stringValue ?? "?", task["queue"]?.stringValue ?? "?",
                 ProgressFrame.percentage(fraction).trimmingLeadingSpaces, created.map { Timestamp.span(now - $0) } ?? "",

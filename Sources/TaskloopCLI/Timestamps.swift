@@ -1,15 +1,9 @@
 import Glibc
-import TaskloopTime
 
-/// The API's times (RFC 3339 in UTC with milliseconds, `2026-11-24T19:55:33.837Z`) as
-/// milliseconds since the epoch, and back; and spans as a person reads them.
+/// The API's times (RFC 3339 in UTC with milliseconds, `2026-11-24T19:55:33.837Z`) from
+/// milliseconds since the epoch (`RFC3339.milliseconds` reads them); and spans as a person
+/// reads them.
 enum Timestamp {
-    /// Milliseconds since the epoch of an RFC 3339 time (`Z` or a `±hh:mm` offset, any number
-    /// of fraction digits); nil when `text` is not one.
-    static func milliseconds(_ text: String) -> Int64? {
-        RFC3339.milliseconds(text)
-    }
-
     /// `2026-11-24T19:55:33.837Z`.
     static func text(_ milliseconds: Int64) -> String {
         var seconds = time_t(milliseconds / 1_000)

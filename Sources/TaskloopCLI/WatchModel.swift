@@ -1,5 +1,6 @@
 import TaskloopClient
 import TaskloopJSON
+import TaskloopTime
 
 /// A task as a watcher shows it: what its line needs, read from the API's task object.
 public struct WatchedTask: Equatable, Sendable {
@@ -36,9 +37,9 @@ public struct WatchedTask: Equatable, Sendable {
         error = object["error"]?.objectValue.map { error in
             [error["code"]?.stringValue, error["message"]?.stringValue].compactMap { $0 }.joined(separator: ": ")
         }
-        createdAt = object["created_at"]?.stringValue.flatMap(Timestamp.milliseconds)
-        startedAt = object["started_at"]?.stringValue.flatMap(Timestamp.milliseconds)
-        finishedAt = object["finished_at"]?.stringValue.flatMap(Timestamp.milliseconds)
+        createdAt = object["created_at"]?.stringValue.flatMap(RFC3339.milliseconds)
+        startedAt = object["started_at"]?.stringValue.flatMap(RFC3339.milliseconds)
+        finishedAt = object["finished_at"]?.stringValue.flatMap(RFC3339.milliseconds)
     }
 
     /// What names it on screen: its name, else its workflow key, else its kind.
@@ -139,7 +140,7 @@ public struct WatchModel: Sendable {
         subject = .workflow(id)
         workflow = WatchedWorkflow(id: id, name: object["name"]?.stringValue, state: state,
                                    fraction: object["progress"]?.objectValue?["fraction"]?.doubleValue,
-                                   createdAt: object["created_at"]?.stringValue.flatMap(Timestamp.milliseconds))
+                                   createdAt: object["created_at"]?.stringValue.flatMap(RFC3339.milliseconds))
         keysByTaskID = [:]
         for member in object["keys"]?.objectValue ?? JSONObject() {
             if let taskID = member.value.stringValue { keysByTaskID[taskID] = member.key }
@@ -160,7 +161,7 @@ public struct WatchModel: Sendable {
         if event.type == "reset" { return .reset }
         guard let data = (try? JSONParser.parse(event.data))?.objectValue,
               let seq = data["seq"].flatMap({ $0.stringValue ?? $0.intValue.map(String.init) }) else { return .unchanged }
-        let time = data["time"]?.stringValue.flatMap(Timestamp.milliseconds)
+        let time = data["time"]?.stringValue.flatMap(RFC3339.milliseconds)
         switch event.type {
         case "task.snapshot":
             // The task as it is when its stream starts: it replaces whatever was known.

@@ -53,6 +53,12 @@ public enum ClusterEvents {
         PGQuery("CREATE INDEX IF NOT EXISTS cell_events_time ON taskloop.cell_events (time)"),
     ]
 
+    /// The schedule an event is of (`?schedule=`): a `schedule.updated`'s, or the one whose run
+    /// made the task or workflow (cluster schema 8).
+    static let scheduleSetUp = [
+        PGQuery("ALTER TABLE taskloop.cell_events ADD COLUMN IF NOT EXISTS schedule text"),
+    ]
+
     /// One event as a cell's commit writes it.
     public struct Written: Sendable {
         public var time: Int64
@@ -60,14 +66,17 @@ public enum ClusterEvents {
         public var task: String?
         public var workflow: String?
         public var queue: String?
+        public var schedule: String?
         public var data: [UInt8]
 
-        public init(time: Int64, type: String, task: String?, workflow: String?, queue: String?, data: [UInt8]) {
+        public init(time: Int64, type: String, task: String?, workflow: String?, queue: String?, schedule: String? = nil,
+                    data: [UInt8]) {
             self.time = time
             self.type = type
             self.task = task
             self.workflow = workflow
             self.queue = queue
+            self.schedule = schedule
             self.data = data
         }
     }
@@ -94,14 +103,14 @@ public enum ClusterEvents {
         values.reserveCapacity(events.count * insertRows.columns)
         for (offset, (cell, event)) in events.enumerated() {
             values += [.int(firstIndex + offset), .int(Int(cell.index)), .int(event.time), .text(event.type), .optional(event.task),
-                       .optional(event.workflow), .optional(event.queue), .bytes(event.data)]
+                       .optional(event.workflow), .optional(event.queue), .optional(event.schedule), .bytes(event.data)]
         }
         return insertRows.queries(values)
     }
 
     static let insertRows = PGRowsStatement(
         name: "cell_events_insert",
-        head: "INSERT INTO taskloop.cell_events (index, cell, time, type, task, workflow, queue, data)", columns: 8)
+        head: "INSERT INTO taskloop.cell_events (index, cell, time, type, task, workflow, queue, schedule, data)", columns: 9)
 
     /// Wakes the readers (`ClusterEventFeed`): sent by a committer in a batch of its own after a
     /// commit that wrote events, not inside the commit. PostgreSQL serialises the commits of
@@ -118,7 +127,7 @@ public enum ClusterEvents {
     // The statements order by `cell_events.transaction`: a bare `transaction` would name the
     // output column, the id as text, and "1000" sorts before "999".
     static let readAfter = PGStatement("cell_events_after", """
-        SELECT transaction::text, index, cell, time, type, task, workflow, queue, data FROM taskloop.cell_events
+        SELECT transaction::text, index, cell, time, type, task, workflow, queue, data, schedule FROM taskloop.cell_events
         WHERE (transaction, index) > ($1::text::xid8, $2) AND transaction < pg_snapshot_xmin(pg_current_snapshot())
         ORDER BY cell_events.transaction, index LIMIT $3
         """)
@@ -169,7 +178,7 @@ public enum ClusterEvents {
             return Read(position: EventPosition(transaction: transaction, index: UInt32(index)),
                         cell: Cell(UInt16(truncatingIfNeeded: cell)),
                         event: Written(time: time, type: type, task: result.text(row, 5), workflow: result.text(row, 6),
-                                       queue: result.text(row, 7), data: data))
+                                       queue: result.text(row, 7), schedule: result.text(row, 9), data: data))
         }
     }
 

@@ -8,7 +8,9 @@ public enum ClusterSchema {
     /// Bumped when replicas must not own cells together with older ones. 2: task records and
     /// cell messages may hold the `scheduled` state, run and expiry times, and unique keys.
     /// 3: and concurrency keys. 4: and the schedule that made a task; cells keep schedules.
-    public static let protocolVersion = 4
+    /// 5: workflow records and cell messages' members carry the schedule that made them; events
+    /// name their schedule (`cell_events.schedule`).
+    public static let protocolVersion = 5
 
     /// Serialises the creation of the tables ("TLCELLS" would read better in a lock listing;
     /// the number only has to be fixed and unlikely to collide).
@@ -137,6 +139,8 @@ public enum ClusterSchema {
         Migration(version: 6, statements: CellSchema.rateLimitsSetUp),
         // The cells' schedules (`CellSchema.schedulesSetUp`).
         Migration(version: 7, statements: CellSchema.schedulesSetUp),
+        // Which schedule each event is of (`ClusterEvents.scheduleSetUp`).
+        Migration(version: 8, statements: ClusterEvents.scheduleSetUp),
     ]
 
     /// Whether the cluster's tables exist; then `schemaState` reads their version.

@@ -192,7 +192,9 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         static let uniqueFor = MemberFields(rawValue: 1 << 3)
         /// A string, as `uniqueKey`.
         static let concurrencyKey = MemberFields(rawValue: 1 << 4)
-        static let known: MemberFields = [.runAt, .expiry, .uniqueKey, .uniqueFor, .concurrencyKey]
+        /// The schedule run that made the workflow: its id (16 bytes), then its slot (8).
+        static let schedule = MemberFields(rawValue: 1 << 5)
+        static let known: MemberFields = [.runAt, .expiry, .uniqueKey, .uniqueFor, .concurrencyKey, .schedule]
     }
     private static let terminalStateCount = 3
 
@@ -237,12 +239,17 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
         if spec.uniqueKey != nil { fields.insert(.uniqueKey) }
         if spec.uniqueForMilliseconds != nil { fields.insert(.uniqueFor) }
         if spec.concurrencyKey != nil { fields.insert(.concurrencyKey) }
+        if spec.schedule != nil { fields.insert(.schedule) }
         append(UInt64(fields.rawValue), bytes: 2, to: &bytes)
         if let runAt { append(UInt64(bitPattern: runAt), bytes: 8, to: &bytes) }
         if let expiry { append(UInt64(bitPattern: expiry), bytes: 8, to: &bytes) }
         if let uniqueKey = spec.uniqueKey { append(Array(uniqueKey.utf8), to: &bytes) }
         if let window = spec.uniqueForMilliseconds { append(window, bytes: 8, to: &bytes) }
         if let concurrencyKey = spec.concurrencyKey { append(Array(concurrencyKey.utf8), to: &bytes) }
+        if let schedule = spec.schedule {
+            append(schedule.id, to: &bytes)
+            append(UInt64(bitPattern: schedule.slot), bytes: 8, to: &bytes)
+        }
     }
 
     private struct Reader {
@@ -342,6 +349,10 @@ public struct CellMessage: Sendable, Equatable, CustomStringConvertible {
                 if fields.contains(.concurrencyKey) {
                     guard let concurrencyKey = string() else { return nil }
                     spec.concurrencyKey = concurrencyKey
+                }
+                if fields.contains(.schedule) {
+                    guard let schedule = self.id(), let slot = integer(8) else { return nil }
+                    spec.schedule = ScheduleSlot(id: schedule, slot: Int64(bitPattern: slot))
                 }
             }
             return Member(id: id, spec: spec, createdAt: Int64(bitPattern: createdAt))

@@ -24,7 +24,7 @@ extension Engine {
     public func snapshot(of workflow: WorkflowRecord) -> WorkflowSnapshot {
         WorkflowSnapshot(id: workflow.id, name: workflow.name, createdAt: workflow.createdAt,
                          keys: workflow.keys.map { WorkflowSnapshot.WorkflowKey(key: $0.key, id: $0.id) },
-                         remoteMembers: workflow.remoteMembers)
+                         remoteMembers: workflow.remoteMembers, schedule: workflow.schedule)
     }
 
     public func snapshot(of queue: TaskQueue) -> QueueSnapshot {
@@ -182,7 +182,7 @@ extension Engine {
     @discardableResult
     func makeWorkflow(from saved: WorkflowSnapshot) -> WorkflowRecord? {
         let members = saved.keys.compactMap { key in tasks[key.id].map { (key.key, $0) } }
-        let workflow = WorkflowRecord(id: saved.id, name: saved.name, createdAt: saved.createdAt)
+        let workflow = WorkflowRecord(id: saved.id, name: saved.name, createdAt: saved.createdAt, schedule: saved.schedule)
         workflow.attach(members, keys: saved.keys.map { ($0.key, $0.id) }, remoteMembers: saved.remoteMembers)
         guard !workflow.isSpent else { return nil }
         for (_, record) in members { record.workflow = workflow }

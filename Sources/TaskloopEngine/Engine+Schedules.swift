@@ -310,7 +310,7 @@ extension Engine {
                 var spec = member.spec
                 spec.schedule = mark
                 return (member.key, spec)
-            })
+            }, schedule: mark)
             return ScheduleRun(slot: slot, at: wallClock, target: .workflow(workflow.id))
         }
     }

@@ -5,7 +5,9 @@ extension Engine {
         try settling { () throws(EngineError) in try submitWorkflowSettling(name: name, tasks: batch) }
     }
 
-    func submitWorkflowSettling(name: String?, tasks batch: [(key: String, spec: TaskSpec)]) throws(EngineError) -> WorkflowRecord {
+    /// `schedule`: the schedule run making it (its members carry the same mark).
+    func submitWorkflowSettling(name: String?, tasks batch: [(key: String, spec: TaskSpec)],
+                                schedule: ScheduleSlot? = nil) throws(EngineError) -> WorkflowRecord {
         guard !batch.isEmpty else { throw EngineError(.invalid, "A workflow needs at least one task.", field: "tasks") }
         // With cells, each member's (nil: this one's).
         let memberCells = configuration.cells.map { cells in
@@ -25,7 +27,7 @@ extension Engine {
         }
         try admit(batch.count)
         let now = scheduler.wallClock
-        let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: now), name: name, createdAt: now)
+        let workflow = WorkflowRecord(id: ids.next(wallClockMilliseconds: now), name: name, createdAt: now, schedule: schedule)
         // Every member's id first: a task may depend on a sibling listed after it.
         let memberIDs = batch.indices.map { position in
             memberCells?[position].map { ids.next(wallClockMilliseconds: now, carrying: $0) } ?? ids.next(wallClockMilliseconds: now)

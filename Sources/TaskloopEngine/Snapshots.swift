@@ -120,6 +120,8 @@ public struct WorkflowSnapshot: Sendable, Equatable {
     public var keys: [WorkflowKey]
     /// With cells: what the members in other cells last reported (`WorkflowRecord.remoteMembers`).
     public var remoteMembers: [WorkflowRecord.RemoteMember]
+    /// The schedule run that made it (`WorkflowRecord.schedule`).
+    public var schedule: ScheduleSlot?
 
     public struct WorkflowKey: Sendable, Equatable {
         public var key: String
@@ -131,12 +133,13 @@ public struct WorkflowSnapshot: Sendable, Equatable {
     }
 
     public init(id: TaskID, name: String?, createdAt: Int64, keys: [WorkflowKey],
-                remoteMembers: [WorkflowRecord.RemoteMember] = []) {
+                remoteMembers: [WorkflowRecord.RemoteMember] = [], schedule: ScheduleSlot? = nil) {
         self.id = id
         self.name = name
         self.createdAt = createdAt
         self.keys = keys
         self.remoteMembers = remoteMembers
+        self.schedule = schedule
     }
 }
 

@@ -5,6 +5,9 @@ public final class WorkflowRecord {
     public let id: TaskID
     public let name: String?
     public let createdAt: Int64
+    /// The schedule run that made it (Engine+Schedules), as each of its tasks carries it: kept
+    /// here too, since its tasks may be forgotten or in other cells while it is shown.
+    public let schedule: ScheduleSlot?
     /// Its tasks in submission (= creation) order, evicted ones removed. With cells, only those
     /// of its home cell (the cell its id carries): the rest are `remoteMembers`.
     public private(set) var tasks: [TaskRecord] = []
@@ -31,10 +34,11 @@ public final class WorkflowRecord {
         }
     }
 
-    init(id: TaskID, name: String?, createdAt: Int64) {
+    init(id: TaskID, name: String?, createdAt: Int64, schedule: ScheduleSlot? = nil) {
         self.id = id
         self.name = name
         self.createdAt = createdAt
+        self.schedule = schedule
     }
 
     func attach(_ members: [(String, TaskRecord)]) {

@@ -597,6 +597,7 @@ final class ClusterEventRenderer {
             progressWindows.removeValue(forKey: task.id)?.ends.cancel()
         } scheduleChanged: { schedule, deleted in
             written.append(ClusterEvents.Written(time: now, type: EventKind.scheduleUpdated.rawValue, task: nil, workflow: nil, queue: nil,
+                                                 schedule: schedule.id.description,
                                                  data: StreamEvent.scheduleData(seq: nil, time: now, schedule: schedule, deleted: deleted,
                                                                                 in: engine)))
         }
@@ -606,7 +607,8 @@ final class ClusterEventRenderer {
     private static func written(_ event: StreamEvent, of engine: Engine) -> ClusterEvents.Written {
         if event.workflowID == nil { event.workflowID = event.task.flatMap(engine.workflowID(of:)) }
         return ClusterEvents.Written(time: event.time, type: event.kind.rawValue, task: event.taskID?.description,
-                                     workflow: event.workflowID?.description, queue: event.queueName, data: event.render(seq: nil))
+                                     workflow: event.workflowID?.description, queue: event.queueName,
+                                     schedule: event.scheduleID?.description, data: event.render(seq: nil))
     }
 
     /// The progress event to make now, or nil while the task's interval lasts (held until it ends).

@@ -258,7 +258,9 @@ enum RecordCodec {
         static let name = WorkflowFields(rawValue: 1 << 0)
         /// What members in other cells last reported (a cluster's workflows across cells).
         static let remoteMembers = WorkflowFields(rawValue: 1 << 1)
-        static let known = WorkflowFields(rawValue: (1 << 2) - 1)
+        /// The schedule run that made it: its id and slot, as a task's.
+        static let schedule = WorkflowFields(rawValue: 1 << 2)
+        static let known = WorkflowFields(rawValue: (1 << 3) - 1)
     }
 
     /// A remote member's fraction, when it has one, follows its state code with this bit set.
@@ -268,6 +270,7 @@ enum RecordCodec {
         var fields: WorkflowFields = []
         if workflow.name != nil { fields.insert(.name) }
         if !workflow.remoteMembers.isEmpty { fields.insert(.remoteMembers) }
+        if workflow.schedule != nil { fields.insert(.schedule) }
         output.byte(workflowFormat)
         output.unsigned(fields.rawValue)
         output.signed(workflow.createdAt)
@@ -284,6 +287,10 @@ enum RecordCodec {
                 output.byte(code(of: member.state) | (member.fraction == nil ? 0 : fractionFollows))
                 if let fraction = member.fraction { output.double(fraction) }
             }
+        }
+        if let schedule = workflow.schedule {
+            output.id(schedule.id)
+            output.signed(schedule.slot)
         }
     }
 
@@ -313,8 +320,10 @@ enum RecordCodec {
                 remoteMembers.append(WorkflowRecord.RemoteMember(id: member, state: state, fraction: fraction))
             }
         }
+        let schedule = fields.contains(.schedule) ? ScheduleSlot(id: try input.id(), slot: try input.signed()) : nil
         guard input.isAtEnd else { throw input.failure("bytes after the last field") }
-        return WorkflowSnapshot(id: id, name: name, createdAt: createdAt, keys: keys, remoteMembers: remoteMembers)
+        return WorkflowSnapshot(id: id, name: name, createdAt: createdAt, keys: keys, remoteMembers: remoteMembers,
+                                schedule: schedule)
     }
 
     // Stable codes: a record written today must read the same after the enums gain cases.

@@ -124,6 +124,9 @@ public enum StoreSchema {
         ALTER TABLE queues ADD COLUMN rate_per_second REAL;
         ALTER TABLE queues ADD COLUMN rate_burst INTEGER;
         """) },
+        // 10: workflow records may carry the schedule run that made them (a field older servers
+        // refuse: this version keeps them off). No table changes.
+        { _ in },
     ]
 
     /// The version this server writes.

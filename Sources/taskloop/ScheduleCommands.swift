@@ -98,10 +98,11 @@ struct ScheduleList: ClientCommandLine {
     func clientCommand() -> ClientCommand { .schedule(.list(format: json ? .jsonLines : .automatic)) }
 }
 
-struct SchedulePause: ClientCommandLine {
-    static let configuration = CommandConfiguration(
-        commandName: "pause", abstract: "Pause a schedule: nothing runs, and slots passed meanwhile are not caught up.",
-        discussion: scheduleDiscussion)
+/// `pause` and `resume`: one command under two names, setting `paused` as `Switch` says.
+struct ScheduleSetPaused<Switch: PauseSwitch>: ClientCommandLine {
+    static var configuration: CommandConfiguration {
+        CommandConfiguration(commandName: Switch.name, abstract: Switch.abstract, discussion: scheduleDiscussion)
+    }
 
     @ParentCommand var common: Taskloop
     @OptionGroup var connection: ServerOptions
@@ -109,21 +110,29 @@ struct SchedulePause: ClientCommandLine {
     @Argument(help: "A schedule id.")
     var id: String
 
-    func clientCommand() -> ClientCommand { .schedule(.setPaused(id: id, paused: true)) }
+    func clientCommand() -> ClientCommand { .schedule(.setPaused(id: id, paused: Switch.paused)) }
 }
 
-struct ScheduleResume: ClientCommandLine {
-    static let configuration = CommandConfiguration(
-        commandName: "resume", abstract: "Resume a paused schedule from now.", discussion: scheduleDiscussion)
-
-    @ParentCommand var common: Taskloop
-    @OptionGroup var connection: ServerOptions
-
-    @Argument(help: "A schedule id.")
-    var id: String
-
-    func clientCommand() -> ClientCommand { .schedule(.setPaused(id: id, paused: false)) }
+protocol PauseSwitch {
+    static var name: String { get }
+    static var abstract: String { get }
+    static var paused: Bool { get }
 }
+
+enum Pause: PauseSwitch {
+    static let name = "pause"
+    static let abstract = "Pause a schedule: nothing runs, and slots passed meanwhile are not caught up."
+    static let paused = true
+}
+
+enum Resume: PauseSwitch {
+    static let name = "resume"
+    static let abstract = "Resume a paused schedule from now."
+    static let paused = false
+}
+
+typealias SchedulePause = ScheduleSetPaused<Pause>
+typealias ScheduleResume = ScheduleSetPaused<Resume>
 
 struct ScheduleTrigger: ClientCommandLine {
     static let configuration = CommandConfiguration(

@@ -16,7 +16,7 @@ struct Taskloop: ParsableCommand {
         discussion: "Every option can also be set with an environment variable TASKLOOP_<OPTION>, "
             + "e.g. TASKLOOP_PORT=9000; a flag on the command line wins.",
         subcommands: [Backup.self, Worker.self, Submit.self, Get.self, List.self, Cancel.self, Retry.self, Watch.self,
-                      ScheduleGroup.self])
+                      ScheduleGroup.self, QueueGroup.self])
 
     @Option(help: "Address to listen on (IPv4, IPv6 or a host name). [env: TASKLOOP_HOST]")
     var host: String = Environment.string("HOST") ?? "127.0.0.1"

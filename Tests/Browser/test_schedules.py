@@ -144,6 +144,11 @@ def test_a_workflow_schedules_runs_link_to_their_workflow_and_follow_its_state(p
     wait_until(lambda: page.find("tr.run").get_attribute("data-state") == "succeeded", message="the run to show succeeded")
     page.find("tr.run").find_element(By.LINK_TEXT, workflow["id"]).click()
     wait_until(lambda: page.hash() == f"#/workflows/{workflow['id']}", message="the run's workflow page")
+    # And back: the workflow's page links to the schedule that made it, as a task's page does.
+    back = page.wait_find("a.schedule", message="the workflow's link to its schedule")
+    assert back.text.startswith("schedule's run of ")
+    back.click()
+    wait_until(lambda: page.hash() == f"#/schedules/{schedule['id']}", message="the schedule's page again")
 
 
 @pytest.mark.server(tokens=TOKENS)

@@ -2,11 +2,12 @@ import Testing
 import TaskloopClient
 import TaskloopJSON
 @testable import TaskloopCLI
+import TaskloopTime
 
 /// The displays as pure functions: frames for a size and a time, the bytes that put a frame
 /// in place, plain lines, the `ls` table, JSON for a person.
 @Suite struct DisplayTests {
-    static let now = Timestamp.milliseconds("2026-11-24T19:56:35.000Z")!
+    static let now = RFC3339.milliseconds("2026-11-24T19:56:35.000Z")!
 
     /// A workflow of three tasks at a moment: one done, one halfway, one waiting.
     static func thumbnails() throws -> WatchModel {
@@ -134,12 +135,12 @@ import TaskloopJSON
 
     @Test func timesReadAndWriteTheAPIsFormat() {
         let text = "2026-11-24T19:55:33.837Z"
-        let milliseconds = Timestamp.milliseconds(text)
+        let milliseconds = RFC3339.milliseconds(text)
         #expect(milliseconds.map(Timestamp.text) == text)
-        #expect(Timestamp.milliseconds("2026-11-24T21:55:33.837+02:00") == milliseconds)
-        #expect(Timestamp.milliseconds("2026-11-24T19:55:33Z") == milliseconds.map { $0 - 837 })
+        #expect(RFC3339.milliseconds("2026-11-24T21:55:33.837+02:00") == milliseconds)
+        #expect(RFC3339.milliseconds("2026-11-24T19:55:33Z") == milliseconds.map { $0 - 837 })
         for bad in ["", "2026-11-24", "2026-13-24T19:55:33Z", "2026-11-24T19:55:33", "2026-11-24T19:55:33.Z", "2026-11-24T19:55:33Zx"] {
-            #expect(Timestamp.milliseconds(bad) == nil, "\(bad)")
+            #expect(RFC3339.milliseconds(bad) == nil, "\(bad)")
         }
         #expect([0, 42_900, 187_000, 7_500_000, 356_400_000].map(Timestamp.span) == ["0s", "42s", "3m07s", "2h05m", "4d03h"])
     }

@@ -2,6 +2,7 @@ import Testing
 import TaskloopClient
 import TaskloopJSON
 @testable import TaskloopCLI
+import TaskloopTime
 
 /// The watch's model fed plain events, as the streams send them.
 @Suite struct WatchModelTests {
@@ -51,7 +52,7 @@ import TaskloopJSON
         #expect(model.subject == .task("A") && model.lastSeq == "10" && model.outcome == nil)
         // An event numbered before the snapshot is already in it.
         #expect(model.apply(Self.event("task.progress", seq: 9, "task", Self.task("A", "running", fraction: 0.1))) == .unchanged)
-        let at = Timestamp.milliseconds("2026-11-24T19:55:33.837Z")
+        let at = RFC3339.milliseconds("2026-11-24T19:55:33.837Z")
         #expect(model.apply(Self.event("task.progress", seq: 11, "task", Self.task("A", "running", fraction: 0.5, message: "half")))
             == .changed([.task(0, at: at)]))
         #expect(model.tasks[0].fraction == 0.5 && model.tasks[0].message == "half")
@@ -74,7 +75,7 @@ import TaskloopJSON
         _ = model.apply(Self.event("task.progress", seq: 42, "task", Self.task("B", "running", fraction: 0.5)))
         #expect(model.workflowFraction == 0.75 && model.outcome == nil)
         let summary = #"{"id":"W","name":"thumbnails","state":"succeeded","progress":{"fraction":1}}"#
-        #expect(model.apply(Self.event("workflow.state", seq: 43, "workflow", summary)) == .changed([.workflow(at: Timestamp.milliseconds("2026-11-24T19:55:33.837Z"))]))
+        #expect(model.apply(Self.event("workflow.state", seq: 43, "workflow", summary)) == .changed([.workflow(at: RFC3339.milliseconds("2026-11-24T19:55:33.837Z"))]))
         #expect(model.outcome == "succeeded")
         // Another workflow's summary changes nothing.
         #expect(model.apply(Self.event("workflow.state", seq: 44, "workflow", #"{"id":"X","state":"failed"}"#)) == .unchanged)

@@ -374,6 +374,8 @@ import TaskloopJSON
                 CellMessage.Member(id: member, spec: TaskSpec(kind: "noop", uniqueKey: "nap-ü", uniqueForMilliseconds: 60_000),
                                    createdAt: 1_795_000_000_000),
                 CellMessage.Member(id: member, spec: TaskSpec(kind: "noop", concurrencyKey: "tenant-ü"), createdAt: 1_795_000_000_000),
+                CellMessage.Member(id: member, spec: TaskSpec(kind: "noop", schedule: ScheduleSlot(id: workflow, slot: -1_000)),
+                                   createdAt: 1_795_000_000_000),
             ]),
             CellMessage(.memberChanged, from: 2, to: 1, workflow: workflow, member: member, state: .scheduled),
             CellMessage(.memberChanged, from: 2, to: 1, workflow: workflow, member: member, epoch: 7, state: .pending, fraction: 0.25),

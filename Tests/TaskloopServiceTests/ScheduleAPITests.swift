@@ -200,6 +200,127 @@ struct ScheduleAPITests {
         #expect((last.data["schedule"] as? [String: Any])?["id"] as? String == id)
     }
 
+    /// A workflow run says which schedule and slot made it, as its tasks do: in the trigger's
+    /// answer, `GET /workflows/{id}` and its `workflow.state` events; a workflow a client
+    /// submitted shows null.
+    @Test func aWorkflowRunSaysWhichRunOfWhichScheduleMadeIt() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"pipeline","cron":"@yearly","paused":true,"workflow":{"name":"etl","tasks":[{"key":"a","kind":"noop","queue":"etl"},
+             {"key":"b","kind":"noop","queue":"etl","dependencies":["a"]}]}}
+            """#)
+        #expect(created.status == 201, "\(created.text)")
+        let id = try #require(created.json["id"] as? String)
+        let stream = try EventStreamTests.Stream(port: service.port, "/events?types=workflow.state")
+        #expect(stream.head.contains("200 OK"))
+        let run = try client.call("POST", "/schedules/\(id)/trigger")
+        #expect(run.status == 201, "\(run.text)")
+        let workflowID = try #require(run.json["id"] as? String)
+        let mark = try #require(run.json["schedule"] as? [String: Any], "\(run.text)")
+        let slot = try #require(mark["slot"] as? String)
+        #expect(mark["id"] as? String == id)
+        let lastRun = try #require((try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])?.first)
+        #expect(lastRun["workflow_id"] as? String == workflowID && lastRun["slot"] as? String == slot)
+
+        let events = try stream.waitUntil { events in
+            events.contains { ($0.data["workflow"] as? [String: Any])?["state"] as? String == "succeeded" }
+        }
+        let shown = events.compactMap { $0.data["workflow"] as? [String: Any] }.filter { $0["id"] as? String == workflowID }
+        #expect(shown.count == 2, "\(events.map(\.data))")
+        #expect(shown.allSatisfy { ($0["schedule"] as? [String: Any])?["id"] as? String == id
+                                   && ($0["schedule"] as? [String: Any])?["slot"] as? String == slot })
+        let read = try client.call("GET", "/workflows/\(workflowID)")
+        #expect(read.status == 200 && read.json["state"] as? String == "succeeded")
+        let readMark = try #require(read.json["schedule"] as? [String: Any], "\(read.text)")
+        #expect(readMark["id"] as? String == id && readMark["slot"] as? String == slot)
+        let tasks = try #require(read.json["tasks"] as? [[String: Any]])
+        #expect(tasks.count == 2 && tasks.allSatisfy { ($0["schedule"] as? [String: Any])?["slot"] as? String == slot })
+
+        let plain = try client.call("POST", "/workflows", json: #"{"tasks":[{"key":"a","kind":"noop"}]}"#)
+        #expect(plain.status == 201 && plain.json["schedule"] is NSNull, "\(plain.text)")
+        let plainID = try #require(plain.json["id"] as? String)
+        #expect(try client.call("GET", "/workflows/\(plainID)").json["schedule"] is NSNull)
+    }
+
+    /// The schedule a workflow run came from is kept with the workflow: after a restart the
+    /// workflow (still running, so kept) shows the same schedule and slot.
+    @Test(.inTheDefaultStageOnly) func aWorkflowRunKeepsItsScheduleAcrossARestart() throws {
+        let directory = try BinaryTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func start() throws -> ServiceHarness {
+            try ServiceHarness {
+                $0.durability = .full
+                $0.dataDirectory = directory
+            }
+        }
+        let first = try start()
+        var client = try first.client()
+        let created = try client.call("POST", "/schedules", json: #"""
+            {"name":"kept","cron":"@yearly","paused":true,"workflow":{"tasks":[{"key":"a","kind":"noop"},
+             {"key":"b","kind":"external","dependencies":["a"]}]}}
+            """#)
+        let id = try #require(created.json["id"] as? String)
+        let run = try client.call("POST", "/schedules/\(id)/trigger")
+        #expect(run.status == 201, "\(run.text)")
+        let workflowID = try #require(run.json["id"] as? String)
+        let slot = try #require((run.json["schedule"] as? [String: Any])?["slot"] as? String)
+        try first.stop()
+        let second = try start()
+        defer { try? second.stop() }
+        client = try second.client()
+        let read = try client.call("GET", "/workflows/\(workflowID)")
+        #expect(read.status == 200 && read.json["state"] as? String == "running", "\(read.text)")
+        let mark = try #require(read.json["schedule"] as? [String: Any], "\(read.text)")
+        #expect(mark["id"] as? String == id && mark["slot"] as? String == slot)
+    }
+
+    /// `GET /events?schedule=ID` has that schedule's `schedule.updated` events and the events
+    /// of the tasks and workflow its run made, and nothing of another schedule's run or of a
+    /// task a client submitted (made before, so their events would have come first); a bad id
+    /// is 400 naming `schedule`.
+    @Test func theScheduleFilterKeepsItsOwnEventsAndItsRunsEvents() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        func create(_ body: String) throws -> String {
+            let created = try client.call("POST", "/schedules", json: body)
+            #expect(created.status == 201, "\(created.text)")
+            return try #require(created.json["id"] as? String)
+        }
+        let id = try create(#"""
+            {"name":"followed","cron":"@yearly","paused":true,"workflow":{"tasks":[{"key":"a","kind":"noop"},
+             {"key":"b","kind":"noop","dependencies":["a"]}]}}
+            """#)
+        let other = try create(#"{"name":"other","cron":"@yearly","paused":true,"task":{"kind":"noop"}}"#)
+        let stream = try EventStreamTests.Stream(port: service.port, "/events?schedule=\(id)")
+        #expect(stream.head.contains("200 OK"))
+        let otherRun = try client.call("POST", "/schedules/\(other)/trigger")
+        _ = try client.waitForState(try #require(otherRun.json["id"] as? String), "succeeded")
+        _ = try client.waitForState(try #require(try client.submit(#"{"kind":"noop"}"#)["id"] as? String), "succeeded")
+        let run = try client.call("POST", "/schedules/\(id)/trigger")
+        #expect(run.status == 201, "\(run.text)")
+        let workflowID = try #require(run.json["id"] as? String)
+        let events = try stream.waitUntil { events in
+            events.contains { ($0.data["workflow"] as? [String: Any])?["state"] as? String == "succeeded" }
+                && events.last?.type == "schedule.updated"
+        }
+        func scheduleOf(_ event: EventStreamTests.Stream.Event) -> String? {
+            if let schedule = event.data["schedule"] as? [String: Any] { return schedule["id"] as? String }
+            let object = (event.data["task"] ?? event.data["workflow"]) as? [String: Any]
+            return (object?["schedule"] as? [String: Any])?["id"] as? String
+        }
+        #expect(events.allSatisfy { scheduleOf($0) == id }, "\(events.map { "\($0.type) \(scheduleOf($0) ?? "none")" })")
+        #expect(["schedule.updated", "workflow.state", "task.created", "task.state"].allSatisfy { type in events.contains { $0.type == type } })
+        #expect(events.filter { $0.type == "task.created" }.count == 2)
+        #expect(events.contains { ($0.data["workflow"] as? [String: Any])?["id"] as? String == workflowID })
+
+        let bad = try client.call("GET", "/events?schedule=nope")
+        #expect(bad.status == 400 && bad.header("Content-Type") == "application/problem+json")
+        #expect((bad.json["errors"] as? [[String: Any]])?.first?["field"] as? String == "schedule", "\(bad.text)")
+    }
+
     /// Down across at least two slots: started again, the server runs the newest of them once
     /// (`catchup: latest`, made after the start though due before it) and counts the rest as
     /// missed; no slot ever runs twice, across another restart too.
@@ -328,7 +449,15 @@ struct ScheduleAPITests {
         let run = try client.call("POST", "/schedules/\(id)/trigger")
         #expect(run.status == 201, "\(run.text)")
         let member = try #require((run.json["keys"] as? [String: String])?["b"])
-        _ = try client.waitForState(member, "running")
+        let slot = try #require((run.json["schedule"] as? [String: Any])?["slot"] as? String)
+        let stream = try EventStreamTests.Stream(port: service.port, "/events?schedule=\(id)&types=task.state")
+        #expect(stream.head.contains("200 OK"))
+        let running = try client.waitForState(member, "running")
+        // The member made in the other cell carries the run's mark as the home's members do.
+        #expect((running["schedule"] as? [String: Any])?["id"] as? String == id, "\(running)")
+        #expect((running["schedule"] as? [String: Any])?["slot"] as? String == slot)
+        let workflowID = try #require(run.json["id"] as? String)
+        #expect((try client.call("GET", "/workflows/\(workflowID)").json["schedule"] as? [String: Any])?["id"] as? String == id)
         func states() throws -> [String?] {
             let one = (try client.call("GET", "/schedules/\(id)").json["last_runs"] as? [[String: Any]])?.first?["state"] as? String
             let listed = (try client.call("GET", "/schedules").json["schedules"] as? [[String: Any]])?.first { $0["id"] as? String == id }
@@ -337,5 +466,9 @@ struct ScheduleAPITests {
         #expect(try states() == ["running", "running"])
         #expect(try client.call("POST", "/tasks/\(member)/complete", json: #"{"result":{}}"#).status == 200)
         try pollUntil("the run to succeed everywhere") { try states() == ["succeeded", "succeeded"] }
+        // The member of the other cell is followed by the schedule's filter too.
+        _ = try stream.waitUntil { events in
+            events.contains { ($0.data["task"] as? [String: Any]).map { $0["id"] as? String == member && $0["state"] as? String == "succeeded" } == true }
+        }
     }
 }

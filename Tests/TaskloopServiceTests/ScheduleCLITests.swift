@@ -4,7 +4,7 @@ import TaskloopTestSupport
 
 /// `taskloop schedule create|ls|pause|resume|trigger|rm` as users run them: the built binary
 /// against a real server, their output and exit statuses.
-@Suite(.serialized, .disabled(if: ServiceHarness.replicaCount > 1, "schedules are served by a single server only so far"))
+@Suite(.serialized)
 struct ScheduleCLITests {
     @Test func createListPauseResumeTriggerAndRemove() throws {
         let setup = try CLITests.Setup()

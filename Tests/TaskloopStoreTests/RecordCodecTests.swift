@@ -108,6 +108,15 @@ import TaskloopJSON
             try RecordCodec.decodeWorkflow(buffer, id: workflow.id)
         }
         #expect(decoded == workflow)
+        // A schedule's run keeps the schedule and slot that made it, beside remote members.
+        var scheduled = workflow
+        scheduled.schedule = ScheduleSlot(id: TaskID(high: 7, low: 8), slot: 1_795_000_060_000)
+        scheduled.remoteMembers = [.init(id: TaskID(high: 3, low: 4), state: .running, fraction: 0.5)]
+        let bytes = output.record(of: scheduled)
+        #expect(try bytes.withUnsafeBytes { try RecordCodec.decodeWorkflow($0, id: workflow.id) } == scheduled)
+        #expect(throws: RecordDecodingError.self) {
+            try Array(bytes.dropLast()).withUnsafeBytes { try RecordCodec.decodeWorkflow($0, id: workflow.id) }
+        }
     }
 
     /// A workflow across cells keeps what its members in other cells last reported.

@@ -248,7 +248,7 @@ enum Representation {
 
     static func workflow(_ workflow: WorkflowRecord) -> [UInt8] {
         write(workflow: workflow.id, name: workflow.name, state: workflow.state, fraction: workflow.fraction,
-              createdAt: workflow.createdAt, tasks: workflow.tasks, keys: workflow.keys)
+              createdAt: workflow.createdAt, schedule: workflow.schedule, tasks: workflow.tasks, keys: workflow.keys)
     }
 
     /// A workflow just submitted to `engine`, its home cell, with `submitted` (the request's
@@ -276,10 +276,10 @@ enum Representation {
                 cancelRequested: false, attempt: 1, startedAt: nil, finishedAt: nil, result: nil, error: nil,
                 progress: TaskProgress(), notBefore: nil, scheduledFor: scheduledFor,
                 expiresAt: spec.expiry?.instant(submittedAt: workflow.createdAt), uniqueKey: spec.uniqueKey,
-                uniqueForMilliseconds: spec.uniqueForMilliseconds, concurrencyKey: spec.concurrencyKey)
+                uniqueForMilliseconds: spec.uniqueForMilliseconds, concurrencyKey: spec.concurrencyKey, schedule: spec.schedule)
         }
         return write(workflow: workflow.id, name: workflow.name, state: workflow.state, fraction: workflow.fraction,
-                     createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys)
+                     createdAt: workflow.createdAt, schedule: workflow.schedule, tasks: tasks, keys: workflow.keys)
     }
 
     /// A workflow as the cells' records keep it, with `tasks`, those of its tasks still kept, in
@@ -296,12 +296,13 @@ enum Representation {
         let parts = home.map { ($0.state, $0.progress.fraction) } + workflow.remoteMembers.map { ($0.state, $0.fraction) }
         return write(workflow: workflow.id, name: workflow.name, state: WorkflowRecord.state(of: counts),
                      fraction: WorkflowRecord.fraction(of: parts),
-                     createdAt: workflow.createdAt, tasks: tasks, keys: workflow.keys.lazy.map { (key: $0.key, id: $0.id) })
+                     createdAt: workflow.createdAt, schedule: workflow.schedule, tasks: tasks,
+                     keys: workflow.keys.lazy.map { (key: $0.key, id: $0.id) })
     }
 
     private static func write<Task: RepresentedTask>(
-        workflow id: TaskID, name: String?, state: TaskState, fraction: Double, createdAt: Int64, tasks: [Task],
-        keys: some Sequence<(key: String, id: TaskID)>
+        workflow id: TaskID, name: String?, state: TaskState, fraction: Double, createdAt: Int64, schedule: ScheduleSlot?,
+        tasks: [Task], keys: some Sequence<(key: String, id: TaskID)>
     ) -> [UInt8] {
         var json = JSONWriter(capacity: 512 * (tasks.count + 1))
         json.beginObject()
@@ -314,6 +315,7 @@ enum Representation {
         json.double(fraction)
         json.endObject()
         timestamp("created_at", createdAt, into: &json)
+        write(schedule: schedule, into: &json)
         json.key(static: "tasks")
         json.beginArray()
         for task in tasks { write(task, task.moment, into: &json) }
@@ -384,7 +386,22 @@ enum Representation {
         return json.bytes
     }
 
-    /// A workflow without its tasks, as events show it: `{id, name, state, progress}`.
+    /// `"schedule": {id, slot}`, the schedule run that made a workflow, or null (a task writes
+    /// its own among its rare fields).
+    static func write(schedule: ScheduleSlot?, into json: inout JSONWriter) {
+        json.key(static: "schedule")
+        if let schedule {
+            json.beginObject()
+            json.key(static: "id")
+            write(schedule.id, into: &json)
+            timestamp("slot", schedule.slot, into: &json)
+            json.endObject()
+        } else {
+            json.null()
+        }
+    }
+
+    /// A workflow without its tasks, as events show it: `{id, name, state, progress, schedule}`.
     static func writeSummary(_ workflow: WorkflowRecord, state: TaskState, fraction: Double, into json: inout JSONWriter) {
         json.beginObject()
         json.field("id", workflow.id.description)
@@ -395,6 +412,7 @@ enum Representation {
         json.key(static: "fraction")
         json.double(fraction)
         json.endObject()
+        write(schedule: workflow.schedule, into: &json)
         json.endObject()
     }
 

@@ -30,7 +30,7 @@ extension TaskloopApplication {
         eventLog.subscribe(reply, filter: filter, since: since, until: until)
     }
 
-    /// `?task=&workflow=&queue=&types=` as a filter; what does not parse goes to `errors`.
+    /// `?task=&workflow=&queue=&schedule=&types=` as a filter; what does not parse goes to `errors`.
     func eventFilter(_ request: HTTPRequest, errors: inout [APIProblem.FieldError]) -> EventFilter {
         var filter = EventFilter()
         if let text = request.query("task") {
@@ -40,6 +40,9 @@ extension TaskloopApplication {
             if let id = TaskID(text) { filter.workflow = id } else { errors.append(.init(field: "workflow", message: "is not a workflow id.")) }
         }
         if let text = request.query("queue") { filter.queue = text }
+        if let text = request.query("schedule") {
+            if let id = TaskID(text) { filter.schedule = id } else { errors.append(.init(field: "schedule", message: "is not a schedule id.")) }
+        }
         if let text = request.query("types") {
             var kinds = Set<EventKind>()
             for name in text.split(separator: ",", omittingEmptySubsequences: false) {

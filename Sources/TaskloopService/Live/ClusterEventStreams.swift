@@ -16,6 +16,7 @@ final class ClusterStreamEvent: FilterableEvent {
     let taskID: TaskID?
     let workflowID: TaskID?
     let queueName: String?
+    let scheduleID: TaskID?
     private let data: [UInt8]
 
     init?(_ read: ClusterEvents.Read) {
@@ -25,6 +26,7 @@ final class ClusterStreamEvent: FilterableEvent {
         taskID = read.event.task.flatMap(TaskID.init)
         workflowID = read.event.workflow.flatMap(TaskID.init)
         queueName = read.event.queue
+        scheduleID = read.event.schedule.flatMap(TaskID.init)
         data = read.event.data
     }
 

@@ -132,6 +132,7 @@ final class StreamEvent: FilterableEvent {
         taskID = task?.id
         workflowID = workflow?.id ?? task?.workflow?.id
         queueName = queue?.name ?? task?.queue.name
+        scheduleID = task?.schedule?.id ?? workflow?.schedule?.id
         endsTask = kind == .taskState && moment?.state.isTerminal == true
         // A queue keeps no moment: its rare events are rendered now, as the change left it.
         if queue != nil { _ = data }
@@ -152,6 +153,7 @@ final class StreamEvent: FilterableEvent {
         taskID = nil
         workflowID = nil
         queueName = nil
+        scheduleID = schedule.id
         endsTask = false
         renderedData = Self.scheduleData(seq: Int(seq), time: time, schedule: schedule, deleted: deleted, in: engine)
     }
@@ -185,6 +187,7 @@ final class StreamEvent: FilterableEvent {
         taskID = event.task.flatMap(TaskID.init)
         workflowID = event.workflow.flatMap(TaskID.init)
         queueName = event.queue
+        scheduleID = event.schedule.flatMap(TaskID.init)
         endsTask = false
         renderedData = event.data
     }
@@ -193,6 +196,8 @@ final class StreamEvent: FilterableEvent {
     /// Its workflow's id; set by a replica on cells for a member whose workflow is another cell's.
     var workflowID: TaskID?
     let queueName: String?
+    /// The schedule it is of: a `schedule.updated`'s, or the one whose run made its task or workflow.
+    let scheduleID: TaskID?
     /// A task's terminal state: a task's own stream ends with it.
     let endsTask: Bool
 
@@ -246,12 +251,15 @@ protocol FilterableEvent {
     var taskID: TaskID? { get }
     var workflowID: TaskID? { get }
     var queueName: String? { get }
+    var scheduleID: TaskID? { get }
 }
 
 struct EventFilter {
     var task: TaskID?
     var workflow: TaskID?
     var queue: String?
+    /// A schedule's own events and those of the tasks and workflows its runs made.
+    var schedule: TaskID?
     var kinds: Set<EventKind>?
 
     func matches(_ event: some FilterableEvent) -> Bool {
@@ -259,6 +267,7 @@ struct EventFilter {
         if let task, event.taskID != task { return false }
         if let workflow, event.workflowID != workflow { return false }
         if let queue, event.queueName != queue { return false }
+        if let schedule, event.scheduleID != schedule { return false }
         return true
     }
 }

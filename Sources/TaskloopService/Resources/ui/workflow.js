@@ -4,7 +4,7 @@
 // give way to colour alone so 2,000 tasks stay legible as a shape. Live from the event stream.
 
 import { call, get, follow, query } from './api.js';
-import { h, s, fill, adminOnly, STATES, TERMINAL, badge, progressBar, setProgress, taskLabel, toast } from './dom.js';
+import { h, s, fill, adminOnly, STATES, TERMINAL, badge, progressBar, setProgress, taskLabel, toast, formatTime } from './dom.js';
 import { layout, NODE_WIDTH, NODE_HEIGHT, GAP_X } from './graph.js';
 
 const LABEL_SCALE = 0.45;
@@ -91,7 +91,9 @@ export async function mount(view, target) {
     h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '#/tasks' }, 'Tasks'), ' / workflow ', h('span', { class: 'id' }, id)),
     h('div', { class: 'heading' }, title, stateBadge, h('div', { class: 'actions' }, cancel, retry)),
     h('section', { class: 'card', 'aria-labelledby': 'wf-progress' }, h('h2', { id: 'wf-progress', class: 'visually-hidden' }, 'Progress'), bar, progressText, countsList,
-      h('p', {}, h('a', { href: `#/tasks${query({ workflow: id })}` }, 'Show these tasks in the table'))),
+      h('p', {}, h('a', { href: `#/tasks${query({ workflow: id })}` }, 'Show these tasks in the table')),
+      workflow.schedule ? h('p', {}, 'Made by the ', h('a', { class: 'schedule', href: `#/schedules/${encodeURIComponent(workflow.schedule.id)}` },
+        `schedule's run of ${formatTime(workflow.schedule.slot)}`)) : null),
     h('div', { class: 'graph-tools', role: 'toolbar', 'aria-label': 'Graph zoom' }, zoomOut, zoomIn, fit, scaleText),
     viewport);
 
