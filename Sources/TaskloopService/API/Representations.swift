@@ -112,16 +112,7 @@ enum Representation {
         json.key(static: "unique_for_ms")
         if let window = task.uniqueForMilliseconds { json.int(Int64(clamping: window)) } else { json.null() }
         json.field("concurrency_key", task.concurrencyKey)
-        json.key(static: "schedule")
-        if let schedule = task.schedule {
-            json.beginObject()
-            json.key(static: "id")
-            write(schedule.id, into: &json)
-            timestamp("slot", schedule.slot, into: &json)
-            json.endObject()
-        } else {
-            json.null()
-        }
+        write(schedule: task.schedule, into: &json)
     }
 
     /// `value`, or, when its JSON passes `limit` bytes, the same shape with long strings and
