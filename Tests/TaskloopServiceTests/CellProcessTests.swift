@@ -168,7 +168,10 @@ extension CellProcessTests {
             states[id] = "\(task["state"] ?? "") \(task["attempt"] ?? "")"
             #expect(task["state"] as? String == "succeeded")
         }
-        #expect(states.values.contains { $0.hasSuffix(" 2") }, "none of the tasks ran on the frozen replica: \(states)")
+        // Attempt 2 or later: on a loaded machine the taker may also miss a renewal, fence itself
+        // and take its cells back, which runs them once more.
+        #expect(states.values.contains { (Int($0.split(separator: " ").last ?? "") ?? 0) >= 2 },
+                "none of the tasks ran on the frozen replica: \(states)")
         kill(frozen.0.process.processIdentifier, SIGCONT)
         // Awake, it serves nothing until its cells come back to it by the usual hand-over.
         try pollUntil("the woken replica to answer", timeout: 10) { (try? frozen.1.call("GET", "/healthz", timeout: 2)) != nil }
