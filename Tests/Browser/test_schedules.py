@@ -72,9 +72,10 @@ def test_list_open_pause_trigger_and_delete_a_schedule(page, api, server):
     # The run links to its task, and the task's page links back.
     page.find("tr.run").find_element(By.LINK_TEXT, task_id).click()
     wait_until(lambda: page.hash() == f"#/tasks/{task_id}", message="the run's task page")
-    back = page.wait_find("a.schedule", message="the task's link to its schedule")
-    assert back.get_attribute("href").endswith(f"#/schedules/{nightly['id']}") and back.text.startswith("run of ")
-    back.click()
+    # The page may render again as its history arrives: read the link as it stands each time.
+    wait_until(lambda: page.find("a.schedule").get_attribute("href").endswith(f"#/schedules/{nightly['id']}")
+               and page.find("a.schedule").text.startswith("run of "), message="the task's link to its schedule")
+    wait_until(lambda: page.find("a.schedule").click() or True, message="the link to take a click")
     wait_until(lambda: page.find("#view h1").text == "nightly-report" and page.find_all("tr.run"), message="the schedule again")
 
     # Delete asks once more, then the list no longer has it; its run's task stays.
@@ -145,9 +146,9 @@ def test_a_workflow_schedules_runs_link_to_their_workflow_and_follow_its_state(p
     page.find("tr.run").find_element(By.LINK_TEXT, workflow["id"]).click()
     wait_until(lambda: page.hash() == f"#/workflows/{workflow['id']}", message="the run's workflow page")
     # And back: the workflow's page links to the schedule that made it, as a task's page does.
-    back = page.wait_find("a.schedule", message="the workflow's link to its schedule")
-    assert back.text.startswith("schedule's run of ")
-    back.click()
+    wait_until(lambda: page.find("a.schedule").text.startswith("schedule's run of "),
+               message="the workflow's link to its schedule")
+    wait_until(lambda: page.find("a.schedule").click() or True, message="the link to take a click")
     wait_until(lambda: page.hash() == f"#/schedules/{schedule['id']}", message="the schedule's page again")
 
 
