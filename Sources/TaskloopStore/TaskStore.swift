@@ -76,6 +76,10 @@ public struct StoreBatch: Sendable {
         return changes
     }
 
+    public var hasUniqueKeyChanges: Bool {
+        !uniqueKeys.isEmpty || !droppedUniqueKeys.isEmpty
+    }
+
     /// Only the unique keys' changes, carried into the next batch like `webhookChanges` (the
     /// engine hands each out once).
     public var uniqueKeyChanges: StoreBatch {

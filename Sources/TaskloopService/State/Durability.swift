@@ -135,7 +135,7 @@ final class DurableState: Journal {
 
     private var hasUnwritten: Bool {
         !unwrittenTasks.isEmpty || !unwrittenWorkflows.isEmpty || !unwrittenQueues.isEmpty || !unwrittenKeys.isEmpty
-            || unwrittenWebhookChanges.hasWebhookChanges || !unwrittenWebhookChanges.uniqueKeyChanges.isEmpty
+            || unwrittenWebhookChanges.hasWebhookChanges || unwrittenWebhookChanges.hasUniqueKeyChanges
     }
 
     /// Runs `action(true)` once every change made so far is committed: at once when nothing is
