@@ -3,7 +3,6 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Synchronization
 
 /// Why a time zone could not be had: the name refused before any file was opened, no such zone,
 /// or a file that is not a zone this reads.
@@ -80,23 +79,14 @@ public final class TimeZoneRules: Sendable {
         getenv("TZDIR").map { String(cString: $0) } ?? "/usr/share/zoneinfo"
     }
 
-    private static let cache = Mutex<[String: TimeZoneRules]>([:])
-
-    /// The zone named `name` (IANA style, `Europe/Berlin`), loaded once per directory and kept.
-    /// The name is checked before any file is touched: letters, digits, `_ + - /` only, no `..`,
-    /// no leading, trailing or doubled `/`, at most `maximumNameLength` bytes. "UTC" needs no file.
+    /// The zone named `name` (IANA style, `Europe/Berlin`), read from its file each call: a
+    /// `TimeZoneCatalog` keeps what it loads. The name is checked before any file is touched:
+    /// letters, digits, `_ + - /` only, no `..`, no leading, trailing or doubled `/`, at most
+    /// `maximumNameLength` bytes. "UTC" needs no file.
     public static func load(named name: String, directory: String = defaultDirectory) throws(TimeZoneError) -> TimeZoneRules {
         guard isValidName(name) else { throw .invalidName(name) }
         if name == "UTC" { return utc }
-        let key = directory + "\u{0}" + name
-        if let cached = cache.withLock({ $0[key] }) { return cached }
-        let bytes = try readFile(directory + "/" + name, name: name)
-        let rules = try parse(bytes, name: name)
-        return cache.withLock { cache in
-            if let raced = cache[key] { return raced }
-            cache[key] = rules
-            return rules
-        }
+        return try parse(readFile(directory + "/" + name, name: name), name: name)
     }
 
     public static func isValidName(_ name: String) -> Bool {

@@ -68,10 +68,12 @@ import Testing
         defer { try? FileManager.default.removeItem(at: root) }
         try FileManager.default.createDirectory(at: root.appendingPathComponent("Test"), withIntermediateDirectories: true)
         try FileManager.default.copyItem(atPath: "/usr/share/zoneinfo/Asia/Kolkata", toPath: root.appendingPathComponent("Test/Zone_1+2").path)
-        let first = try TimeZoneRules.load(named: "Test/Zone_1+2", directory: root.path)
+        // Loaded once: the catalog keeps the zone, and its file is not read again.
+        let catalog = TimeZoneCatalog { name throws(TimeZoneError) in try TimeZoneRules.load(named: name, directory: root.path) }
+        let first = try catalog.load(named: "Test/Zone_1+2")
         #expect(first.offset(at: at("2026-01-01T00:00:00Z")) == 19_800)
         try FileManager.default.removeItem(at: root.appendingPathComponent("Test/Zone_1+2"))
-        #expect(try TimeZoneRules.load(named: "Test/Zone_1+2", directory: root.path) === first)
+        #expect(try catalog.load(named: "Test/Zone_1+2") === first)
         #expect(throws: TimeZoneError.unknownZone("Test/Missing")) { try TimeZoneRules.load(named: "Test/Missing", directory: root.path) }
         #expect(throws: TimeZoneError.unknownZone("Test")) { try TimeZoneRules.load(named: "Test", directory: root.path) }
         let utc = try TimeZoneRules.load(named: "UTC", directory: root.appendingPathComponent("nowhere").path)
