@@ -45,13 +45,13 @@ public struct ChangeCollector {
     private var tasks: [TaskRecord] = []
     /// Held (not just their identities) until `take`, so no new record can reuse an address.
     private var evictedRecords: [TaskRecord] = []
-    private var workflows: [WorkflowRecord] = []
+    private var workflows = OrderedObjects<WorkflowRecord>()
     private var queues: [String: TaskQueue] = [:]
     private var evictedTasks: [StoredTaskKey] = []
     private var evictedWorkflows: [TaskID] = []
     private var forgottenQueues: [String] = []
     private var messages: [CellMessage] = []
-    private var schedules: [ScheduleRecord] = []
+    private var schedules = OrderedObjects<ScheduleRecord>()
     private var deletedSchedules: [TaskID] = []
 
     public init() {}
@@ -68,7 +68,7 @@ public struct ChangeCollector {
                  .leaseRenewed(let record), .releasedByRetry(let record), .watched(let record):
                 if tasks.last !== record { tasks.append(record) }
             case .workflowSubmitted(let workflow):
-                workflows.append(workflow)
+                workflows.insert(workflow)
             case .queueChanged(let queue):
                 queues[queue.name] = queue
                 forgottenQueues.removeAll { $0 == queue.name }
@@ -78,9 +78,9 @@ public struct ChangeCollector {
             case .messageSent(let message):
                 messages.append(message)
             case .scheduleChanged(let schedule):
-                if !schedules.contains(where: { $0 === schedule }) { schedules.append(schedule) }
+                schedules.insert(schedule)
             case .scheduleDeleted(let schedule):
-                schedules.removeAll { $0 === schedule }
+                schedules.remove(schedule)
                 deletedSchedules.append(schedule.id)
             case .workflowReported:
                 // `take` has it from the engine, with the workflows the reports left spent.
@@ -90,7 +90,7 @@ public struct ChangeCollector {
                 evictedRecords.append(record)
                 evictedTasks.append(StoredTaskKey(id: record.id, sequence: record.sequence))
                 if workflowEmptied, let workflow = record.workflow {
-                    workflows.removeAll { $0 === workflow }
+                    workflows.remove(workflow)
                     evictedWorkflows.append(workflow.id)
                 }
             }
@@ -108,19 +108,20 @@ public struct ChangeCollector {
             changes.tasks.append(engine.snapshot(of: record))
         }
         let reported = engine.takeReportedWorkflows()
-        for workflow in reported.changed where !workflows.contains(where: { $0 === workflow }) { workflows.append(workflow) }
+        for workflow in reported.changed { workflows.insert(workflow) }
         if !reported.spent.isEmpty {
-            workflows.removeAll { reported.spent.contains($0.id) }
+            let spent = Set(reported.spent)
+            workflows.removeAll { spent.contains($0.id) }
             evictedWorkflows += reported.spent
         }
-        changes.workflows = workflows.map { engine.snapshot(of: $0) }
+        changes.workflows = workflows.elements.map { engine.snapshot(of: $0) }
         changes.queues = queues.values.map { engine.snapshot(of: $0) }
         changes.evictedTasks = evictedTasks
         changes.evictedWorkflows = evictedWorkflows
         changes.forgottenQueues = forgottenQueues
         changes.messages = messages
         (changes.uniqueKeys, changes.droppedUniqueKeys) = engine.takeUniqueKeyChanges()
-        changes.schedules = schedules.map { engine.snapshot(of: $0) }
+        changes.schedules = schedules.elements.map { engine.snapshot(of: $0) }
         changes.deletedSchedules = deletedSchedules
         self = ChangeCollector()
         return changes

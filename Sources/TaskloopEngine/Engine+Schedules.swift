@@ -112,8 +112,7 @@ extension Engine {
 
     /// The next `count` slots the schedule fires at (unjittered); none while paused or once deleted.
     public func nextRuns(of schedule: ScheduleRecord, count: Int = 5) -> [Int64] {
-        guard !schedule.spec.paused, !schedule.deleted else { return [] }
-        return schedule.slots(count: count, after: schedule.lastSlot)
+        schedule.moment().nextRuns(count: count)
     }
 
     /// A run's state as `last_runs` shows it: its task's or workflow's now, or the one it ended

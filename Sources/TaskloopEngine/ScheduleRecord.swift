@@ -185,18 +185,56 @@ public final class ScheduleRecord {
 
     /// The next `count` slots after `instant` within start/end.
     public func slots(count: Int, after instant: Int64) -> [Int64] {
-        cron.next(count: count, after: firstSearchSecond(after: instant), through: lastSlotSecond).map { $0 * 1000 }
+        Self.slots(of: spec, cron, count: count, after: instant)
     }
 
+    static func slots(of spec: ScheduleSpec, _ cron: CronSchedule, count: Int, after instant: Int64) -> [Int64] {
+        cron.next(count: count, after: firstSearchSecond(of: spec, after: instant), through: lastSlotSecond(of: spec))
+            .map { $0 * 1000 }
+    }
+
+    private func firstSearchSecond(after instant: Int64) -> Int64 { Self.firstSearchSecond(of: spec, after: instant) }
+
+    private var lastSlotSecond: Int64 { Self.lastSlotSecond(of: spec) }
+
     /// The cron search for the slots after `instant` starts after this second: none is before start_at.
-    private func firstSearchSecond(after instant: Int64) -> Int64 {
+    private static func firstSearchSecond(of spec: ScheduleSpec, after instant: Int64) -> Int64 {
         guard let startAt = spec.startAt else { return Engine.seconds(instant) }
         return Engine.seconds(max(instant, startAt - 1))
     }
 
     /// The last second a slot may fall on: end_at's, or none.
-    private var lastSlotSecond: Int64 {
+    private static func lastSlotSecond(of spec: ScheduleSpec) -> Int64 {
         spec.endAt.map(Engine.seconds) ?? .max
+    }
+
+    /// The schedule as it stands now, for its `schedule.updated` event (`deleted`: the event of
+    /// its deletion).
+    public func moment(deleted: Bool = false) -> ScheduleMoment {
+        ScheduleMoment(id: id, spec: spec, cron: cron, createdAt: createdAt, updatedAt: updatedAt, lastSlot: lastSlot,
+                       lastRuns: lastRuns, deleted: deleted || self.deleted)
+    }
+}
+
+/// A schedule as one change left it. Its event keeps this rather than its rendering: a schedule
+/// that fires every second changes every second, and what nobody reads is never rendered. Its
+/// parts are shared with the record until the record changes again (copy on write), so taking
+/// one costs a few retains.
+public struct ScheduleMoment {
+    public let id: TaskID
+    public let spec: ScheduleSpec
+    let cron: CronSchedule
+    public let createdAt: Int64
+    public let updatedAt: Int64
+    let lastSlot: Int64
+    public let lastRuns: [ScheduleRun]
+    public let deleted: Bool
+
+    /// The next `count` slots (unjittered) as they were at the change, as `Engine.nextRuns`
+    /// showed them then: none while paused or once deleted.
+    public func nextRuns(count: Int = 5) -> [Int64] {
+        guard !spec.paused, !deleted else { return [] }
+        return ScheduleRecord.slots(of: spec, cron, count: count, after: lastSlot)
     }
 }
 

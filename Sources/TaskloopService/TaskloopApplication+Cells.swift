@@ -598,7 +598,7 @@ final class ClusterEventRenderer {
         } scheduleChanged: { schedule, deleted in
             written.append(ClusterEvents.Written(time: now, type: EventKind.scheduleUpdated.rawValue, task: nil, workflow: nil, queue: nil,
                                                  schedule: schedule.id.description,
-                                                 data: StreamEvent.scheduleData(seq: nil, time: now, schedule: schedule, deleted: deleted,
+                                                 data: StreamEvent.scheduleData(seq: nil, time: now, schedule: schedule.moment(deleted: deleted),
                                                                                 in: engine)))
         }
         return written

@@ -5,94 +5,119 @@ import TaskloopJSON
 /// field names of `POST /tasks` and `POST /workflows` (so the API shows it in the same form).
 /// Schedules are few and change once per slot, so the compact binary form of tasks buys nothing.
 public enum ScheduleRecordCodec {
-    /// The template as the API shows it: `("task", {...})` or `("workflow", {name, tasks})`.
-    public static func json(_ template: ScheduleTemplate) -> (key: String, value: JSONValue) {
+    /// The template as the API shows it, as a member of the object `json` is writing:
+    /// `"task": {...}` or `"workflow": {name, tasks}`. Written straight to bytes: a schedule
+    /// firing every second is encoded every second.
+    public static func write(_ template: ScheduleTemplate, into json: inout JSONWriter) {
         switch template {
         case .task(let spec):
-            return ("task", .object(json(spec, key: nil)))
+            json.key(static: "task")
+            write(spec, key: nil, into: &json)
         case .workflow(let name, let members):
-            var object = JSONObject()
-            if let name { object.append("name", .string(name)) }
-            object.append("tasks", .array(members.map { .object(json($0.spec, key: $0.key)) }))
-            return ("workflow", .object(object))
+            json.key(static: "workflow")
+            json.beginObject()
+            if let name { json.field("name", name) }
+            json.key(static: "tasks")
+            json.beginArray()
+            for member in members { write(member.spec, key: member.key, into: &json) }
+            json.endArray()
+            json.endObject()
         }
     }
 
     /// A task spec in the fields `POST /tasks` takes (`key` first inside a workflow).
-    public static func json(_ spec: TaskSpec, key: String?) -> JSONObject {
-        var object = JSONObject()
-        if let key { object.append("key", .string(key)) }
-        object.append("kind", .string(spec.kind))
-        object.append("params", spec.params)
-        if let name = spec.name { object.append("name", .string(name)) }
-        object.append("queue", .string(spec.queue))
-        object.append("priority", .int(Int64(spec.priority)))
+    private static func write(_ spec: TaskSpec, key: String?, into json: inout JSONWriter) {
+        json.beginObject()
+        if let key { json.field("key", key) }
+        json.field("kind", spec.kind)
+        json.field("params", spec.params)
+        if let name = spec.name { json.field("name", name) }
+        json.field("queue", spec.queue)
+        json.field("priority", Int(spec.priority))
         if !spec.dependencies.isEmpty {
-            object.append("dependencies", .array(spec.dependencies.map { reference in
+            json.key(static: "dependencies")
+            json.beginArray()
+            for reference in spec.dependencies {
                 switch reference {
-                case .task(let id): .string(id.description)
-                case .sibling(let key): .string(key)
+                case .task(let id): json.string(id.description)
+                case .sibling(let key): json.string(key)
                 }
-            }))
+            }
+            json.endArray()
         }
-        object.append("on_dependency_failure", .string(spec.onDependencyFailure.rawValue))
-        if let timeout = spec.timeoutMilliseconds { object.append("timeout_ms", .int(Int64(clamping: timeout))) }
-        object.append("retry", .object([
-            "max_attempts": .int(Int64(spec.retry.maxAttempts)),
-            "backoff_ms": .int(Int64(clamping: spec.retry.backoffMilliseconds)),
-            "backoff_factor": .double(spec.retry.backoffFactor),
-        ]))
-        if let metadata = spec.metadata { object.append("metadata", metadata) }
-        if case .after(let delay)? = spec.runAt { object.append("delay_ms", .int(Int64(clamping: delay))) }
-        if case .after(let ttl)? = spec.expiry { object.append("ttl_ms", .int(Int64(clamping: ttl))) }
-        if let key = spec.uniqueKey { object.append("unique_key", .string(key)) }
-        if let window = spec.uniqueForMilliseconds { object.append("unique_for_ms", .int(Int64(clamping: window))) }
-        return object
+        json.field("on_dependency_failure", spec.onDependencyFailure.rawValue)
+        if let timeout = spec.timeoutMilliseconds { json.key(static: "timeout_ms"); json.int(Int64(clamping: timeout)) }
+        json.key(static: "retry")
+        json.beginObject()
+        json.field("max_attempts", Int(spec.retry.maxAttempts))
+        json.key(static: "backoff_ms")
+        json.int(Int64(clamping: spec.retry.backoffMilliseconds))
+        json.key(static: "backoff_factor")
+        json.double(spec.retry.backoffFactor)
+        json.endObject()
+        if let metadata = spec.metadata { json.field("metadata", metadata) }
+        if case .after(let delay)? = spec.runAt { json.key(static: "delay_ms"); json.int(Int64(clamping: delay)) }
+        if case .after(let ttl)? = spec.expiry { json.key(static: "ttl_ms"); json.int(Int64(clamping: ttl)) }
+        if let key = spec.uniqueKey { json.field("unique_key", key) }
+        if let window = spec.uniqueForMilliseconds { json.key(static: "unique_for_ms"); json.int(Int64(clamping: window)) }
+        json.endObject()
     }
 
     public static func encode(_ schedule: ScheduleSnapshot) -> [UInt8] {
         let spec = schedule.spec
-        var object = JSONObject()
-        object.append("id", .string(schedule.id.description))
-        object.append("name", .string(spec.name))
-        object.append("cron", .string(spec.cron))
-        object.append("timezone", .string(spec.timezone))
-        let template = json(spec.template)
-        object.append(template.key, template.value)
-        object.append("overlap", .string(spec.overlap.rawValue))
-        object.append("catchup", .string(spec.catchup.rawValue))
-        object.append("max_catchup", .int(Int64(spec.maxCatchup)))
-        object.append("paused", .bool(spec.paused))
-        object.append("jitter_ms", .int(Int64(clamping: spec.jitterMilliseconds)))
-        if let startAt = spec.startAt { object.append("start_at", .int(startAt)) }
-        if let endAt = spec.endAt { object.append("end_at", .int(endAt)) }
-        object.append("created_at", .int(schedule.createdAt))
-        object.append("updated_at", .int(schedule.updatedAt))
-        object.append("last_slot", .int(schedule.lastSlot))
-        object.append("last_runs", .array(schedule.lastRuns.map { run in
-            var entry = JSONObject()
-            entry.append("slot", .int(run.slot))
-            entry.append("at", .int(run.at))
-            target(run.target, into: &entry)
-            if let ended = run.endedAs { entry.append("ended_as", .string(ended.rawValue)) }
-            if let error = run.error { entry.append("error", .string(error)) }
-            return .object(entry)
-        }))
-        var current = JSONObject()
-        if let run = schedule.currentRun { target(run, into: &current) }
-        object.append("current_run", .object(current))
-        object.append("fired", .int(Int64(clamping: schedule.firedCount)))
-        object.append("skipped", .int(Int64(clamping: schedule.skippedCount)))
-        object.append("missed", .int(Int64(clamping: schedule.missedCount)))
-        var writer = JSONWriter()
-        writer.value(.object(object))
-        return writer.bytes
+        var json = JSONWriter(capacity: 1_024)
+        json.beginObject()
+        json.field("id", schedule.id.description)
+        json.field("name", spec.name)
+        json.field("cron", spec.cron)
+        json.field("timezone", spec.timezone)
+        write(spec.template, into: &json)
+        json.field("overlap", spec.overlap.rawValue)
+        json.field("catchup", spec.catchup.rawValue)
+        json.field("max_catchup", spec.maxCatchup)
+        json.field("paused", spec.paused)
+        json.key(static: "jitter_ms")
+        json.int(Int64(clamping: spec.jitterMilliseconds))
+        if let startAt = spec.startAt { json.key(static: "start_at"); json.int(startAt) }
+        if let endAt = spec.endAt { json.key(static: "end_at"); json.int(endAt) }
+        json.key(static: "created_at")
+        json.int(schedule.createdAt)
+        json.key(static: "updated_at")
+        json.int(schedule.updatedAt)
+        json.key(static: "last_slot")
+        json.int(schedule.lastSlot)
+        json.key(static: "last_runs")
+        json.beginArray()
+        for run in schedule.lastRuns {
+            json.beginObject()
+            json.key(static: "slot")
+            json.int(run.slot)
+            json.key(static: "at")
+            json.int(run.at)
+            target(run.target, into: &json)
+            if let ended = run.endedAs { json.field("ended_as", ended.rawValue) }
+            if let error = run.error { json.field("error", error) }
+            json.endObject()
+        }
+        json.endArray()
+        json.key(static: "current_run")
+        json.beginObject()
+        if let run = schedule.currentRun { target(run, into: &json) }
+        json.endObject()
+        json.key(static: "fired")
+        json.int(Int64(clamping: schedule.firedCount))
+        json.key(static: "skipped")
+        json.int(Int64(clamping: schedule.skippedCount))
+        json.key(static: "missed")
+        json.int(Int64(clamping: schedule.missedCount))
+        json.endObject()
+        return json.bytes
     }
 
-    private static func target(_ target: ScheduleRun.Target, into object: inout JSONObject) {
+    private static func target(_ target: ScheduleRun.Target, into json: inout JSONWriter) {
         switch target {
-        case .task(let id): object.append("task_id", .string(id.description))
-        case .workflow(let id): object.append("workflow_id", .string(id.description))
+        case .task(let id): json.field("task_id", id.description)
+        case .workflow(let id): json.field("workflow_id", id.description)
         case .none: break
         }
     }

@@ -461,6 +461,34 @@ import TaskloopTime
         }
     }
 
+    /// An event keeps the schedule as its change left it: a later pause or firing does not
+    /// change what an earlier moment shows, however late it is rendered.
+    @Test func aMomentShowsTheScheduleAsItWasThen() throws {
+        let s = Harness(at: "2026-01-01T00:00:30Z")
+        var spec = try s.create("* * * * *").spec
+        let schedule = s.engine.allSchedules[0]
+        let before = schedule.moment()
+        spec.paused = true
+        try s.engine.updateSchedule(schedule.id, to: spec)
+        #expect(before.nextRuns(count: 2).map(Harness.text) == ["2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"])
+        #expect(!before.spec.paused && before.lastRuns.isEmpty)
+        #expect(schedule.moment().nextRuns().isEmpty)
+        #expect(schedule.moment(deleted: true).deleted && before.deleted == false)
+    }
+
+    /// A turn in which ten thousand schedules fire hands the store each schedule once, in the
+    /// order they fired (the collector's membership is a set past a few, not a scan).
+    @Test func aTurnOfManyFiringsCollectsEachScheduleOnce() throws {
+        let s = Harness(at: "2026-01-01T00:00:30Z")
+        for _ in 0..<2_000 { _ = try s.create("* * * * * *") }
+        var collector = ChangeCollector()
+        s.engine.addObserver { collector.add($0) }
+        s.advance(by: 1_000)
+        let changes = collector.take(from: s.engine)
+        #expect(s.runs.count == 2_000)
+        #expect(changes.schedules.map(\.id) == s.runs.map(\.id))
+    }
+
     /// Ten thousand schedules: one heap entry each, and each slot costs a pop and a push.
     @Test func manySchedulesKeepOneEntryEach() throws {
         let s = Harness(at: "2026-01-01T00:00:30Z")

@@ -227,10 +227,14 @@ extension Representation {
     /// jitter_ms, start_at, end_at, created_at, updated_at, next_runs, last_runs}`: `next_runs`
     /// the next five slots (unjittered; none while paused), `last_runs` the newest twenty runs,
     /// oldest first, each with its task's or workflow's state now.
-    static func write(_ schedule: ScheduleRecord, in engine: Engine, deleted: Bool = false, into json: inout JSONWriter) {
+    static func write(_ schedule: ScheduleRecord, in engine: Engine, into json: inout JSONWriter) {
+        write(schedule.moment(), state: engine.state(of:), into: &json)
+    }
+
+    /// A schedule as one change left it (its event), each run's state as `state` reads it.
+    static func write(_ schedule: ScheduleMoment, state: (ScheduleRun) -> String, into json: inout JSONWriter) {
         write(schedule.id, schedule.spec, createdAt: schedule.createdAt, updatedAt: schedule.updatedAt,
-              nextRuns: deleted ? [] : engine.nextRuns(of: schedule), lastRuns: schedule.lastRuns, state: engine.state(of:),
-              deleted: deleted, into: &json)
+              nextRuns: schedule.nextRuns(), lastRuns: schedule.lastRuns, state: state, deleted: schedule.deleted, into: &json)
     }
 
     /// A schedule as its cell's last commit left it (`GET /schedules` with replicas, read from
@@ -250,9 +254,7 @@ extension Representation {
         json.field("name", spec.name)
         json.field("cron", spec.cron)
         json.field("timezone", spec.timezone)
-        let template = ScheduleRecordCodec.json(spec.template)
-        json.key(template.key)
-        json.value(template.value)
+        ScheduleRecordCodec.write(spec.template, into: &json)
         json.field("overlap", spec.overlap.rawValue)
         json.field("catchup", spec.catchup.rawValue)
         json.field("max_catchup", spec.maxCatchup)

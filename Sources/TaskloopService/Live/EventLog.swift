@@ -30,8 +30,9 @@ struct EventMapping {
                       emit: (EventKind, TaskRecord?, TaskState?, WorkflowRecord?, TaskQueue?) -> Void,
                       progressed: (TaskRecord) -> Void, leftRunning: (TaskRecord) -> Void,
                       scheduleChanged: (ScheduleRecord, _ deleted: Bool) -> Void = { _, _ in }) {
-        var workflowsTouched: [WorkflowRecord] = []
-        var schedulesTouched: [ScheduleTouch] = []
+        var workflowsTouched = OrderedObjects<WorkflowRecord>()
+        var schedulesTouched = OrderedObjects<ScheduleRecord>()
+        var deletedSchedules = OrderedObjects<ScheduleRecord>()
         var spent: [WorkflowRecord] = []
         for event in events {
             switch event {
@@ -40,19 +41,17 @@ struct EventMapping {
             case .stateChanged(let task, _, let to):
                 if to != .running { leftRunning(task) }
                 emit(.taskState, task, to, nil, nil)
-                if let workflow = task.workflow, !workflowsTouched.contains(where: { $0 === workflow }) {
-                    workflowsTouched.append(workflow)
-                }
+                if let workflow = task.workflow { workflowsTouched.insert(workflow) }
             case .progressed(let task):
                 progressed(task)
             case .workflowSubmitted(let workflow):
                 // Created running; where its tasks took it in the same call follows below.
                 announced[ObjectIdentifier(workflow)] = .running
                 emit(.workflowState, nil, .running, workflow, nil)
-                workflowsTouched.append(workflow)
+                workflowsTouched.insert(workflow)
             case .workflowReported(let workflow, let isSpent):
                 // On cells: a member of another cell changed it at its home, as a local one would.
-                if !workflowsTouched.contains(where: { $0 === workflow }) { workflowsTouched.append(workflow) }
+                workflowsTouched.insert(workflow)
                 if isSpent { spent.append(workflow) }
             case .queueChanged(let queue):
                 emit(.queueUpdated, nil, nil, nil, queue)
@@ -61,38 +60,33 @@ struct EventMapping {
             case .evicted(let task, let workflowEmptied):
                 if workflowEmptied, let workflow = task.workflow { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
             case .scheduleChanged(let schedule):
-                if !schedulesTouched.contains(where: { $0.schedule === schedule }) {
-                    schedulesTouched.append(ScheduleTouch(schedule: schedule, deleted: false))
-                }
+                schedulesTouched.insert(schedule)
             case .scheduleDeleted(let schedule):
-                schedulesTouched.removeAll { $0.schedule === schedule }
-                schedulesTouched.append(ScheduleTouch(schedule: schedule, deleted: true))
+                deletedSchedules.insert(schedule)
             case .queueForgotten, .leaseRenewed, .releasedByRetry, .messageSent, .watched:
                 break
             }
         }
-        for workflow in workflowsTouched where announced[ObjectIdentifier(workflow)] != workflow.state {
+        for workflow in workflowsTouched.elements where announced[ObjectIdentifier(workflow)] != workflow.state {
             announced[ObjectIdentifier(workflow)] = workflow.state
             emit(.workflowState, nil, workflow.state, workflow, nil)
         }
         // Forgotten by its engine: nothing more is said of it.
         for workflow in spent { announced.removeValue(forKey: ObjectIdentifier(workflow)) }
-        // Once per schedule per call, as the call left it (a fire and its run's end may share one).
-        for touch in schedulesTouched { scheduleChanged(touch.schedule, touch.deleted) }
-    }
-
-    /// A struct, not a tuple: an array of tuples looks up its type's metadata at run time, on
-    /// every call, even empty.
-    private struct ScheduleTouch {
-        let schedule: ScheduleRecord
-        let deleted: Bool
+        // Once per schedule per call, as the call left it (a fire and its run's end may share
+        // one); a schedule deleted in the call is said last, deleted.
+        for schedule in schedulesTouched.elements where !deletedSchedules.contains(schedule) { scheduleChanged(schedule, false) }
+        for schedule in deletedSchedules.elements { scheduleChanged(schedule, true) }
     }
 }
+
 
 /// One numbered change. It keeps what the change showed (a task's `TaskMoment`, a workflow's
 /// state and progress) from when it was numbered; its `data` is rendered from that the first
 /// time a subscriber needs it and kept for the others: a server nobody listens to renders
 /// nothing, and a replay shows each change as it was. A queue event is rendered when numbered.
+/// A `schedule.updated` keeps the schedule as the change left it (`ScheduleMoment`); only its
+/// runs' states are read when it is rendered.
 ///
 /// Threading: loop thread only.
 final class StreamEvent: FilterableEvent {
@@ -138,8 +132,9 @@ final class StreamEvent: FilterableEvent {
         if queue != nil { _ = data }
     }
 
-    /// A `schedule.updated`, rendered now as the change left it (`deleted`: with `"deleted": true`).
-    init(seq: UInt64, time: Int64, schedule: ScheduleRecord, deleted: Bool, in engine: Engine, batch: Int) {
+    /// A `schedule.updated`: the schedule as the change left it, rendered when first needed;
+    /// each run's state is read from `engine` then.
+    init(seq: UInt64, time: Int64, schedule: ScheduleMoment, in engine: Engine, batch: Int) {
         self.seq = seq
         kind = .scheduleUpdated
         self.time = time
@@ -155,21 +150,32 @@ final class StreamEvent: FilterableEvent {
         queueName = nil
         scheduleID = schedule.id
         endsTask = false
-        renderedData = Self.scheduleData(seq: Int(seq), time: time, schedule: schedule, deleted: deleted, in: engine)
+        scheduleMoment = ScheduleEventMoment(schedule: schedule, engine: engine)
     }
 
     /// A `schedule.updated` event's JSON; without `seq` where the id is given later (cells: the database's).
-    static func scheduleData(seq: Int?, time: Int64, schedule: ScheduleRecord, deleted: Bool, in engine: Engine) -> [UInt8] {
+    static func scheduleData(seq: Int?, time: Int64, schedule: ScheduleMoment, in engine: Engine) -> [UInt8] {
         var json = JSONWriter(capacity: 1_024)
         json.beginObject()
         if let seq { json.field("seq", seq) }
         json.field("type", EventKind.scheduleUpdated.rawValue)
         Representation.timestamp("time", time, into: &json)
         json.key(static: "schedule")
-        Representation.write(schedule, in: engine, deleted: deleted, into: &json)
+        Representation.write(schedule, state: engine.state(of:), into: &json)
         json.endObject()
         return json.bytes
     }
+
+    /// What a `schedule.updated` shows, until rendered.
+    private final class ScheduleEventMoment {
+        let schedule: ScheduleMoment
+        unowned let engine: Engine
+        init(schedule: ScheduleMoment, engine: Engine) {
+            self.schedule = schedule
+            self.engine = engine
+        }
+    }
+    private var scheduleMoment: ScheduleEventMoment?
 
     /// An event a cell's commit wrote, rendered by the engine that made it (a replica on cells).
     /// `seq` numbers it where no position is known yet.
@@ -206,7 +212,13 @@ final class StreamEvent: FilterableEvent {
     /// and a webhook's `data`.
     var data: [UInt8] {
         if let renderedData { return renderedData }
-        let bytes = render(seq: Int(seq))
+        let bytes: [UInt8]
+        if let scheduleMoment {
+            bytes = Self.scheduleData(seq: Int(seq), time: time, schedule: scheduleMoment.schedule, in: scheduleMoment.engine)
+            self.scheduleMoment = nil
+        } else {
+            bytes = render(seq: Int(seq))
+        }
         renderedData = bytes
         return bytes
     }
@@ -380,7 +392,9 @@ final class EventLog {
             heldProgress.removeValue(forKey: ObjectIdentifier(task))?.cancel()
             lastProgress.removeValue(forKey: ObjectIdentifier(task))
         } scheduleChanged: { schedule, deleted in
-            if let engine { append(StreamEvent(seq: next(), time: now, schedule: schedule, deleted: deleted, in: engine, batch: batch)) }
+            if let engine {
+                append(StreamEvent(seq: next(), time: now, schedule: schedule.moment(deleted: deleted), in: engine, batch: batch))
+            }
         }
         if waitsFor == nil && lastAssigned != before { publish(through: lastAssigned) }
     }
