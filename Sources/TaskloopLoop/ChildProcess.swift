@@ -131,9 +131,12 @@ public final class ChildProcess {
             if opened != 0 { close(ends[0]) }
             try UVError.check(opened, "uv_pipe_open")
         }
+        var spawned: Int32 = 0
         let status = spawn(program: program, arguments: arguments, environment: environment, directory: directory,
-                           stdout: childEnds[0], stderr: childEnds[1], pid: &pid)
+                           stdout: childEnds[0], stderr: childEnds[1], pid: &spawned)
+        // A failed posix_spawn has waited for its child already: that pid may be anyone's now.
         guard status == 0 else { throw UVError(code: -status, operation: "posix_spawn") }
+        pid = spawned
         pidfd = taskloop_pidfd_open(pid)
         guard pidfd >= 0 else { throw UVError(code: -errno, operation: "pidfd_open") }
         let watch = try UVHandle.make(uv_poll_t.self, "uv_poll_init") { uv_poll_init(loop.uvLoop, $0, pidfd) }
@@ -273,10 +276,11 @@ public final class ChildProcess {
             status = 0
             signal = SIGKILL
         }
-        uv_poll_stop(exitWatch)
+        // uv_close stops the poll at once; the descriptor is closed after it, so libuv never
+        // touches a number that may already be another's.
+        UVHandle.close(exitWatch)
         close(pidfd)
         pidfd = -1
-        UVHandle.close(exitWatch)
         exited(status: status, signal: signal)
     }
 
