@@ -73,7 +73,6 @@ public final class ChildProcess {
         // Before the loop's next turn, so before any callback of these handles can come.
         UVHandle.adopt(exitWatch, owner: self)
         for pipe in pipes { UVHandle.adopt(pipe, owner: self) }
-        Self.startedHere.withLock { _ = $0.insert(pid) }
         for pipe in pipes {
             pipe.withMemoryRebound(to: uv_stream_t.self, capacity: 1) { stream in
                 if uv_read_start(stream, provideChildReadBuffer, childReadCompleted) != 0 { pipeFinished(pipe) }
@@ -118,7 +117,10 @@ public final class ChildProcess {
                 if let exitWatch { UVHandle.close(exitWatch) }
                 if pidfd >= 0 { close(pidfd) }
                 for pipe in pipes { UVHandle.close(pipe) }
-                if pid > 0 { abandon(pid) }
+                if pid > 0 {
+                    abandon(pid)
+                    startedHere.withLock { _ = $0.remove(pid) }
+                }
             }
         }
         for _ in 0..<2 {
@@ -131,12 +133,20 @@ public final class ChildProcess {
             if opened != 0 { close(ends[0]) }
             try UVError.check(opened, "uv_pipe_open")
         }
-        var spawned: Int32 = 0
-        let status = spawn(program: program, arguments: arguments, environment: environment, directory: directory,
-                           stdout: childEnds[0], stderr: childEnds[1], pid: &spawned)
-        // A failed posix_spawn has waited for its child already: that pid may be anyone's now.
+        // Counted as started here from the moment it exists: a shutdown's sweep on another
+        // thread (`OrphanReaper.killAndReapAdopted`) would kill it as an orphan otherwise.
+        let status = startedHere.withLock { started -> Int32 in
+            var spawned: Int32 = 0
+            let status = spawn(program: program, arguments: arguments, environment: environment, directory: directory,
+                               stdout: childEnds[0], stderr: childEnds[1], pid: &spawned)
+            // A failed posix_spawn has waited for its child already: that pid may be anyone's now.
+            if status == 0 {
+                started.insert(spawned)
+                pid = spawned
+            }
+            return status
+        }
         guard status == 0 else { throw UVError(code: -status, operation: "posix_spawn") }
-        pid = spawned
         pidfd = taskloop_pidfd_open(pid)
         guard pidfd >= 0 else { throw UVError(code: -errno, operation: "pidfd_open") }
         let watch = try UVHandle.make(uv_poll_t.self, "uv_poll_init") { uv_poll_init(loop.uvLoop, $0, pidfd) }

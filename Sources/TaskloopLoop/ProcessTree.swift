@@ -145,21 +145,26 @@ public final class OrphanReaper {
         timer.close()
     }
 
-    /// The last step of a shutdown, once every child `ChildProcess` started has been reaped: whatever
-    /// children are left were adopted from stopped tasks; they are killed and waited for (at
-    /// most `timeout` milliseconds), so none outlives the server or is left a zombie. Blocks
-    /// the calling thread for that long at most.
+    /// The last step of a shutdown, once every child `ChildProcess` started has been reaped:
+    /// whatever children are left were adopted from stopped tasks; they are killed and waited
+    /// for (at most `timeout` milliseconds), so none outlives the server or is left a zombie.
+    /// Each is waited for by its pid, never `waitpid(-1)`: a child a `ChildProcess` still
+    /// watches (another loop's, in a process running several) keeps its exit for its watch.
+    /// Blocks the calling thread for that long at most.
     public static func killAndReapAdopted(timeout: UInt64) {
         ProcessTreeKiller.shared.waitUntilIdle()
-        for pid in ProcessTreeKiller.children(of: getpid()) where !ChildProcess.isStartedHere(pid) {
-            kill(pid, SIGKILL)
-        }
         var waited: UInt64 = 0
+        var killed = false
         while true {
+            // Looked for again each round: an orphan of a killed one comes back to this process.
+            let adopted = ProcessTreeKiller.children(of: getpid()).filter { !ChildProcess.isStartedHere($0) }
+            if !killed {
+                for pid in adopted { kill(pid, SIGKILL) }
+                killed = true
+            }
             var status: Int32 = 0
-            let pid = waitpid(-1, &status, WNOHANG)
-            if pid > 0 { continue }
-            guard pid == 0, waited < timeout else { return }
+            let running = adopted.filter { waitpid($0, &status, WNOHANG) == 0 }
+            guard !running.isEmpty, waited < timeout else { return }
             usleep(2_000)
             waited += 2
         }

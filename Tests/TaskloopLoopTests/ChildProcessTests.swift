@@ -31,6 +31,9 @@ import TaskloopLoop
         var running = 0
         let watchdog = try LoopTimer(loop: loop)
         let closeExtra = try withLoop(loop)
+        // Unique to this run: a child's exit signals every process carrying its cookie, and
+        // the tests of this suite run at the same time.
+        let run = UUID()
         func finishIfDone() {
             guard running == 0 else { return }
             watchdog.close()
@@ -42,7 +45,7 @@ import TaskloopLoop
                 var stdout: [UInt8] = [], stderr: [UInt8] = []
                 do {
                     _ = try ChildProcess(
-                        loop: loop, arguments: arguments, environment: environment, cookie: ["TASKLOOP_TEST_CHILD=\(index)"],
+                        loop: loop, arguments: arguments, environment: environment, cookie: ["TASKLOOP_TEST_CHILD=\(run)-\(index)"],
                         directory: directory,
                         onOutput: { stream, bytes in
                             if stream == .stdout { stdout += bytes } else { stderr += bytes }
