@@ -4,6 +4,7 @@
 # server once it retains BENCH_EXEC_RETAINED (100000) finished noop tasks. A spawn that copies
 # the process (fork) slows with the server's size; the ratio fresh/retained is the figure
 # (goal: at least 0.9). Release build, in memory, one server on core 0, the client on core 1.
+#   BENCH_EXEC_ISOLATION  --exec-isolation (default auto: a cgroup per attempt where it can)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -11,7 +12,9 @@ count=${BENCH_EXEC_COUNT:-200}
 retained=${BENCH_EXEC_RETAINED:-100000}
 source Benchmarks/release-server.sh
 serve_in_background taskset -c 0 "$binary" --port 0 --durability memory --allow-exec --log-level warning \
+    --exec-isolation "${BENCH_EXEC_ISOLATION:-auto}" \
     --max-body-bytes 16777216 --max-unfinished-tasks 10000000 --max-retained-tasks $((retained * 2))
+curl -fsS "$url/healthz" | python3 -c 'import json, sys; print("process isolation:", json.load(sys.stdin).get("process_isolation"))' >&2
 host_port=${url#http://}
 host=${host_port%:*} port=${host_port##*:}
 exec_seconds() {
