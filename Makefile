@@ -62,6 +62,7 @@ bench: bench-deps
 	bash Benchmarks/ui/run.sh
 	bash Benchmarks/replicas/run.sh
 	bash Benchmarks/timers/run.sh
+	bash Benchmarks/exec/run.sh
 
 clean:
 	rm -rf .build

@@ -66,7 +66,7 @@ public final class HTTPServer {
         precondition(listener == nil, "HTTPServer.start called twice")
         // libuv writes to sockets with write(2): to a peer that has reset the connection that
         // raises SIGPIPE, whose default action ends the whole process. A server must see it as
-        // the error it is for that one connection. (Children started with uv_spawn get every
+        // the error it is for that one connection. (Children started by ChildProcess get every
         // signal's default disposition back.)
         signal(SIGPIPE, SIG_IGN)
         let address: SocketAddress

@@ -1,8 +1,16 @@
 import CLibUV
 import Glibc
 
-/// A program run with `uv_spawn` in a process group of its own, its stdout and stderr read as
-/// they come. Loop thread only.
+/// A program run with `posix_spawn` in a session and process group of its own, its stdout and
+/// stderr read as they come. Loop thread only.
+///
+/// posix_spawn, not libuv's `uv_spawn`: libuv 1.44 forks, and a fork copies the page tables of
+/// the whole server, so starting a program took four times as long in a server holding 100,000
+/// tasks. glibc's posix_spawn shares the server's memory with the child until it execs
+/// (`clone(CLONE_VM|CLONE_VFORK)`). libuv watches only the children it spawned, so this one
+/// watches its own: a pidfd, readable once the child has exited, polled on the loop, then
+/// `waitpid` on that pid alone. libuv waits for no pid it does not know, and `OrphanReaper`
+/// leaves alone the pids started here, so each exit is seen once, by its `ChildProcess`.
 ///
 /// The child and everything it starts carry `cookie` (`NAME=value` entries added to its
 /// environment), so `signalTree` reaches its whole tree: its process group, and through
@@ -10,7 +18,7 @@ import Glibc
 /// `cgroup`, the child runs in it from its first instruction, and so does everything it starts,
 /// environment cleared or not: `signalTree` reaches that too, and SIGKILL kills it whole.
 ///
-/// Lifecycle: three handles (the process and two pipes), each freed in its close callback.
+/// Lifecycle: three handles (the pidfd's poll and two pipes), each freed in its close callback.
 /// `onExit` is called once, after the child has been reaped *and* both pipes reached EOF (or
 /// `stopReading()` gave up on them), so all output has been delivered before it. When the
 /// child itself exits, whatever is left of its tree is killed: nothing outlives the run, and a
@@ -21,18 +29,21 @@ public final class ChildProcess {
     public let pid: Int32
     public let cookie: [String]
     public let cgroup: Cgroup?
-    private let process: UnsafeMutablePointer<uv_process_t>
+    /// The child's pidfd, open until the child has been reaped.
+    private var pidfd: Int32
+    private let exitWatch: UnsafeMutablePointer<uv_poll_t>
     private let pipes: [UnsafeMutablePointer<uv_pipe_t>]
     private var onOutput: ((Stream, UnsafeRawBufferPointer) -> Void)?
     private var onExit: ((_ status: Int64, _ signal: Int32) -> Void)?
     private var exit: (status: Int64, signal: Int32)?
     private var openPipes = 2
     private var closedPipes: [UnsafeMutablePointer<uv_pipe_t>] = []
-    fileprivate let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 1)
+    fileprivate let readBuffer: UnsafeMutableRawBufferPointer
 
     /// Starts `arguments[0]` (searched in the `PATH` of `environment`) with exactly
     /// `environment` and `cookie` (`NAME=value` entries; the cookie's win) in `directory`, inside
-    /// `cgroup` when one is given. Throws if it cannot be started.
+    /// `cgroup` when one is given. Throws if it cannot be started: ENOENT when the program is
+    /// not found, EACCES when what was found cannot be run.
     public init(
         loop: EventLoop, arguments: [String], environment: [String], cookie: [String], directory: String?,
         cgroup: Cgroup? = nil,
@@ -40,56 +51,28 @@ public final class ChildProcess {
         onExit: @escaping (_ status: Int64, _ signal: Int32) -> Void
     ) throws(UVError) {
         precondition(!arguments.isEmpty, "a program to run")
-        // libuv learns that a child exited from SIGCHLD. A process started by a parent that
-        // blocks it (Foundation's Process does) inherits the blocked mask, and then no exit is
-        // ever reported; found by the binary tests.
-        unblock(SIGCHLD)
         let cookieNames = Set(cookie.map { $0.prefix { $0 != "=" } })
         let environment = environment.filter { !cookieNames.contains($0.prefix { $0 != "=" }) } + cookie
-        var command = arguments
-        if let cgroup {
-            // The trampoline would report a program it cannot run as its own exit status 127:
-            // looked for first, like uv_spawn's exec, it fails to start instead.
-            do {
-                try Self.checkExecutable(arguments[0], environment: environment, directory: directory)
-            } catch {
-                readBuffer.deallocate()
-                throw error
-            }
-            command = Self.joiningCgroup(cgroup, arguments)
-        }
-        var pipes: [UnsafeMutablePointer<uv_pipe_t>] = []
-        do {
-            for _ in 0..<2 {
-                pipes.append(try UVHandle.make(uv_pipe_t.self, "uv_pipe_init") { uv_pipe_init(loop.uvLoop, $0, 0) })
-            }
-        } catch {
-            for pipe in pipes { UVHandle.close(pipe) }
-            readBuffer.deallocate()
-            throw error
-        }
-        let process = UnsafeMutablePointer<uv_process_t>.allocate(capacity: 1)
-        process.withMemoryRebound(to: uv_handle_t.self, capacity: 1) { $0.pointee.data = nil }
-        let status = Self.spawn(loop: loop, process: process, pipes: pipes, arguments: command, environment: environment,
-                                directory: directory)
+        // Searched here, in the program's PATH and relative to its directory, as execvp in
+        // uv_spawn's child did; the trampoline searches again, the same PATH, but a program it
+        // cannot run would be its own exit status 127, so it is looked for first either way.
+        let program = try Self.executablePath(arguments[0], environment: environment, directory: directory)
+        let started = try Self.start(
+            loop: loop, program: cgroup == nil ? program : CgroupParent.shell,
+            arguments: cgroup.map { Self.joiningCgroup($0, arguments) } ?? arguments,
+            environment: environment, directory: directory)
+        pid = started.pid
+        pidfd = started.pidfd
+        exitWatch = started.exitWatch
+        pipes = started.pipes
         self.cookie = cookie
         self.cgroup = cgroup
-        self.process = process
-        self.pipes = pipes
         self.onOutput = onOutput
         self.onExit = onExit
-        pid = status == 0 ? uv_process_get_pid(process) : 0
-        // uv_spawn initialises the process handle even when it fails; it must be closed either way.
+        readBuffer = .allocate(byteCount: 16 * 1024, alignment: 1)
+        // Before the loop's next turn, so before any callback of these handles can come.
+        UVHandle.adopt(exitWatch, owner: self)
         for pipe in pipes { UVHandle.adopt(pipe, owner: self) }
-        UVHandle.adopt(process, owner: self)
-        guard status == 0 else {
-            self.onOutput = nil
-            self.onExit = nil
-            closeAll()
-            try UVError.check(status, "uv_spawn")
-            return
-        }
-        Self.startedHere.withLock { _ = $0.insert(pid) }
         for pipe in pipes {
             pipe.withMemoryRebound(to: uv_stream_t.self, capacity: 1) { stream in
                 if uv_read_start(stream, provideChildReadBuffer, childReadCompleted) != 0 { pipeFinished(pipe) }
@@ -97,8 +80,8 @@ public final class ChildProcess {
         }
     }
 
-    /// Children started here and not yet reaped: libuv waits for these; `OrphanReaper` leaves
-    /// them alone.
+    /// Children started here and not yet reaped: each `ChildProcess` waits for its own;
+    /// `OrphanReaper` leaves them alone.
     private static let startedHere = PThreadLocked<Set<Int32>>([])
 
     static func isStartedHere(_ pid: Int32) -> Bool {
@@ -109,22 +92,116 @@ public final class ChildProcess {
         readBuffer.deallocate()
     }
 
+    private struct Started {
+        let pid: Int32
+        let pidfd: Int32
+        let exitWatch: UnsafeMutablePointer<uv_poll_t>
+        let pipes: [UnsafeMutablePointer<uv_pipe_t>]
+    }
+
+    /// The pipes (the loop's ends open in uv_pipe handles, the child's given to it), the child,
+    /// and the watch on its exit, started; on a failure, everything made so far is undone (a
+    /// child already running is killed and waited for) and the failure thrown.
+    private static func start(
+        loop: EventLoop, program: String, arguments: [String], environment: [String], directory: String?
+    ) throws(UVError) -> Started {
+        var pipes: [UnsafeMutablePointer<uv_pipe_t>] = []
+        var childEnds: [Int32] = []
+        var pid: Int32 = 0
+        var pidfd: Int32 = -1
+        var exitWatch: UnsafeMutablePointer<uv_poll_t>?
+        var succeeded = false
+        defer {
+            for fd in childEnds { close(fd) }
+            if !succeeded {
+                if let exitWatch { UVHandle.close(exitWatch) }
+                if pidfd >= 0 { close(pidfd) }
+                for pipe in pipes { UVHandle.close(pipe) }
+                if pid > 0 {
+                    abandon(pid)
+                    startedHere.withLock { _ = $0.remove(pid) }
+                }
+            }
+        }
+        for _ in 0..<2 {
+            let pipe = try UVHandle.make(uv_pipe_t.self, "uv_pipe_init") { uv_pipe_init(loop.uvLoop, $0, 0) }
+            pipes.append(pipe)
+            var ends: [Int32] = [-1, -1]
+            guard taskloop_pipe_cloexec(&ends) == 0 else { throw UVError(code: -errno, operation: "pipe2") }
+            childEnds.append(ends[1])
+            let opened = uv_pipe_open(pipe, ends[0])
+            if opened != 0 { close(ends[0]) }
+            try UVError.check(opened, "uv_pipe_open")
+        }
+        // Counted as started here from the moment it exists: a shutdown's sweep on another
+        // thread (`OrphanReaper.killAndReapAdopted`) would kill it as an orphan otherwise.
+        let status = startedHere.withLock { started -> Int32 in
+            var spawned: Int32 = 0
+            let status = spawn(program: program, arguments: arguments, environment: environment, directory: directory,
+                               stdout: childEnds[0], stderr: childEnds[1], pid: &spawned)
+            // A failed posix_spawn has waited for its child already: that pid may be anyone's now.
+            if status == 0 {
+                started.insert(spawned)
+                pid = spawned
+            }
+            return status
+        }
+        guard status == 0 else { throw UVError(code: -status, operation: "posix_spawn") }
+        pidfd = taskloop_pidfd_open(pid)
+        guard pidfd >= 0 else { throw UVError(code: -errno, operation: "pidfd_open") }
+        let watch = try UVHandle.make(uv_poll_t.self, "uv_poll_init") { uv_poll_init(loop.uvLoop, $0, pidfd) }
+        exitWatch = watch
+        try UVError.check(uv_poll_start(watch, Int32(UV_READABLE.rawValue), childExitReady), "uv_poll_start")
+        succeeded = true
+        return Started(pid: pid, pidfd: pidfd, exitWatch: watch, pipes: pipes)
+    }
+
+    /// posix_spawn of `program`; a file the kernel cannot execute (ENOEXEC: a script without
+    /// `#!`) is run by /bin/sh, as execvp in uv_spawn's child did. Returns 0 or an errno.
+    private static func spawn(
+        program: String, arguments: [String], environment: [String], directory: String?, stdout: Int32, stderr: Int32,
+        pid: inout Int32
+    ) -> Int32 {
+        func attempt(_ program: String, _ arguments: [String]) -> Int32 {
+            let argv = arguments.map { strdup($0) } + [nil]
+            let envp = environment.map { strdup($0) } + [nil]
+            defer { for pointer in argv + envp { free(pointer) } }
+            return taskloop_spawn(&pid, program, argv, envp, directory, stdout, stderr)
+        }
+        let status = attempt(program, arguments)
+        guard status == ENOEXEC else { return status }
+        return attempt("/bin/sh", ["/bin/sh", program] + arguments.dropFirst())
+    }
+
+    /// A child started but not to be watched (the watch could not be set up): killed with its
+    /// group and waited for, which a SIGKILL makes quick.
+    private static func abandon(_ pid: Int32) {
+        kill(-pid, SIGKILL)
+        kill(pid, SIGKILL)
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    }
+
     /// `arguments` run through a shell that first moves itself into `cgroup` (writing 0 to
     /// `cgroup.procs` moves the writer), then becomes the program with `exec`, same pid, same
-    /// process group. libuv has no hook between its fork and exec, and moving the child once
-    /// uv_spawn returns would be too late for a program that double-forks at once. The shell
-    /// searches `PATH` as uv_spawn would; the arguments are its positional parameters, never
-    /// parsed. Should the move fail (the probe at start makes that unlikely), the program does
-    /// not run: the child exits with 125, the shell's message on its stderr.
+    /// process group. posix_spawn has no step that joins a cgroup (glibc 2.36 has no
+    /// `posix_spawnattr_setcgroup_np`; clone3's CLONE_INTO_CGROUP without copying the process
+    /// would need a hand-made clone on a stack of its own), and moving the child once it runs
+    /// would be too late for a program that double-forks at once. The shell is spawned the
+    /// same way, without a copy; it searches `PATH` as execvp would; the arguments are its
+    /// positional parameters, never parsed. Should the move fail (the probe at start makes that
+    /// unlikely), the program does not run: the child exits with 125, the shell's message on
+    /// its stderr.
     static func joiningCgroup(_ cgroup: Cgroup, _ arguments: [String]) -> [String] {
         [CgroupParent.shell, "-c", #"echo 0 > "$1" || exit 125; shift; exec "$@""#, "taskloop-exec", cgroup.path + "/cgroup.procs"]
             + arguments
     }
 
-    /// Throws what uv_spawn would when `program` cannot be run: not found (ENOENT) in `PATH` of
-    /// `environment` (or at its path, relative to `directory`, when it names one), or found but
-    /// not an executable file (EACCES).
-    static func checkExecutable(_ program: String, environment: [String], directory: String?) throws(UVError) {
+    /// Where `program` is, as execvp finds it: at its path (relative to `directory`) when it
+    /// names one, else in the `PATH` of `environment`; the path to run, relative to the child's
+    /// working directory. Throws ENOENT when it is nowhere, EACCES when what was found is not
+    /// an executable file.
+    static func executablePath(_ program: String, environment: [String], directory: String?) throws(UVError) -> String {
         func status(_ candidate: String) -> Int32 {
             let path = candidate.hasPrefix("/") ? candidate : (directory.map { $0 + "/" } ?? "") + candidate
             var info = stat()
@@ -135,59 +212,20 @@ public final class ChildProcess {
         var denied = false
         if program.contains("/") {
             let found = status(program)
-            guard found != 0 else { return }
+            guard found != 0 else { return program }
             denied = found == EACCES
         } else {
             let searchPath = environment.last { $0.hasPrefix("PATH=") }.map { String($0.dropFirst(5)) } ?? "/usr/bin:/bin"
             for entry in searchPath.split(separator: ":", omittingEmptySubsequences: false) {
-                switch status(entry.isEmpty ? program : "\(entry)/\(program)") {
-                case 0: return
+                let candidate = entry.isEmpty ? program : "\(entry)/\(program)"
+                switch status(candidate) {
+                case 0: return candidate
                 case EACCES: denied = true
                 default: continue
                 }
             }
         }
-        throw UVError(code: denied ? -EACCES : -ENOENT, operation: "uv_spawn")
-    }
-
-    private static func spawn(
-        loop: EventLoop, process: UnsafeMutablePointer<uv_process_t>, pipes: [UnsafeMutablePointer<uv_pipe_t>],
-        arguments: [String], environment: [String], directory: String?
-    ) -> Int32 {
-        let argv = arguments.map { strdup($0) } + [nil]
-        let envp = environment.map { strdup($0) } + [nil]
-        let cwd = directory.map { strdup($0) } ?? nil
-        defer {
-            for pointer in argv + envp { free(pointer) }
-            free(cwd)
-        }
-        var stdio = [uv_stdio_container_t](repeating: uv_stdio_container_t(), count: 3)
-        stdio[0].flags = UV_IGNORE
-        for (index, pipe) in pipes.enumerated() {
-            stdio[index + 1].flags = uv_stdio_flags(UV_CREATE_PIPE.rawValue | UV_WRITABLE_PIPE.rawValue)
-            stdio[index + 1].data.stream = UnsafeMutableRawPointer(pipe).assumingMemoryBound(to: uv_stream_t.self)
-        }
-        return argv.withUnsafeBufferPointer { argvBuffer in
-            envp.withUnsafeBufferPointer { envpBuffer in
-                stdio.withUnsafeMutableBufferPointer { stdioBuffer in
-                    var options = uv_process_options_t()
-                    options.exit_cb = childExited
-                    options.file = UnsafePointer(argv[0])
-                    options.args = UnsafeMutablePointer(mutating: argvBuffer.baseAddress)
-                    options.env = UnsafeMutablePointer(mutating: envpBuffer.baseAddress)
-                    options.cwd = UnsafePointer(cwd)
-                    // Detached: the child leads a new session and process group, so the whole
-                    // group can be signalled.
-                    options.flags = UInt32(UV_PROCESS_DETACHED.rawValue)
-                    options.stdio_count = 3
-                    options.stdio = stdioBuffer.baseAddress
-                    // The program gets descriptors 0, 1 and 2 only: what other libraries opened
-                    // without O_CLOEXEC (curl's sockets) must not leak into it (see the shim).
-                    taskloop_mark_descriptors_cloexec()
-                    return uv_spawn(loop.uvLoop, process, &options)
-                }
-            }
-        }
+        throw UVError(code: denied ? -EACCES : -ENOENT, operation: "posix_spawn")
     }
 
     /// Sends `signal` to the child's whole tree: its process group and its cgroup now, and every
@@ -232,7 +270,31 @@ public final class ChildProcess {
     /// them after a while with `stopReading()`.
     public var onReapedWithPipesOpen: (() -> Void)?
 
-    fileprivate func exited(status: Int64, signal: Int32) {
+    /// The pidfd is readable: the child has exited, and is reaped here (a pidfd is readable only
+    /// once the whole process has exited, so `waitpid` finds it).
+    fileprivate func exitReady() {
+        var status: Int64 = 0
+        var signal: Int32 = 0
+        switch taskloop_reap_child(pid, &status, &signal) {
+        case 0:
+            return
+        case 1:
+            break
+        default:
+            // Waited for by someone else (only a shutdown's last sweep waits for any child):
+            // its status is lost; never reported as a success.
+            status = 0
+            signal = SIGKILL
+        }
+        // uv_close stops the poll at once; the descriptor is closed after it, so libuv never
+        // touches a number that may already be another's.
+        UVHandle.close(exitWatch)
+        close(pidfd)
+        pidfd = -1
+        exited(status: status, signal: signal)
+    }
+
+    private func exited(status: Int64, signal: Int32) {
         Self.startedHere.withLock { _ = $0.remove(pid) }
         // Whatever the child left running, in its group or escaped from it, goes with it.
         kill(-pid, SIGKILL)
@@ -245,22 +307,16 @@ public final class ChildProcess {
 
     private func finishIfDone() {
         guard openPipes == 0, let exit else { return }
-        UVHandle.close(process)
         let onExit = self.onExit
         self.onExit = nil
         onOutput = nil
         onReapedWithPipesOpen = nil
         onExit?(exit.status, exit.signal)
     }
-
-    private func closeAll() {
-        for pipe in pipes { UVHandle.close(pipe) }
-        UVHandle.close(process)
-    }
 }
 
-private let childExited: uv_exit_cb = { process, status, signal in
-    UVHandle.owner(process, as: ChildProcess.self).exited(status: status, signal: signal)
+private let childExitReady: uv_poll_cb = { handle, _, _ in
+    UVHandle.owner(handle, as: ChildProcess.self).exitReady()
 }
 
 private let provideChildReadBuffer: uv_alloc_cb = { handle, _, buffer in

@@ -113,8 +113,8 @@ public final class ProcessTreeKiller: Sendable {
 /// Waits for the orphans a child subreaper inherits. With `becomeChildSubreaper()`, a process
 /// that a task's program left behind (a daemon, a double fork) becomes a child of this one when
 /// its parent exits, so the process-tree killer's signals reach processes that stay ours; and
-/// once dead, each must be waited for or it stays a zombie. libuv waits only for the children
-/// it started, each by pid, so the rest are waited for here after every SIGCHLD.
+/// once dead, each must be waited for or it stays a zombie. Each `ChildProcess` waits only for
+/// its own child, by pid, so the rest are waited for here after every SIGCHLD.
 ///
 /// Threading: loop thread only. `close()` frees its handles.
 public final class OrphanReaper {
@@ -131,8 +131,8 @@ public final class OrphanReaper {
         let timer = try LoopTimer(loop: loop)
         self.timer = timer
         do {
-            // libuv's own SIGCHLD handler runs in the same turn; reaping a turn later leaves the
-            // children it started to it.
+            // Reaping a turn later gives the children `ChildProcess` started, whose pidfds are
+            // readable by then, to their own watch first.
             watcher = try SignalWatcher(loop: loop, signal: SIGCHLD) { timer.start(after: 0) { Self.reap(retry: timer) } }
         } catch {
             timer.close()
@@ -145,27 +145,32 @@ public final class OrphanReaper {
         timer.close()
     }
 
-    /// The last step of a shutdown, once every child libuv started has been reaped: whatever
-    /// children are left were adopted from stopped tasks; they are killed and waited for (at
-    /// most `timeout` milliseconds), so none outlives the server or is left a zombie. Blocks
-    /// the calling thread for that long at most.
+    /// The last step of a shutdown, once every child `ChildProcess` started has been reaped:
+    /// whatever children are left were adopted from stopped tasks; they are killed and waited
+    /// for (at most `timeout` milliseconds), so none outlives the server or is left a zombie.
+    /// Each is waited for by its pid, never `waitpid(-1)`: a child a `ChildProcess` still
+    /// watches (another loop's, in a process running several) keeps its exit for its watch.
+    /// Blocks the calling thread for that long at most.
     public static func killAndReapAdopted(timeout: UInt64) {
         ProcessTreeKiller.shared.waitUntilIdle()
-        for pid in ProcessTreeKiller.children(of: getpid()) where !ChildProcess.isStartedHere(pid) {
-            kill(pid, SIGKILL)
-        }
         var waited: UInt64 = 0
+        var killed = false
         while true {
+            // Looked for again each round: an orphan of a killed one comes back to this process.
+            let adopted = ProcessTreeKiller.children(of: getpid()).filter { !ChildProcess.isStartedHere($0) }
+            if !killed {
+                for pid in adopted { kill(pid, SIGKILL) }
+                killed = true
+            }
             var status: Int32 = 0
-            let pid = waitpid(-1, &status, WNOHANG)
-            if pid > 0 { continue }
-            guard pid == 0, waited < timeout else { return }
+            let running = adopted.filter { waitpid($0, &status, WNOHANG) == 0 }
+            guard !running.isEmpty, waited < timeout else { return }
             usleep(2_000)
             waited += 2
         }
     }
 
-    /// Waits for every exited child that is not one of libuv's. A child of libuv's that has not
+    /// Waits for every exited child that `ChildProcess` did not start. One of those that has not
     /// been reaped yet hides the ones behind it from `waitid`, so then it looks again shortly.
     private static func reap(retry timer: LoopTimer) {
         while true {
