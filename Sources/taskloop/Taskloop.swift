@@ -185,7 +185,7 @@ struct Taskloop: ParsableCommand {
     @Option(help: "A page of GET /tasks stops once its body passes this many bytes (its `next` goes on), 65536...4294967296. [env: TASKLOOP_MAX_RESPONSE_BYTES]")
     var maxResponseBytes: Int = Environment.int("MAX_RESPONSE_BYTES") ?? 64 << 20
 
-    @Option(help: "Items one POST /tasks/batch or POST /tasks/reports may carry (more is 413; --max-body-bytes applies too), 1...100000. [env: TASKLOOP_MAX_BATCH_ITEMS]")
+    @Option(help: "Items one POST /tasks/batch or POST /tasks/reports may carry (more is 422 too_many_items; --max-body-bytes applies too), 1...100000. [env: TASKLOOP_MAX_BATCH_ITEMS]")
     var maxBatchItems: Int = Environment.int("MAX_BATCH_ITEMS") ?? 1_000
 
     @Option(help: "Unsent bytes past which an event stream's reader is disconnected (it resumes), 65536...1073741824. [env: TASKLOOP_EVENT_CLIENT_BUFFER_BYTES]")

@@ -76,7 +76,7 @@ import TaskloopTestSupport
             }
             let many = #"{"\#(member)":[\#(Array(repeating: item, count: 4).joined(separator: ","))]}"#
             let tooMany = try client.call("POST", route, json: many)
-            #expect(tooMany.status == 413 && tooMany.json["code"] as? String == "too_many_items", "\(tooMany.text)")
+            #expect(tooMany.status == 422 && tooMany.json["code"] as? String == "too_many_items", "\(tooMany.text)")
             #expect((tooMany.json["errors"] as? [[String: Any]])?.first?["field"] as? String == member)
         }
         #expect(try Self.count(client, queue: "whole") == 0)

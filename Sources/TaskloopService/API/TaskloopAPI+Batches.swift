@@ -68,7 +68,8 @@ extension TaskloopApplication {
 
     /// The items of a batch body `{<member>: [...]}`. Whole-request problems change nothing:
     /// 415 and 400 as for any body, 422 naming `member` when it is missing, not an array or
-    /// empty, 413 `too_many_items` past `--max-batch-items`.
+    /// empty, and 422 `too_many_items` past `--max-batch-items` (413 is the body's size, which
+    /// --max-body-bytes refuses before it is read).
     func batchItems(_ request: HTTPRequest, member: String) throws(APIProblem) -> [JSONValue] {
         let document = try BodyReader.document(request)!
         var reader = BodyReader()
@@ -86,7 +87,7 @@ extension TaskloopApplication {
         try reader.check()
         let limit = configuration.maxBatchItems
         guard items.count <= limit else {
-            throw APIProblem(.contentTooLarge,
+            throw APIProblem(.unprocessableContent,
                              detail: "A batch carries at most \(limit) items (--max-batch-items); this one has \(items.count). Send it in parts.",
                              type: ProblemType.validation, code: "too_many_items",
                              fieldErrors: [.init(field: member, message: "must hold at most \(limit) items.")])

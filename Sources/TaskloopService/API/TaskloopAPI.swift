@@ -113,10 +113,10 @@ extension TaskloopApplication {
                                         body: renderMetrics()))
             },
             Route(.POST, "/tasks", [201, 404, 409, 415, 422, 429], placement: .submittedTask) { [unowned self] request, reply in try submitTask(request, reply) },
-            Route(.POST, "/tasks/batch", [207, 413, 415, 422, 429], placement: .submittedTasks) { [unowned self] request, reply in
+            Route(.POST, "/tasks/batch", [207, 415, 422, 429], placement: .submittedTasks) { [unowned self] request, reply in
                 try submitTaskBatch(request, reply)
             },
-            Route(.POST, "/tasks/reports", [207, 413, 415, 422], forWorkers: true, placement: .reportedTasks) { [unowned self] request, reply in
+            Route(.POST, "/tasks/reports", [207, 415, 422], forWorkers: true, placement: .reportedTasks) { [unowned self] request, reply in
                 try reportBatch(request, reply)
             },
             Route(.GET, "/tasks", [200], placement: .everyCell) { [unowned self] request, reply in try listTasks(request, reply) },
