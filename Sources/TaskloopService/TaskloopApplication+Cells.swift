@@ -577,13 +577,15 @@ extension TaskloopApplication {
     /// The cell of each item of a batch request's body (nil for an item that names none: not
     /// an object, an id of no cell), or nil for a body that is not a batch.
     private func batchItemCells(_ route: Route, _ request: HTTPRequest, _ host: CellHost) -> [Cell?]? {
-        let submits = route.placement == .submittedTasks
-        guard let items = (try? JSONParser.parse(request.body))?.objectValue?[submits ? "tasks" : "reports"]?.arrayValue else {
-            return nil
-        }
-        return items.map { item in
+        let member = route.placement == .submittedTasks ? "tasks" : "reports"
+        guard let items = (try? JSONParser.parse(request.body))?.objectValue?[member]?.arrayValue else { return nil }
+        return batchItemCells(items, member: member, host)
+    }
+
+    private func batchItemCells(_ items: [JSONValue], member: String, _ host: CellHost) -> [Cell?] {
+        items.map { item in
             guard let object = item.objectValue else { return nil }
-            if submits { return host.cell(ofQueue: object["queue"]?.stringValue ?? "default") }
+            if member == "tasks" { return host.cell(ofQueue: object["queue"]?.stringValue ?? "default") }
             guard let id = object["id"]?.stringValue.flatMap(TaskID.init), Int(id.cell) < host.layout.count else { return nil }
             return Cell(id.cell)
         }
@@ -602,8 +604,19 @@ extension TaskloopApplication {
     /// An `Idempotency-Key` names one creation kept in one cell: a keyed batch spanning cells is
     /// 422 `idempotency_key_spans_cells` (send each cell's part under a key of its own).
     func splitBatchAcrossCells(_ route: Route, _ request: HTTPRequest, _ reply: Reply) -> Bool {
-        guard let host = cellHost, let cells = batchItemCells(route, request, host), cells.count <= configuration.maxBatchItems,
-              let firstCell = cells.first(where: { $0 != nil }) ?? nil else { return false }
+        let member = route.placement == .submittedTasks ? "tasks" : "reports"
+        // A request refused whole is refused here, as its handler would: its parts would each
+        // look whole (an unknown member of the body is not copied into them).
+        let items: [JSONValue]
+        do {
+            items = try batchItems(request, member: member)
+        } catch {
+            reply.send(error.response())
+            return true
+        }
+        guard let host = cellHost else { return false }
+        let cells = batchItemCells(items, member: member, host)
+        guard let firstCell = cells.first(where: { $0 != nil }) ?? nil else { return false }
         var parts: [(cell: Cell, positions: [Int])] = []
         var partOfCell: [Cell: Int] = [:]
         for (position, cell) in cells.enumerated() {
@@ -620,8 +633,6 @@ extension TaskloopApplication {
                                   code: "idempotency_key_spans_cells").response())
             return true
         }
-        let member = route.placement == .submittedTasks ? "tasks" : "reports"
-        let items = (try? JSONParser.parse(request.body))?.objectValue?[member]?.arrayValue ?? []
         var answers = [HTTPResponse?](repeating: nil, count: parts.count)
         var waiting = parts.count
         for (number, part) in parts.enumerated() {

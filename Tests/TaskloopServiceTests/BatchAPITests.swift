@@ -239,6 +239,11 @@ import TaskloopTestSupport
         #expect(results.dropLast().allSatisfy { $0["status"] as? Int == 200 }, "\(results)")
         #expect(results.last?["status"] as? Int == 422 && Self.code(results.last!) == "duplicate_id")
         for id in ids { #expect(try client.task(id)["state"] as? String == "succeeded") }
+        // A batch refused whole is refused before it is split: no part goes on without the rest.
+        let before = try queues.map { try Self.count(client, queue: $0) }
+        let unknownMember = try client.call("POST", "/tasks/batch", json: #"{"tasks":[\#(items.joined(separator: ","))],"other":1}"#)
+        #expect(unknownMember.status == 422 && (unknownMember.json["errors"] as? [[String: Any]])?.first?["field"] as? String == "other")
+        #expect(try queues.map { try Self.count(client, queue: $0) } == before)
         // An Idempotency-Key is kept by one cell: a keyed batch across cells is refused whole.
         let keyed = try client.call("POST", "/tasks/batch", json: #"{"tasks":[\#(items.joined(separator: ","))]}"#,
                                     headers: ["Idempotency-Key": "spans"])
