@@ -564,7 +564,10 @@ extension TaskloopApplication {
             let first = (try? JSONParser.parse(request.body))?.objectValue?["tasks"]?.arrayValue?.first
             return host.cell(ofQueue: first?.objectValue?["queue"]?.stringValue ?? "default")
         case .submittedTasks, .reportedTasks:
-            return batchItemCells(route, request, host)?.first { $0 != nil } ?? nil
+            // A batch of submissions none of which names a cell goes where a task without a
+            // queue would: its Idempotency-Key is then read first, as any submission's is.
+            let named = batchItemCells(route, request, host)?.first { $0 != nil } ?? nil
+            return named ?? (route.placement == .submittedTasks ? host.cell(ofQueue: "default") : nil)
         case .submittedSchedule:
             let body = (try? JSONParser.parse(request.body))?.objectValue
             let task = body?["task"]?.objectValue ?? body?["workflow"]?.objectValue?["tasks"]?.arrayValue?.first?.objectValue

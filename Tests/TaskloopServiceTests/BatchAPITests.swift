@@ -157,9 +157,14 @@ import TaskloopTestSupport
         #expect(againResults.map(Self.taskID) == firstResults.map(Self.taskID))
         #expect(Self.fields(againResults[1]) == ["tasks[1].kind"])
         #expect(try Self.count(client, queue: "idem") == 2)
-        let other = try client.call("POST", "/tasks/batch", json: #"{"tasks":[{"kind":"noop","queue":"idem"}]}"#,
-                                    headers: ["Idempotency-Key": "batch-1"])
-        #expect(other.status == 422 && other.json["code"] as? String == "idempotency_key_reused")
+        // Another request under the key, whichever replica or cell it reaches (items that are
+        // not tasks name no queue), is refused and creates nothing.
+        for body in [#"{"tasks":[{"kind":"noop","queue":"idem"}]}"#, #"{"tasks":[null,null]}"#] {
+            for _ in service.ports {
+                let other = try client.call("POST", "/tasks/batch", json: body, headers: ["Idempotency-Key": "batch-1"])
+                #expect(other.status == 422 && other.json["code"] as? String == "idempotency_key_reused", "\(other.text)")
+            }
+        }
         #expect(try Self.count(client, queue: "idem") == 2)
     }
 
