@@ -31,6 +31,9 @@ public struct ClientSettings: Sendable {
 public enum ClientCommand: Sendable {
     /// `POST /tasks` or `POST /workflows`, then what `then` says.
     case submit(Submission, idempotencyKey: String?, then: AfterSubmission)
+    /// `POST /tasks/batch` for each part of a `--batch` file, in order (`Submission.batches`);
+    /// with a key, part `i` of several goes under `<key>-<i>`.
+    case submitBatches([[UInt8]], idempotencyKey: String?)
     /// The task, or else the workflow, with this id.
     case get(id: String)
     /// `GET /tasks`, page after page.

@@ -151,6 +151,7 @@ final class ClientSession {
     func start(_ command: ClientCommand) {
         switch command {
         case .submit(let submission, let key, let then): submit(submission, idempotencyKey: key, then: then)
+        case .submitBatches(let bodies, let key): submitBatches(bodies, from: 0, idempotencyKey: key, allCreated: true)
         case .get(let id): onTaskOrWorkflow(id, "GET", "") { [unowned self] in printJSON($0); finish(.succeeded) }
         case .cancel(let id): onTaskOrWorkflow(id, "DELETE", "") { [unowned self] in printJSON($0); finish(.succeeded) }
         case .retry(let id): onTaskOrWorkflow(id, "POST", "/retry") { [unowned self] in printJSON($0); finish(.succeeded) }
@@ -288,6 +289,24 @@ final class ClientSession {
                     }
                 }
             }
+        }
+    }
+
+    /// Sends the parts one after another, printing each item's line (`Submission.batchLine`) as
+    /// its part is answered. Ends `succeeded` when every task was created, `refused` when some
+    /// were not (the others were: items are independent).
+    private func submitBatches(_ bodies: [[UInt8]], from part: Int, idempotencyKey: String?, allCreated: Bool) {
+        guard part < bodies.count else { return finish(allCreated ? .succeeded : .refused) }
+        let key = idempotencyKey.map { bodies.count == 1 ? $0 : "\($0)-\(part + 1)" }
+        let headers = key.map { [HTTPHeaderField("Idempotency-Key", $0)] } ?? []
+        server.call("POST", "/tasks/batch", body: bodies[part], headers: headers) { [unowned self] reply in
+            guard let response = success(reply) else { return }
+            guard let results = response.json?.objectValue?["results"]?.arrayValue else {
+                return failUnreadable("the answer to POST /tasks/batch has no results")
+            }
+            Console.write(results.map { Submission.batchLine($0) + "\n" }.joined(), to: Console.output)
+            let created = results.allSatisfy { $0.objectValue?["status"]?.intValue == 201 }
+            submitBatches(bodies, from: part + 1, idempotencyKey: idempotencyKey, allCreated: allCreated && created)
         }
     }
 

@@ -93,4 +93,51 @@ public struct Submission: Sendable {
         }
         return Submission(body: bytes, isWorkflow: object["tasks"] != nil)
     }
+
+    /// The most tasks `submit --batch` sends in one `POST /tasks/batch` (the server's default
+    /// `--max-batch-items`).
+    public static let batchSize = 1_000
+
+    /// The bodies of `POST /tasks/batch` for the tasks in the file at `path` (`-` for standard input).
+    public static func batchFile(_ path: String) throws(UsageError) -> [[UInt8]] {
+        try batches(try Console.contents(of: path), source: path == "-" ? "standard input" : path)
+    }
+
+    /// The bodies of `POST /tasks/batch` for the tasks of a `--batch` file: one JSON array of
+    /// tasks, or JSON lines (one task per line, blank lines skipped), sent in order in parts of
+    /// up to `size`. Each task goes as written; the server checks each, and answers each.
+    public static func batches(_ bytes: [UInt8], source: String, size: Int = batchSize) throws(UsageError) -> [[UInt8]] {
+        var tasks: [JSONValue] = []
+        let first = bytes.first { $0 != 0x20 && $0 != 0x09 && $0 != 0x0A && $0 != 0x0D }
+        if first == UInt8(ascii: "[") {
+            do {
+                tasks = try JSONParser.parse(bytes).arrayValue ?? []
+            } catch {
+                throw UsageError("\(source) is not a JSON array of tasks: \(error)")
+            }
+        } else {
+            for (number, line) in bytes.split(separator: 0x0A, omittingEmptySubsequences: false).enumerated() {
+                guard line.contains(where: { $0 != 0x20 && $0 != 0x09 && $0 != 0x0D }) else { continue }
+                do {
+                    tasks.append(try JSONParser.parse(Array(line)))
+                } catch {
+                    throw UsageError("\(source) line \(number + 1) is not JSON: \(error)")
+                }
+            }
+        }
+        guard !tasks.isEmpty else { throw UsageError("\(source) holds no tasks") }
+        return stride(from: 0, to: tasks.count, by: size).map { start in
+            JSONValue.object(["tasks": .array(Array(tasks[start..<min(start + size, tasks.count)]))]).encoded
+        }
+    }
+
+    /// One line for an item of a batch's answer: `<status> <task id>` for a created task,
+    /// `<status> <code> <detail>` for a refused one.
+    public static func batchLine(_ result: JSONValue) -> String {
+        let object = result.objectValue ?? [:]
+        let status = object["status"]?.intValue.map(String.init) ?? "?"
+        if let id = object["task"]?.objectValue?["id"]?.stringValue { return "\(status) \(id)" }
+        let problem = object["problem"]?.objectValue ?? [:]
+        return "\(status) \(problem["code"]?.stringValue ?? "error") \(problem["detail"]?.stringValue ?? "")"
+    }
 }

@@ -53,7 +53,7 @@ public final class ClusterForwarder {
     /// is admitted or refused alike wherever its cell lives.
     static let requestFields = [
         "Host", "Authorization", "Content-Type", "Accept", "User-Agent", "Idempotency-Key", "Origin", "Sec-Fetch-Site",
-        "Last-Event-ID", "If-None-Match",
+        "Last-Event-ID", "If-None-Match", "Taskloop-Batch-Indices",
     ]
     /// Fields curl would write itself when the request has none; an empty one keeps it from
     /// inventing them (a bodiless POST would go out as a form, which the owner refuses).

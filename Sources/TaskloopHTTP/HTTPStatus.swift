@@ -13,6 +13,7 @@ public struct HTTPStatus: Hashable, Sendable, CustomStringConvertible {
     public static let `continue` = HTTPStatus(code: 100)
     public static let ok = HTTPStatus(code: 200)
     public static let created = HTTPStatus(code: 201)
+    public static let multiStatus = HTTPStatus(code: 207)
     public static let accepted = HTTPStatus(code: 202)
     public static let noContent = HTTPStatus(code: 204)
     public static let badRequest = HTTPStatus(code: 400)
@@ -37,7 +38,7 @@ public struct HTTPStatus: Hashable, Sendable, CustomStringConvertible {
 
     static let reasons: [Int: String] = [
         100: "Continue", 101: "Switching Protocols",
-        200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 206: "Partial Content",
+        200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 206: "Partial Content", 207: "Multi-Status",
         301: "Moved Permanently", 302: "Found", 303: "See Other", 304: "Not Modified",
         307: "Temporary Redirect", 308: "Permanent Redirect",
         400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",

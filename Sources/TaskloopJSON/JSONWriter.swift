@@ -133,6 +133,13 @@ public struct JSONWriter: ~Copyable {
         }
     }
 
+    /// A value encoded already (another answer's body), written as it is.
+    public mutating func encoded(_ value: [UInt8]) {
+        separate()
+        value.withUnsafeBufferPointer { append($0) }
+        needsComma = true
+    }
+
     /// Members known when compiling, written as one run (`"a":null,"b":null`), which must need
     /// no escaping: fields that are null on most values cost one copy together.
     @inlinable public mutating func members(static text: StaticString) {

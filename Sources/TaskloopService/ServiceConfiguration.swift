@@ -55,6 +55,9 @@ public struct ServiceConfiguration: Sendable {
     /// A page of `GET /tasks` stops once its body passes this (`--max-response-bytes`); its
     /// `next` goes on from there.
     public var maxResponseBytes = 64 << 20
+    /// The most items one `POST /tasks/batch` or `POST /tasks/reports` may carry
+    /// (`--max-batch-items`); the body size limit applies as well.
+    public var maxBatchItems = 1_000
     /// Unsent bytes past which an event stream's reader is disconnected
     /// (`--event-client-buffer-bytes`); it resumes with `Last-Event-ID`.
     public var eventClientBufferBytes = 4 * 1024 * 1024

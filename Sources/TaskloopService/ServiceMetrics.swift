@@ -41,6 +41,9 @@ final class ServiceMetrics {
     /// Rate-limited queues' starts that waited for a token, and how many the counter was told.
     private var rateDelayed: [String: (counter: Counter, counted: Int)] = [:]
     private let leaseLatency: ValueHistogram
+    /// Items of `POST /tasks/batch` and `POST /tasks/reports` by route and item status (the
+    /// request itself is counted as every request is, by its 207).
+    private var batchItems: [RequestKey: Counter] = [:]
     /// Two label values (kind and state): a struct, not a joined string, so a lookup on the
     /// per-task path allocates nothing.
     private struct LabelPair: Hashable {
@@ -145,6 +148,18 @@ final class ServiceMetrics {
                 "requests_forwarded", "total", "Requests forwarded to the replica that owns their cell.")),
             databaseUp: registry.makeGauge(descriptor: Self.name(
                 "replica_database_up", "", "1 while this replica's lease in the database is renewed, 0 while it cannot reach it.")))
+    }
+
+    /// The items of one batch request answered here, by their statuses.
+    func batchItemsAnswered(route: Route, statuses: [Int]) {
+        for status in statuses {
+            let key = RequestKey(route: route.pattern, method: route.method, status: status)
+            if let counter = batchItems[key] { counter.increment(); continue }
+            let counter = registry.makeCounter(descriptor: Self.name("batch_items", "total", "Items of batch requests by route and item status."),
+                                               labels: [("route", route.pattern), ("status", String(status))])
+            batchItems[key] = counter
+            counter.increment()
+        }
     }
 
     /// A request went to its cell's owner.

@@ -431,6 +431,10 @@ extension TaskloopApplication {
             }
             return
         }
+        if reply.takesPart == nil, route.placement == .submittedTasks || route.placement == .reportedTasks,
+           splitBatchAcrossCells(route, request, reply) {
+            return
+        }
         guard let cell = cell(of: route, request, host) else {
             // An id that names no cell: any engine here answers the 404.
             var reply = reply
@@ -445,7 +449,8 @@ extension TaskloopApplication {
             return reply.send(Self.sharedDatabaseUnavailable.response())
         }
         switch placement {
-        case .here where preRead == nil && (route.placement == .submittedTask || route.placement == .submittedWorkflow):
+        case .here where preRead == nil
+            && (route.placement == .submittedTask || route.placement == .submittedWorkflow || route.placement == .submittedTasks):
             preReadSubmission(route, request, in: cell, host) { [weak self] tasksOfOtherCells in
                 self?.serveInCell(route, request, reply, waitedMilliseconds: waitedMilliseconds, preRead: tasksOfOtherCells)
             }
@@ -529,7 +534,8 @@ extension TaskloopApplication {
     /// key that reads as an id too is looked up in vain.
     private static func tasksOfOtherCells(namedBy request: HTTPRequest, _ route: Route, than cell: Cell) -> [TaskID] {
         guard let body = (try? JSONParser.parse(request.body))?.objectValue else { return [] }
-        let specs = route.placement == .submittedWorkflow ? (body["tasks"]?.arrayValue ?? []).compactMap(\.objectValue) : [body]
+        let specs = route.placement == .submittedWorkflow || route.placement == .submittedTasks
+            ? (body["tasks"]?.arrayValue ?? []).compactMap(\.objectValue) : [body]
         var ids: [TaskID] = []
         for spec in specs {
             for dependency in spec["dependencies"]?.arrayValue ?? [] {
@@ -557,11 +563,126 @@ extension TaskloopApplication {
         case .submittedWorkflow:
             let first = (try? JSONParser.parse(request.body))?.objectValue?["tasks"]?.arrayValue?.first
             return host.cell(ofQueue: first?.objectValue?["queue"]?.stringValue ?? "default")
+        case .submittedTasks, .reportedTasks:
+            // A batch of submissions none of which names a cell goes where a task without a
+            // queue would: its Idempotency-Key is then read first, as any submission's is.
+            let named = batchItemCells(route, request, host)?.first { $0 != nil } ?? nil
+            return named ?? (route.placement == .submittedTasks ? host.cell(ofQueue: "default") : nil)
         case .submittedSchedule:
             let body = (try? JSONParser.parse(request.body))?.objectValue
             let task = body?["task"]?.objectValue ?? body?["workflow"]?.objectValue?["tasks"]?.arrayValue?.first?.objectValue
             return host.cell(ofQueue: task?["queue"]?.stringValue ?? "default")
         }
+    }
+}
+
+extension TaskloopApplication {
+    /// The cell of each item of a batch request's body (nil for an item that names none: not
+    /// an object, an id of no cell), or nil for a body that is not a batch.
+    private func batchItemCells(_ route: Route, _ request: HTTPRequest, _ host: CellHost) -> [Cell?]? {
+        let member = route.placement == .submittedTasks ? "tasks" : "reports"
+        guard let items = (try? JSONParser.parse(request.body))?.objectValue?[member]?.arrayValue else { return nil }
+        return batchItemCells(items, member: member, host)
+    }
+
+    private func batchItemCells(_ items: [JSONValue], member: String, _ host: CellHost) -> [Cell?] {
+        items.map { item in
+            guard let object = item.objectValue else { return nil }
+            if member == "tasks" { return host.cell(ofQueue: object["queue"]?.stringValue ?? "default") }
+            guard let id = object["id"]?.stringValue.flatMap(TaskID.init), Int(id.cell) < host.layout.count else { return nil }
+            return Cell(id.cell)
+        }
+    }
+
+    /// A batch whose items belong to several cells: each cell's items go on as a batch of
+    /// their own through `serveInCell` (served by its engine here, forwarded to its owner, or
+    /// held while the cell moves), naming their indices in the client's batch
+    /// (`batchIndicesField`), and the parts' answers are merged in the client's order. Each part
+    /// is one commit of its cell and answers after it. A part refused whole (its cell moving
+    /// past the wait, an owner that cannot be reached) answers each of its items with that
+    /// problem, not the whole batch. Items that name no cell go with the first part, whose
+    /// handler answers them. Returns false when the batch is one cell's (or not a batch: its
+    /// handler answers why), to be served as any request of that cell.
+    ///
+    /// An `Idempotency-Key` names one creation kept in one cell: a keyed batch spanning cells is
+    /// 422 `idempotency_key_spans_cells` (send each cell's part under a key of its own).
+    func splitBatchAcrossCells(_ route: Route, _ request: HTTPRequest, _ reply: Reply) -> Bool {
+        let member = route.placement == .submittedTasks ? "tasks" : "reports"
+        // A request refused whole is refused here, as its handler would: its parts would each
+        // look whole (an unknown member of the body is not copied into them).
+        let items: [JSONValue]
+        do {
+            items = try batchItems(request, member: member)
+        } catch {
+            reply.send(error.response())
+            return true
+        }
+        guard let host = cellHost else { return false }
+        let cells = batchItemCells(items, member: member, host)
+        guard let firstCell = cells.first(where: { $0 != nil }) ?? nil else { return false }
+        var parts: [(cell: Cell, positions: [Int])] = []
+        var partOfCell: [Cell: Int] = [:]
+        for (position, cell) in cells.enumerated() {
+            let cell = cell ?? firstCell
+            if let part = partOfCell[cell] { parts[part].positions.append(position); continue }
+            partOfCell[cell] = parts.count
+            parts.append((cell, [position]))
+        }
+        guard parts.count > 1 else { return false }
+        if !request.headers.values(for: "Idempotency-Key").isEmpty {
+            reply.send(APIProblem(.unprocessableContent,
+                                  detail: "This batch's tasks belong to \(parts.count) cells, and an Idempotency-Key is kept by one; "
+                                      + "send each cell's tasks (by queue) under a key of its own, or the batch without a key.",
+                                  code: "idempotency_key_spans_cells").response())
+            return true
+        }
+        var answers = [HTTPResponse?](repeating: nil, count: parts.count)
+        var waiting = parts.count
+        for (number, part) in parts.enumerated() {
+            var json = JSONWriter(capacity: request.body.count / parts.count + 64)
+            json.beginObject()
+            json.key(member)
+            json.beginArray()
+            for position in part.positions { json.value(items[position]) }
+            json.endArray()
+            json.endObject()
+            var partRequest = request
+            partRequest.body = json.bytes
+            partRequest.headers.set(Self.batchIndicesField, part.positions.map(String.init).joined(separator: ","))
+            var partReply = reply
+            partReply.takesPart = { response in
+                answers[number] = response
+                waiting -= 1
+                guard waiting == 0 else { return }
+                reply.sendMadeElsewhere(.json(.multiStatus, Self.merge(answers.map { $0! }, of: parts.map(\.positions), count: cells.count)))
+            }
+            serveInCell(route, partRequest, partReply)
+        }
+        return true
+    }
+
+    /// The client's 207 from its parts' answers, each item at its index.
+    private static func merge(_ answers: [HTTPResponse], of parts: [[Int]], count: Int) -> [UInt8] {
+        var results = [JSONValue](repeating: .null, count: count)
+        for (answer, positions) in zip(answers, parts) {
+            if answer.status.code == 207, let answered = (try? JSONParser.parse(answer.body))?.objectValue?["results"]?.arrayValue,
+               answered.count == positions.count {
+                for (result, position) in zip(answered, positions) { results[position] = result }
+                continue
+            }
+            let problem = (try? JSONParser.parse(answer.body)).flatMap { $0.objectValue == nil ? nil : $0 }
+                ?? (try? JSONParser.parse(HTTPProblem(answer.status, detail: "This item's cell answered \(answer.status.code).").response().body))
+                ?? .null
+            for position in positions {
+                results[position] = .object(["status": .int(Int64(answer.status.code)), "problem": problem])
+            }
+        }
+        var json = JSONWriter(capacity: answers.reduce(16) { $0 + $1.body.count })
+        json.beginObject()
+        json.key(static: "results")
+        json.value(.array(results))
+        json.endObject()
+        return json.bytes
     }
 }
 

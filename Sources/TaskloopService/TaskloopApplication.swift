@@ -586,6 +586,10 @@ struct Reply {
     /// With cells: which tasks of other cells that a submission depends on exist, read before
     /// it was served (`preReadSubmission`).
     var tasksOfOtherCells: Result<Set<TaskID>, PGError> = .success([])
+    /// With cells, one cell's part of a batch that spans cells (`splitBatchAcrossCells`): its
+    /// answer is handed here to be merged into the client's, not sent (nor counted: the
+    /// client's request is).
+    var takesPart: ((HTTPResponse) -> Void)?
 
     /// With a store, the answer leaves once everything changed so far is committed (at once
     /// when nothing is in flight, or when the store is failing and this is a read).
@@ -614,6 +618,7 @@ struct Reply {
 
     private func deliver(_ response: HTTPResponse) {
         guard responder.isOpen else { return }
+        if let takesPart { return takesPart(response) }
         application.answered(self, status: response.status)
         responder.respond(response)
     }

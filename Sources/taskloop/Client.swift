@@ -158,7 +158,12 @@ struct Submit: ClientCommandLine {
         "A JSON file holding a task, or a workflow ({\"name\", \"tasks\": [...]}); - reads standard input.", valueName: "file"))
     var file: String?
 
-    @Option(help: "Sent as Idempotency-Key: a repeat of the same submission under it creates nothing new and prints the same id.")
+    @Option(help: ArgumentHelp(
+        "A file of tasks, JSON lines or one JSON array; - reads standard input. Sent in batches of up to 1000 (POST /tasks/batch), "
+            + "printing a line per task: its status and id, or its status, problem code and detail.", valueName: "file"))
+    var batch: String?
+
+    @Option(help: "Sent as Idempotency-Key: a repeat of the same submission under it creates nothing new and prints the same id (with --batch, part i of several goes under KEY-i).")
     var idempotencyKey: String?
 
     @Flag(help: "Wait until it ends, then print it as it ended.")
@@ -168,7 +173,14 @@ struct Submit: ClientCommandLine {
     var watch = false
 
     func validate() throws {
-        guard (kind == nil) != (file == nil) else { throw ValidationError("give either --kind or -f FILE") }
+        guard [kind, file, batch].compactMap({ $0 }).count == 1 else {
+            throw ValidationError("give one of --kind, -f FILE or --batch FILE")
+        }
+        if batch != nil && (wait || watch) { throw ValidationError("--wait and --watch follow one task; --batch prints each task's id") }
+        if batch != nil, params != nil || queue != nil || priority != nil || name != nil || at != nil || delay != nil
+            || expiresAt != nil || ttl != nil || uniqueKey != nil || uniqueFor != nil || concurrencyKey != nil {
+            throw ValidationError("--params, --queue, --priority, --name, the times and the keys go with --kind; a batch's tasks say them themselves")
+        }
         if file != nil, params != nil || queue != nil || priority != nil || name != nil || at != nil || delay != nil
             || expiresAt != nil || ttl != nil || uniqueKey != nil || uniqueFor != nil || concurrencyKey != nil {
             throw ValidationError("--params, --queue, --priority, --name, the times and the keys go with --kind; a file says them itself")
@@ -179,6 +191,9 @@ struct Submit: ClientCommandLine {
     }
 
     func clientCommand() throws -> ClientCommand {
+        if let batch {
+            return .submitBatches(try Submission.batchFile(batch), idempotencyKey: idempotencyKey)
+        }
         let submission = if let file {
             try Submission.file(file)
         } else {

@@ -185,6 +185,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "A page of GET /tasks stops once its body passes this many bytes (its `next` goes on), 65536...4294967296. [env: TASKLOOP_MAX_RESPONSE_BYTES]")
     var maxResponseBytes: Int = Environment.int("MAX_RESPONSE_BYTES") ?? 64 << 20
 
+    @Option(help: "Items one POST /tasks/batch or POST /tasks/reports may carry (more is 422 too_many_items; --max-body-bytes applies too), 1...100000. [env: TASKLOOP_MAX_BATCH_ITEMS]")
+    var maxBatchItems: Int = Environment.int("MAX_BATCH_ITEMS") ?? 1_000
+
     @Option(help: "Unsent bytes past which an event stream's reader is disconnected (it resumes), 65536...1073741824. [env: TASKLOOP_EVENT_CLIENT_BUFFER_BYTES]")
     var eventClientBufferBytes: Int = Environment.int("EVENT_CLIENT_BUFFER_BYTES") ?? 4 * 1024 * 1024
 
@@ -295,6 +298,7 @@ struct Taskloop: ParsableCommand {
         guard (1 << 20...1 << 34).contains(eventBufferBytes) else {
             throw ValidationError("--event-buffer-bytes must be 1048576...17179869184")
         }
+        guard (1...100_000).contains(maxBatchItems) else { throw ValidationError("--max-batch-items must be 1...100000") }
         guard (65_536...1 << 32).contains(maxResponseBytes) else {
             throw ValidationError("--max-response-bytes must be 65536...4294967296")
         }
@@ -391,6 +395,7 @@ struct Taskloop: ParsableCommand {
         configuration.eventBufferBytes = eventBufferBytes
         configuration.eventHistoryMilliseconds = Int64(eventHistorySeconds) * 1_000
         configuration.maxResponseBytes = maxResponseBytes
+        configuration.maxBatchItems = maxBatchItems
         configuration.webhooks.retrySchedule = WebhookSettings.parseSchedule(webhookRetrySchedule)!
         configuration.webhooks.attemptTimeoutMilliseconds = UInt64(webhookTimeoutSeconds * 1_000)
         configuration.webhooks.maxInFlight = webhookMaxInFlight

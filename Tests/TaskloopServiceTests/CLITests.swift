@@ -114,6 +114,15 @@ import TaskloopTestSupport
         #expect(try setup.taskloop(["retry", workflow]).json["retried"] as? Int == 2)
         #expect(try setup.taskloop(["cancel", workflow]).status == 0)
 
+        // A file of tasks in batches: a line per task, in order; one refused, the others created.
+        let batch = try setup.taskloop(["submit", "--batch", "-"],
+                                       input: #"{"kind":"noop","queue":"batched"}"# + "\n" + #"{"queue":"batched"}"# + "\n"
+                                           + #"{"kind":"noop","queue":"batched"}"# + "\n")
+        #expect(batch.status == 4, "\(batch)")
+        #expect(batch.lines.count == 3 && batch.lines[1].hasPrefix("422 invalid tasks[1].kind"), "\(batch.lines)")
+        #expect(batch.lines[0].hasPrefix("201 ") && batch.lines[2].hasPrefix("201 "))
+        #expect(try setup.taskloop(["ls", "--queue", "batched"]).lines.count == 2)
+
         // The same Idempotency-Key and request: the same task, not a second one.
         let keyed = try setup.submit(["--kind", "noop", "--idempotency-key", "k-1"])
         #expect(try setup.submit(["--kind", "noop", "--idempotency-key", "k-1"]) == keyed)

@@ -205,9 +205,27 @@ struct BodyReader {
     }
 
     /// `lease_token`: a report on a leased task quotes its lease.
-    mutating func leaseToken(_ object: JSONObject) -> String? {
-        if case .some(let value?) = string(object, "lease_token", prefix: "", maxLength: 256) { return value }
+    mutating func leaseToken(_ object: JSONObject, prefix: String = "") -> String? {
+        if case .some(let value?) = string(object, "lease_token", prefix: prefix, maxLength: 256) { return value }
         return nil
+    }
+
+    /// The `error` of a failure report, `{code = "failed", message, ...details}`: required.
+    mutating func failure(_ object: JSONObject, prefix: String) -> TaskError? {
+        guard let error = self.object(object["error"], prefix + "error") else {
+            if object["error"] == nil { fail(prefix + "error", "is required.") }
+            return nil
+        }
+        var code = "failed"
+        if case .some(let value?) = string(error, "code", prefix: prefix + "error.", maxLength: 64) { code = value }
+        var details = JSONObject()
+        for member in error where member.key != "code" && member.key != "message" { details[member.key] = member.value }
+        switch string(error, "message", prefix: prefix + "error.", maxLength: 4_096) {
+        case .some(let message?): return TaskError(code: code, message: message, details: details)
+        case .some(nil), .none:
+            if error["message"] == nil { fail(prefix + "error.message", "is required.") }
+            return nil
+        }
     }
 
     static let taskFields: [String] = [

@@ -63,6 +63,10 @@ enum RoutePlacement {
     case queue
     /// `POST /tasks`: the queue its body names.
     case submittedTask
+    /// `POST /tasks/batch`: each item's queue; a batch whose items span cells is split by cell.
+    case submittedTasks
+    /// `POST /tasks/reports`: each item's task id; split by cell as a batch of submissions.
+    case reportedTasks
     /// `POST /workflows`: the queue of its first task (a workflow's tasks share a cell).
     case submittedWorkflow
     /// Every cell: lists, streams and webhooks, read from the database.
@@ -109,6 +113,12 @@ extension TaskloopApplication {
                                         body: renderMetrics()))
             },
             Route(.POST, "/tasks", [201, 404, 409, 415, 422, 429], placement: .submittedTask) { [unowned self] request, reply in try submitTask(request, reply) },
+            Route(.POST, "/tasks/batch", [207, 415, 422, 429], placement: .submittedTasks) { [unowned self] request, reply in
+                try submitTaskBatch(request, reply)
+            },
+            Route(.POST, "/tasks/reports", [207, 415, 422], forWorkers: true, placement: .reportedTasks) { [unowned self] request, reply in
+                try reportBatch(request, reply)
+            },
             Route(.GET, "/tasks", [200], placement: .everyCell) { [unowned self] request, reply in try listTasks(request, reply) },
             Route(.GET, "/events", [200, 400], placement: .everyCell) { [unowned self] request, reply in try streamEvents(request, reply) },
             Route(.GET, "/tasks/{id}/events", [200, 404], placement: .task) { [unowned self] request, reply in
@@ -368,18 +378,7 @@ extension TaskloopApplication {
         if let object = reader.object(document, "") {
             reader.rejectUnknown(object, allowed: ["error", "lease_token"], prefix: "")
             token = reader.leaseToken(object)
-            if let error = reader.object(object["error"], "error") {
-                var code = "failed"
-                if case .some(let value?) = reader.string(error, "code", prefix: "error.", maxLength: 64) { code = value }
-                var details = JSONObject()
-                for member in error where member.key != "code" && member.key != "message" { details[member.key] = member.value }
-                switch reader.string(error, "message", prefix: "error.", maxLength: 4_096) {
-                case .some(let message?): failure = TaskError(code: code, message: message, details: details)
-                case .some(nil), .none: if error["message"] == nil { reader.fail("error.message", "is required.") }
-                }
-            } else if object["error"] == nil {
-                reader.fail("error", "is required.")
-            }
+            failure = reader.failure(object, prefix: "")
         }
         try reader.check()
         try reply.engine.report(.fail(failure!), for: task.id, leaseToken: token)
@@ -449,7 +448,7 @@ extension TaskloopApplication {
     /// A repeat of an `Idempotency-Key`'s first request answers that request's status with the
     /// resource as it is now, marked `Idempotent-Replayed`; another request under the key is
     /// 422. Returns whether it answered.
-    private func replayed(_ key: String?, _ fingerprint: [UInt8]?, _ reply: Reply) throws(APIProblem) -> Bool {
+    func replayed(_ key: String?, _ fingerprint: [UInt8]?, _ reply: Reply) throws(APIProblem) -> Bool {
         guard let key, let fingerprint, let first = idempotency.record(for: key) else { return false }
         guard first.requestHash == fingerprint else {
             throw APIProblem(.unprocessableContent, detail: "Idempotency-Key \(key) was first used with a different request.",

@@ -69,6 +69,8 @@ final class DurableState: Journal {
     /// Batches handed to the store, and how many of them it has answered (in order).
     private var sent = 0
     private var answered = 0
+    /// Batches handed to the store so far (each one transaction).
+    var sentBatches: Int { sent }
     private var waiting: [(batch: Int, action: (Bool) -> Void)] = []
     private var firstWaiting = 0
     /// What a failed batch held, written again from the engine's state as it is by then.
