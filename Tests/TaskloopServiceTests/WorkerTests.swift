@@ -474,6 +474,26 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// A server from before `POST /tasks/reports` (Fixtures/older_server.py in front of this
+    /// one, answering 404 for that route): the worker says so once and reports each task on its
+    /// own route from then on; every task ends.
+    @Test func anOlderServerWithoutTheBatchRouteIsToldOneTaskAtATime() throws {
+        let (service, client) = try Self.server()
+        let older = try OlderServer(forwardingTo: service.port)
+        defer { older.stop() }
+        let worker = try Self.worker(port: older.port, ["--concurrency", "10"])
+        try Self.waitUntilSucceeded(client, try Self.submitNoops(client, 30))
+        _ = try worker.waitForLine(containing: "has no POST /tasks/reports")
+        // The batches out when the first 404 came (two at most) were the last.
+        let refusals = older.refusals
+        #expect(refusals >= 1 && refusals <= 2, "\(refusals) batches refused")
+        try Self.waitUntilSucceeded(client, try Self.submitNoops(client, 30))
+        #expect(older.refusals == refusals)
+        #expect(worker.printed.components(separatedBy: "has no POST /tasks/reports").count == 2, "said once")
+        #expect(try worker.stop() == 0)
+        try service.stop()
+    }
+
     // MARK: an absent or unwelcoming server
 
     /// A worker started before its server backs off, says so once, and runs tasks as soon as
@@ -565,5 +585,52 @@ import TaskloopTestSupport
         #expect(object?["message"]?.stringValue?.unicodeScalars.count == 4_096)
         #expect(object?["exit_code"] == 3)
         #expect(LeasedTask.cut("short", to: 64) == "short")
+    }
+}
+
+/// Fixtures/older_server.py: a server without `POST /tasks/reports` in front of a real one.
+final class OlderServer: @unchecked Sendable {
+    private let process = Process()
+    private let input = Pipe()
+    private let lines = Locked<[String]>([])
+    let port: Int
+
+    static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .appendingPathComponent("Fixtures/older_server.py").path
+
+    init(forwardingTo target: Int) throws {
+        let output = Pipe()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        // It exits when its stdin closes, so it never outlives a test process that dies.
+        process.arguments = ["--default-signal", "python3", Self.script, String(target)]
+        process.standardOutput = output
+        process.standardInput = input
+        try process.run()
+        let handle = output.fileHandleForReading
+        let lines = self.lines
+        Thread {
+            var pending = ""
+            while case let chunk = handle.availableData, !chunk.isEmpty {
+                pending += String(decoding: chunk, as: UTF8.self)
+                while let end = pending.firstIndex(of: "\n") {
+                    lines.withLock { $0.append(String(pending[..<end])) }
+                    pending = String(pending[pending.index(after: end)...])
+                }
+            }
+        }.start()
+        var listening: Int?
+        try pollUntil("the older server to listen") {
+            listening = lines.value.first { $0.hasPrefix("listening on ") }.flatMap { Int($0.dropFirst(13)) }
+            return listening != nil
+        }
+        port = listening!
+    }
+
+    /// Calls to `POST /tasks/reports` it answered 404.
+    var refusals: Int { lines.value.filter { $0 == "refused /tasks/reports" }.count }
+
+    func stop() {
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
     }
 }
