@@ -28,9 +28,8 @@ import TaskloopLoop
 /// Stopping (`stop`) within the shutdown grace G: the long poll is withdrawn, lingering reports
 /// leave at once, running tasks have G to finish and report; at G what still runs is cancelled
 /// and, once it has stopped (an `exec` tree reaped), released to the server, attempt not
-/// consumed. Whatever cannot be
-/// said by G + 0.75 s is given up (its lease expires on the server), so the process, whose
-/// watchdog fires at G + 0.95 s, ends in time.
+/// consumed. Whatever cannot be said by G + 0.75 s is given up (its lease expires on the
+/// server), so the process, whose watchdog fires at G + 0.95 s, ends in time.
 ///
 /// Threading: one thread owns everything here: the loop thread. The engine, the executors,
 /// the HTTP clients, every `LeasedTask` and every callback run on it, without locks; the one
@@ -92,8 +91,8 @@ public final class TaskloopWorker {
         do {
             // At most three calls per task are in flight (heartbeat, progress, outcome; batches
             // of outcomes are fewer) and one lease call: with that many connections none ever
-            // waits for another. The server is
-            // the one the user named, wherever it is: the tasks' address policy is not for it.
+            // waits for another. The server is the one the user named, wherever it is: the
+            // tasks' address policy is not for it.
             let serverClient = try HTTPClient(loop: loop, policy: .unrestricted, maxHostConnections: 3 * configuration.concurrency + 1)
             opened.append { serverClient.close() }
             let taskClient = try HTTPClient(loop: loop, policy: configuration.httpPolicy,
@@ -443,7 +442,6 @@ public final class TaskloopWorker {
         }
         held.removeAll()
         abandoned.removeAll()
-        reports.close()
         finishStopping()
     }
 
