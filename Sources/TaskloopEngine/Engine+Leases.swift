@@ -308,9 +308,14 @@ extension Engine {
 
     /// Compares without an early exit, so the time taken says nothing about the token.
     static func constantTimeEqual(_ given: String, _ expected: String) -> Bool {
-        let given = Array(given.utf8), expected = Array(expected.utf8)
-        var difference = UInt8(given.count == expected.count ? 0 : 1)
-        for index in expected.indices { difference |= expected[index] ^ (index < given.count ? given[index] : 0) }
-        return difference == 0
+        // On the strings' own bytes: copying them into arrays cost two allocations a report.
+        var given = given, expected = expected
+        return given.withUTF8 { given in
+            expected.withUTF8 { expected in
+                var difference = UInt8(given.count == expected.count ? 0 : 1)
+                for index in expected.indices { difference |= expected[index] ^ (index < given.count ? given[index] : 0) }
+                return difference == 0
+            }
+        }
     }
 }
