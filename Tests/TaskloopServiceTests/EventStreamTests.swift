@@ -364,9 +364,72 @@ import TaskloopTestSupport
             _ = try reading.waitForCount(sent * 202, timeout: 10) // 4 per task, 2 for the workflow
             return try here.call("GET", "/metrics").text.contains("taskloop_event_streams 1")
         }
-        // The reader that reads goes on.
+        // The reader that reads goes on, every event whole: the bytes it shares with the
+        // stalled stream (one filter) were never touched by that stream's partial writes.
         _ = try client.submit(#"{"kind":"noop"}"#)
-        #expect(try reading.waitFor(sent * 202 + 4).count == sent * 202 + 4)
+        let events = try reading.waitFor(sent * 202 + 4)
+        #expect(events.count == sent * 202 + 4)
+        #expect(Self.rising(events) && events.allSatisfy { Self.seq($0) == $0.wireID })
+    }
+
+    /// An HTTP/1.1 stream's events, out of its chunks (those complete so far).
+    static func chunkedEvents(_ bytes: [UInt8]) -> [Stream.Event] {
+        let crlf: [UInt8] = [13, 10]
+        func find(_ needle: [UInt8], from start: Int) -> Int? {
+            guard bytes.count >= needle.count else { return nil }
+            return (start...(bytes.count - needle.count)).first { Array(bytes[$0..<($0 + needle.count)]) == needle }
+        }
+        guard let headEnd = find(crlf + crlf, from: 0) else { return [] }
+        var at = headEnd + 4
+        var body: [UInt8] = []
+        while at < bytes.count, let lineEnd = find(crlf, from: at),
+              let size = Int(String(decoding: bytes[at..<lineEnd], as: UTF8.self), radix: 16), size > 0,
+              bytes.count >= lineEnd + 2 + size + 2 {
+            body += bytes[(lineEnd + 2)..<(lineEnd + 2 + size)]
+            at = lineEnd + 2 + size + 2
+        }
+        return Stream.parse(Array("HTTP/1.1 200 OK\r\n\r\n".utf8) + body).events
+    }
+
+    /// Streams with one filter share each turn's rendering; each, chunked (HTTP/1.1) or not,
+    /// still gets every matching event once, in order, the same as the others, while streams
+    /// with another filter get theirs.
+    @Test func manyStreamsWithOneFilterEachGetEveryEventOnce() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let here = try APIClient(port: service.port)
+        let plain = try (0..<12).map { _ in try Stream(port: service.port, "/events?types=task.state") }
+        let chunked = try (0..<4).map { _ in
+            let connection = try RawClient(port: service.port)
+            try connection.send("GET /events?types=task.state HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            return connection
+        }
+        let everything = try (0..<4).map { _ in try Stream(port: service.port, "/events") }
+        try pollUntil("every stream to be open") { try here.call("GET", "/metrics").text.contains("taskloop_event_streams 20") }
+        for _ in 0..<20 { _ = try client.submit(#"{"kind":"noop"}"#) }
+        let task = try #require(try client.submit(#"{"kind":"noop"}"#)["id"] as? String)
+        _ = try client.waitForState(task, "succeeded")
+        // 21 tasks: queued, running, succeeded each; and task.created too for the unfiltered.
+        let expected = try plain[0].waitFor(63)
+        #expect(expected.count == 63 && Self.rising(expected) && expected.allSatisfy { $0.type == "task.state" })
+        #expect(Set(expected.compactMap(\.wireID)).count == 63)
+        for stream in plain.dropFirst() {
+            #expect(try stream.waitFor(63).map(\.wireID) == expected.map(\.wireID))
+        }
+        for connection in chunked {
+            let events = Self.chunkedEvents(try connection.readUntil(timeout: 10) { Self.chunkedEvents($0).count >= 63 })
+            #expect(events.map(\.wireID) == expected.map(\.wireID))
+            #expect(events.allSatisfy { Self.seq($0) == $0.wireID })
+        }
+        for stream in everything {
+            let events = try stream.waitFor(84)
+            #expect(events.count == 84 && Self.rising(events))
+            #expect(events.filter { $0.type == "task.state" }.map(\.wireID) == expected.map(\.wireID))
+        }
+        // Nothing more, nothing twice.
+        #expect(try plain[0].connection.staysSilent(for: 0.3))
+        #expect(try plain.last!.waitFor(63).count == 63)
     }
 }
 

@@ -101,8 +101,10 @@ final class StreamSubscribers<Subscriber: StreamSubscriber> {
                 subscriber.reply.responder.abort()
                 return
             }
+            // Often the bytes every stream with its filter shares (`SharedFrames`): handed over
+            // as they are, never emptied in place.
             let bytes = subscriber.pending
-            subscriber.pending.removeAll(keepingCapacity: true)
+            subscriber.pending = []
             guard subscriber.reply.responder.write(bytes) else {
                 all.removeValue(forKey: key)
                 return
