@@ -52,17 +52,10 @@ test: deps
 	bash scripts/check-container.sh
 
 
+# Every benchmark, then each figure beside its value in Benchmarks/BASELINE.md
+# (BENCH_ONLY="store timers" for some of them).
 bench: bench-deps
-	bash Benchmarks/engine/run.sh
-	bash Benchmarks/http/run.sh
-	bash Benchmarks/service/run.sh
-	bash Benchmarks/store/run.sh
-	bash Benchmarks/leases/run.sh
-	bash Benchmarks/events/run.sh
-	bash Benchmarks/ui/run.sh
-	bash Benchmarks/replicas/run.sh
-	bash Benchmarks/timers/run.sh
-	bash Benchmarks/exec/run.sh
+	bash Benchmarks/run-all.sh
 
 clean:
 	rm -rf .build

@@ -31,6 +31,15 @@ final class LeasedTask {
         /// Back to `queued` with the attempt not consumed (the worker is stopping).
         case release
 
+        /// The member a batch item carries it in; a release has no batch form.
+        var batchMember: String? {
+            switch self {
+            case .complete: "complete"
+            case .fail: "fail"
+            case .release: nil
+            }
+        }
+
         var path: String {
             switch self {
             case .complete: "complete"
@@ -71,6 +80,9 @@ final class LeasedTask {
     private var reportBackoff: Backoff
     /// A refusal is logged once per task, not per progress report.
     private var loggedRefusal = false
+    /// Nothing more is said about the task: a batch that carries its report leaves it out, and
+    /// an answer about it changes nothing.
+    private(set) var silenced = false
 
     init(id: String, token: String, kind: String, attempt: Int, params: JSONValue, timeoutMilliseconds: UInt64?,
          worker: TaskloopWorker) {
@@ -98,6 +110,7 @@ final class LeasedTask {
 
     /// Stops every timer and call: nothing more is said about the task.
     func stopTalking() {
+        silenced = true
         for timer in [heartbeatTimer, progressTimer, reportTimer] { timer?.cancel() }
         for call in [heartbeatCall, progressCall, reportCall] { call?.cancel() }
         heartbeatTimer = nil
@@ -209,9 +222,15 @@ final class LeasedTask {
         sendOutcome()
     }
 
-    private func sendOutcome() {
-        guard let outcome else { return }
+    /// Sends the outcome: a completion or failure in the worker's next batch of reports (unless
+    /// `alone`, or the worker reports one by one), a release on its own route, which batches do
+    /// not carry.
+    func sendOutcome(alone: Bool = false) {
+        guard let outcome, !silenced else { return }
         reportTimer = nil
+        if !alone, worker.reports.batching, outcome.batchMember != nil {
+            return worker.reports.enqueue(self)
+        }
         var body: JSONObject = ["lease_token": .string(token)]
         switch outcome {
         case .complete(let result): body["result"] = result ?? .null
@@ -221,25 +240,45 @@ final class LeasedTask {
         reportCall = api.post("/tasks/\(id)/\(outcome.path)", .object(body)) { [weak self] answer in
             guard let self else { return }
             reportCall = nil
-            switch answer {
-            case .success:
-                if case .release = outcome { logger.info("task \(id) released", metadata: ["task": "\(id)"]) }
-                worker.forget(self)
-            case .conflict(let status, let code, let detail):
-                // The server times an attempt too, from the grant, a moment before the copy
-                // started here: its timer usually ends a task that times out first, which is
-                // no news.
-                var timedOut = false
-                if case .fail(let error) = outcome { timedOut = error.code == "timeout" }
-                logger.log(level: timedOut ? .info : .warning,
-                           "the server did not take the \(outcome.path) of task \(id) (\(status) \(code ?? "")): \(detail)",
-                           metadata: ["task": "\(id)"])
-                worker.forget(self)
-            case .refused(let status, let code, let detail):
-                refused(outcome, status, code, detail)
-            case .unauthorized, .unavailable:
-                reportTimer = scheduler.schedule(after: reportBackoff.nextDelay()) { [weak self] in self?.sendOutcome() }
-            }
+            outcomeAnswered(answer)
+        }
+    }
+
+    /// The outcome as an item of `POST /tasks/reports`: `{id, lease_token, complete: {result}}`
+    /// or `{..., fail: {error}}`; nil for a release.
+    var batchReport: JSONValue? {
+        guard let outcome, let member = outcome.batchMember else { return nil }
+        var report: JSONObject = [:]
+        switch outcome {
+        case .complete(let result): report["result"] = result ?? .null
+        case .fail(let error): report["error"] = Self.json(error)
+        case .release: return nil
+        }
+        return ["id": .string(id), "lease_token": .string(token), member: .object(report)]
+    }
+
+    /// What the server said about the outcome, on its own route or as a batch's item: the same
+    /// answer is handled the same way.
+    func outcomeAnswered(_ answer: ServerAnswer) {
+        guard let outcome, !silenced else { return }
+        switch answer {
+        case .success:
+            if case .release = outcome { logger.info("task \(id) released", metadata: ["task": "\(id)"]) }
+            worker.forget(self)
+        case .conflict(let status, let code, let detail):
+            // The server times an attempt too, from the grant, a moment before the copy
+            // started here: its timer usually ends a task that times out first, which is
+            // no news.
+            var timedOut = false
+            if case .fail(let error) = outcome { timedOut = error.code == "timeout" }
+            logger.log(level: timedOut ? .info : .warning,
+                       "the server did not take the \(outcome.path) of task \(id) (\(status) \(code ?? "")): \(detail)",
+                       metadata: ["task": "\(id)"])
+            worker.forget(self)
+        case .refused(let status, let code, let detail):
+            refused(outcome, status, code, detail)
+        case .unauthorized, .unavailable:
+            reportTimer = scheduler.schedule(after: reportBackoff.nextDelay()) { [weak self] in self?.sendOutcome() }
         }
     }
 

@@ -82,17 +82,21 @@ final class ServerAPI {
         case .failed(let reason): return .unavailable(reason)
         case .answered(let answered): response = answered
         }
-        let problem = ServerProblem(status: response.status, document: response.json?.objectValue)
-        switch response.status {
+        return Self.answer(status: response.status, document: response.body.isEmpty ? JSONValue.null : response.json)
+    }
+
+    /// An answer sorted by its status: a whole call's, or one item's of a batch (`document` is
+    /// then the item's task or problem). A 2xx whose body is not JSON (nil) is no answer.
+    static func answer(status: Int, document: JSONValue?) -> ServerAnswer {
+        let problem = ServerProblem(status: status, document: document?.objectValue)
+        switch status {
         case 200...299:
-            guard let document = response.body.isEmpty ? JSONValue.null : response.json else {
-                return .unavailable("status \(response.status) with a body that is not JSON")
-            }
+            guard let document else { return .unavailable("status \(status) with a body that is not JSON") }
             return .success(document)
         case 401: return .unauthorized
-        case 404, 409: return .conflict(status: response.status, code: problem.code, detail: problem.summary)
-        case 408, 429, 500...599: return .unavailable("status \(response.status): \(problem.summary)")
-        default: return .refused(status: response.status, code: problem.code, detail: problem.summary)
+        case 404, 409: return .conflict(status: status, code: problem.code, detail: problem.summary)
+        case 408, 429, 500...599: return .unavailable("status \(status): \(problem.summary)")
+        default: return .refused(status: status, code: problem.code, detail: problem.summary)
         }
     }
 

@@ -21,11 +21,15 @@ import TaskloopLoop
 /// only while there are. When the server is away or refuses, calls back off (exponentially,
 /// with jitter, capped) and say so once per change, never giving up.
 ///
-/// Stopping (`stop`) within the shutdown grace G: the long poll is withdrawn, running tasks
-/// have G to finish and report; at G what still runs is cancelled and, once it has stopped
-/// (an `exec` tree reaped), released to the server, attempt not consumed. Whatever cannot be
-/// said by G + 0.75 s is given up (its lease expires on the server), so the process, whose
-/// watchdog fires at G + 0.95 s, ends in time.
+/// Completions and failures go to the server in batches (`ReportBatcher`, `POST
+/// /tasks/reports`, a few milliseconds' linger); heartbeats, progress and releases go on each
+/// task's own routes, so nothing that keeps a lease alive waits for a batch.
+///
+/// Stopping (`stop`) within the shutdown grace G: the long poll is withdrawn, lingering reports
+/// leave at once, running tasks have G to finish and report; at G what still runs is cancelled
+/// and, once it has stopped (an `exec` tree reaped), released to the server, attempt not
+/// consumed. Whatever cannot be said by G + 0.75 s is given up (its lease expires on the
+/// server), so the process, whose watchdog fires at G + 0.95 s, ends in time.
 ///
 /// Threading: one thread owns everything here: the loop thread. The engine, the executors,
 /// the HTTP clients, every `LeasedTask` and every callback run on it, without locks; the one
@@ -37,6 +41,8 @@ public final class TaskloopWorker {
     let logger: Logger
     private(set) var scheduler: LoopScheduler!
     private(set) var api: ServerAPI!
+    /// Completions and failures on their way to the server, in batches.
+    private(set) var reports: ReportBatcher!
     private var engine: Engine!
     private var serverClient: HTTPClient?
     private var taskClient: HTTPClient?
@@ -57,6 +63,7 @@ public final class TaskloopWorker {
     /// so a lasting problem is one log line.
     private var leaseProblem: String?
     private var stopping = false
+    var isStopping: Bool { stopping }
     /// Set once everything is closed: a late callback (a leftover scan's hop, a copy reaped
     /// after the give-up) finds nothing to do.
     private var finished = false
@@ -82,9 +89,10 @@ public final class TaskloopWorker {
         var opened: [() -> Void] = [{ scheduler.close() }]
         func undo() { for close in opened.reversed() { close() } }
         do {
-            // At most three calls per task are in flight (heartbeat, progress, outcome) and one
-            // lease call: with that many connections none ever waits for another. The server is
-            // the one the user named, wherever it is: the tasks' address policy is not for it.
+            // At most three calls per task are in flight (heartbeat, progress, outcome; batches
+            // of outcomes are fewer) and one lease call: with that many connections none ever
+            // waits for another. The server is the one the user named, wherever it is: the
+            // tasks' address policy is not for it.
             let serverClient = try HTTPClient(loop: loop, policy: .unrestricted, maxHostConnections: 3 * configuration.concurrency + 1)
             opened.append { serverClient.close() }
             let taskClient = try HTTPClient(loop: loop, policy: configuration.httpPolicy,
@@ -116,6 +124,7 @@ public final class TaskloopWorker {
             self.serverClient = serverClient
             self.taskClient = taskClient
             api = ServerAPI(client: serverClient, scheduler: scheduler, configuration: configuration, logger: logger)
+            reports = ReportBatcher(worker: self, configuration: configuration)
         } catch {
             orphanReaper?.close()
             orphanReaper = nil
@@ -400,6 +409,8 @@ public final class TaskloopWorker {
         leaseCall = nil
         leaseRetry?.cancel()
         leaseRetry = nil
+        // Reports lingering for company leave now.
+        reports.flush()
         let grace = configuration.shutdownGraceMilliseconds
         logger.info("stopping: \(held.count) task(s) held; running ones have \(grace) ms to finish")
         execExecutor?.stopBy(scheduler.now + grace)
@@ -445,6 +456,7 @@ public final class TaskloopWorker {
         finished = true
         for timer in stopTimers { timer.cancel() }
         stopTimers.removeAll()
+        reports.close()
         serverClient?.close()
         serverClient = nil
         taskClient?.close()

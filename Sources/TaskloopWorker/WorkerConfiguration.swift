@@ -32,6 +32,13 @@ public struct WorkerConfiguration: Sendable {
     /// Shortest time between two progress reports of one task (later progress replaces
     /// unsent progress).
     public var progressIntervalMilliseconds: UInt64 = 200
+    /// Longest a finished task's report waits for others to share one `POST /tasks/reports`
+    /// with; 0 sends each at once (still batched with those already waiting).
+    public var reportLingerMilliseconds: UInt64 = 5
+    /// Most reports in one `POST /tasks/reports`: a full batch leaves without waiting out the
+    /// linger. At most the server's `--max-batch-items` (1000 by default); 1 is one report
+    /// per call, through the single-task routes.
+    public var maxReportBatch = 1_000
     /// Largest answer from the server that is read (a lease answer carries whole tasks).
     public var maxAnswerBytes = 64 << 20
     /// Where `http` tasks may connect; the worker's own calls to the server are not bound by it.

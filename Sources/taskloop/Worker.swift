@@ -56,6 +56,12 @@ struct Worker: ParsableCommand {
     @Option(help: "Shortest time between two progress reports of one task; newer progress replaces unsent. [env: TASKLOOP_PROGRESS_INTERVAL_MS]")
     var progressIntervalMs: Int = Environment.int("PROGRESS_INTERVAL_MS") ?? 200
 
+    @Option(help: "Longest a finished task's report waits to share one POST /tasks/reports with others; 0: send at once. [env: TASKLOOP_REPORT_LINGER_MS]")
+    var reportLingerMs: Int = Environment.int("REPORT_LINGER_MS") ?? 5
+
+    @Option(help: "Most reports sent in one call (1-1000, at most the server's --max-batch-items); 1: one call per task, through the single-task routes. [env: TASKLOOP_MAX_REPORT_BATCH]")
+    var maxReportBatch: Int = Environment.int("MAX_REPORT_BATCH") ?? 1_000
+
     static func defaultName() -> String {
         var host = [CChar](repeating: 0, count: 256)
         let hostName = gethostname(&host, host.count - 1) == 0
@@ -86,6 +92,8 @@ struct Worker: ParsableCommand {
             throw ValidationError("--name must be 1 to 200 characters without control characters")
         }
         guard (0...60_000).contains(progressIntervalMs) else { throw ValidationError("--progress-interval-ms must be 0...60000") }
+        guard (0...10_000).contains(reportLingerMs) else { throw ValidationError("--report-linger-ms must be 0...10000") }
+        guard (1...1_000).contains(maxReportBatch) else { throw ValidationError("--max-report-batch must be 1...1000") }
     }
 
     func run() throws {
@@ -101,6 +109,8 @@ struct Worker: ParsableCommand {
         configuration.maxBackoffMilliseconds = UInt64(connection.maxBackoffSeconds * 1_000)
         configuration.requestTimeoutMilliseconds = UInt64(connection.requestTimeoutSeconds * 1_000)
         configuration.progressIntervalMilliseconds = UInt64(progressIntervalMs)
+        configuration.reportLingerMilliseconds = UInt64(reportLingerMs)
+        configuration.maxReportBatch = maxReportBatch
         configuration.maxAnswerBytes = connection.maxAnswerBytes
         configuration.httpPolicy = HostPolicy(allowedHosts: common.allowedHostPatterns.compactMap(\.1),
                                               denyPrivateAddresses: common.httpDenyPrivate ?? false)

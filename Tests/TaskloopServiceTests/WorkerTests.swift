@@ -349,6 +349,151 @@ import TaskloopTestSupport
         #expect(try server.stop() == 0)
     }
 
+    // MARK: reports in batches
+
+    /// The series of `family` with `label` that the server at `port` counted, summed: calls
+    /// are counted on the replica the worker talks to, as one that forwards a call counts it
+    /// too.
+    static func counted(port: Int, _ family: String, _ label: String) throws -> Double {
+        try APIClient(port: port).call("GET", "/metrics").text.split(separator: "\n").filter {
+            $0.hasPrefix(family + "{") && $0.contains(label)
+        }.compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
+    }
+
+    /// Submits `count` noops in one batch and returns their ids.
+    static func submitNoops(_ client: APIClient, _ count: Int) throws -> [String] {
+        let items = Array(repeating: #"{"kind":"noop","queue":"work"}"#, count: count).joined(separator: ",")
+        let answer = try client.call("POST", "/tasks/batch", json: #"{"tasks":[\#(items)]}"#)
+        #expect(answer.status == 207)
+        let results = try #require(answer.json["results"] as? [[String: Any]])
+        return results.compactMap { ($0["task"] as? [String: Any])?["id"] as? String }
+    }
+
+    static func waitUntilSucceeded(_ client: APIClient, _ ids: [String], timeout: Double = 30) throws {
+        var pending = ids
+        try pollUntil("\(ids.count) tasks to succeed", timeout: timeout, every: 20_000) {
+            pending = try pending.filter { try client.task($0)["state"] as? String != "succeeded" }
+            return pending.isEmpty
+        }
+    }
+
+    /// Many tasks finished by one worker reach the server in a few `POST /tasks/reports`, each
+    /// report an item; `--max-report-batch 1` is the single routes, a call per task; a linger
+    /// of 0 still batches what finished together.
+    @Test func finishedTasksAreReportedInFewBatches() throws {
+        let (service, client) = try Self.server()
+        try LeaseAPITests.workersQueue(client, "work", concurrency: 50)
+        // Leases bring up to 50 tasks at once, which end within a few turns: with a linger a
+        // call carries many; without one, those that finish while two calls are out.
+        for (arguments, mostCalls) in [(["--report-linger-ms", "20"], 40.0), (["--report-linger-ms", "0"], 150.0),
+                                       (["--max-report-batch", "1"], 0.0)] {
+            func count() throws -> (calls: Double, singles: Double, items: Double) {
+                (try Self.counted(port: service.port, "taskloop_http_requests_total", #"route="/tasks/reports""#),
+                 try Self.counted(port: service.port, "taskloop_http_requests_total", #"route="/tasks/{id}/complete""#),
+                 // Items are counted where their cell's part of the batch is served.
+                 try service.metric(#"taskloop_batch_items_total{route="/tasks/reports",status="200"}"#) ?? 0)
+            }
+            let before = try count()
+            let worker = try Self.worker(port: service.port, ["--concurrency", "50"] + arguments)
+            let ids = try Self.submitNoops(client, 200)
+            try Self.waitUntilSucceeded(client, ids)
+            let after = try count()
+            let (calls, singles, reported) = (after.calls - before.calls, after.singles - before.singles, after.items - before.items)
+            if mostCalls > 0 {
+                #expect(singles == 0 && reported == 200, "\(arguments): \(singles) single reports, \(reported) batch items")
+                #expect(calls >= 1 && calls <= mostCalls, "\(arguments): 200 reports in \(calls) calls")
+                print("worker \(arguments): 200 reports in \(Int(calls)) calls")
+            } else {
+                #expect(calls == 0 && singles == 200, "\(arguments): \(calls) batches, \(singles) single reports")
+            }
+            #expect(try worker.stop() == 0)
+        }
+        try service.stop()
+    }
+
+    /// The server ends the attempt (its timeout) while the worker's report lingers: the item's
+    /// 409 is a lost lease as the single route's is, logged, and the task stays as the server
+    /// ended it.
+    @Test func aLeaseLostWhileItsReportWaitsIsTheItemsConflict() throws {
+        let (service, client) = try Self.server()
+        let worker = try Self.worker(port: service.port, ["--report-linger-ms", "1500"])
+        let task = try Self.submit(client, ["kind": "sleep", "timeout_ms": 400, "retry": ["max_attempts": 1],
+                                            "params": ["duration_ms": 50]])
+        _ = try worker.waitForLine(containing: "task \(task) succeeded")
+        let failed = try client.waitForState(task, "failed", timeout: 5)
+        #expect((failed["error"] as? [String: Any])?["code"] as? String == "timeout")
+        _ = try worker.waitForLine(containing: "the server did not take the complete of task \(task) (409")
+        #expect(try client.task(task)["state"] as? String == "failed")
+        // The slot is free again.
+        let next = try Self.submit(client, ["kind": "noop"])
+        _ = try client.waitForState(next, "succeeded", timeout: 5)
+        #expect(try worker.stop() == 0)
+        try service.stop()
+    }
+
+    /// Reports that wait while the server does not answer (stopped with SIGSTOP) are sent
+    /// again, whole, until it does: every task ends once, as the worker ran it.
+    @Test func reportsOutliveAServerThatStopsAnswering() throws {
+        let server = try BinaryTests.RunningBinary(arguments: ["--port", "0", "--durability", "memory", "--log-level", "warning"])
+        let port = try #require(BinaryTests.port(from: try server.waitForLine(containing: "listening on")))
+        let client = try APIClient(port: port)
+        try LeaseAPITests.workersQueue(client, "work", concurrency: 10)
+        let worker = try Self.worker(port: port, ["--concurrency", "20", "--report-linger-ms", "100",
+                                                  "--request-timeout-seconds", "1", "--max-backoff-seconds", "0.5"])
+        var ids: [String] = []
+        for _ in 0..<10 { ids.append(try Self.submit(client, ["kind": "sleep", "params": ["duration_ms": 500]])) }
+        try pollUntil("the tasks to run") { try ids.allSatisfy { try client.task($0)["state"] as? String == "running" } }
+        kill(server.process.processIdentifier, SIGSTOP)
+        defer { kill(server.process.processIdentifier, SIGCONT) }
+        for id in ids { _ = try worker.waitForLine(containing: "task \(id) succeeded") }
+        _ = try worker.waitForLine(containing: "is unavailable")
+        kill(server.process.processIdentifier, SIGCONT)
+        try Self.waitUntilSucceeded(client, ids)
+        for id in ids {
+            let task = try client.task(id)
+            #expect(task["attempt"] as? Int == 1, "\(task)")
+            #expect(worker.printed.components(separatedBy: "task \(id) succeeded").count == 2)
+        }
+        #expect(try worker.stop() == 0)
+        #expect(try server.stop() == 0)
+    }
+
+    /// Stopping sends what lingers at once: a report waiting out a ten-second linger reaches
+    /// the server long before that.
+    @Test func stoppingFlushesLingeringReports() throws {
+        let (service, client) = try Self.server()
+        let worker = try Self.worker(port: service.port, ["--report-linger-ms", "10000"])
+        let task = try Self.submit(client, ["kind": "noop"])
+        _ = try worker.waitForLine(containing: "task \(task) succeeded")
+        #expect(try client.task(task)["state"] as? String == "running", "the report lingers")
+        let started = Date()
+        kill(worker.process.processIdentifier, SIGTERM)
+        #expect(try worker.waitForExit(timeout: 5) == 0)
+        #expect(Date().timeIntervalSince(started) < 3)
+        #expect(try client.task(task)["state"] as? String == "succeeded")
+        try service.stop()
+    }
+
+    /// A server from before `POST /tasks/reports` (Fixtures/older_server.py in front of this
+    /// one, answering 404 for that route): the worker says so once and reports each task on its
+    /// own route from then on; every task ends.
+    @Test func anOlderServerWithoutTheBatchRouteIsToldOneTaskAtATime() throws {
+        let (service, client) = try Self.server()
+        let older = try OlderServer(forwardingTo: service.port)
+        defer { older.stop() }
+        let worker = try Self.worker(port: older.port, ["--concurrency", "10"])
+        try Self.waitUntilSucceeded(client, try Self.submitNoops(client, 30))
+        _ = try worker.waitForLine(containing: "has no POST /tasks/reports")
+        // The batches out when the first 404 came (two at most) were the last.
+        let refusals = older.refusals
+        #expect(refusals >= 1 && refusals <= 2, "\(refusals) batches refused")
+        try Self.waitUntilSucceeded(client, try Self.submitNoops(client, 30))
+        #expect(older.refusals == refusals)
+        #expect(worker.printed.components(separatedBy: "has no POST /tasks/reports").count == 2, "said once")
+        #expect(try worker.stop() == 0)
+        try service.stop()
+    }
+
     // MARK: an absent or unwelcoming server
 
     /// A worker started before its server backs off, says so once, and runs tasks as soon as
@@ -440,5 +585,52 @@ import TaskloopTestSupport
         #expect(object?["message"]?.stringValue?.unicodeScalars.count == 4_096)
         #expect(object?["exit_code"] == 3)
         #expect(LeasedTask.cut("short", to: 64) == "short")
+    }
+}
+
+/// Fixtures/older_server.py: a server without `POST /tasks/reports` in front of a real one.
+final class OlderServer: @unchecked Sendable {
+    private let process = Process()
+    private let input = Pipe()
+    private let lines = Locked<[String]>([])
+    let port: Int
+
+    static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .appendingPathComponent("Fixtures/older_server.py").path
+
+    init(forwardingTo target: Int) throws {
+        let output = Pipe()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        // It exits when its stdin closes, so it never outlives a test process that dies.
+        process.arguments = ["--default-signal", "python3", Self.script, String(target)]
+        process.standardOutput = output
+        process.standardInput = input
+        try process.run()
+        let handle = output.fileHandleForReading
+        let lines = self.lines
+        Thread {
+            var pending = ""
+            while case let chunk = handle.availableData, !chunk.isEmpty {
+                pending += String(decoding: chunk, as: UTF8.self)
+                while let end = pending.firstIndex(of: "\n") {
+                    lines.withLock { $0.append(String(pending[..<end])) }
+                    pending = String(pending[pending.index(after: end)...])
+                }
+            }
+        }.start()
+        var listening: Int?
+        try pollUntil("the older server to listen") {
+            listening = lines.value.first { $0.hasPrefix("listening on ") }.flatMap { Int($0.dropFirst(13)) }
+            return listening != nil
+        }
+        port = listening!
+    }
+
+    /// Calls to `POST /tasks/reports` it answered 404.
+    var refusals: Int { lines.value.filter { $0 == "refused /tasks/reports" }.count }
+
+    func stop() {
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
     }
 }
