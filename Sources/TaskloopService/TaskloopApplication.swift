@@ -521,6 +521,7 @@ public final class TaskloopApplication {
     func renderMetrics() -> [UInt8] {
         metrics.render(queues: queuesHere, connections: server?.openConnections ?? 0, longPolls: waiters.count,
                        transfers: activeTransfers, eventStreams: eventLog.subscriberCount + (clusterStreams?.subscriberCount ?? 0),
+                       eventStreamsDisconnected: eventLog.disconnectedBehind + (clusterStreams?.disconnectedBehind ?? 0),
                        webhooks: webhooks,
                        droppedLogLines: configuration.logSink?.dropped ?? 0, cellHost: cellHost, scheduleTotals: scheduleTotalsHere)
     }

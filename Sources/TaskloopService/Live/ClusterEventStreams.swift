@@ -169,6 +169,8 @@ final class ClusterEventStreams {
     }
 
     var subscriberCount: Int { subscribers.count }
+    /// Streams disconnected so far because their reader fell behind (`--event-client-buffer-bytes`).
+    var disconnectedBehind: Int { subscribers.disconnectedBehind }
     /// Whether the feed follows the cluster's events, and how many reads it has sent (tests).
     var feedIsFollowing: Bool { feed.isFollowing }
     /// Told when the feed starts or stops following (`CellKeeper.followsEvents`: committers

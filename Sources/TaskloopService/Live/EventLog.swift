@@ -383,6 +383,8 @@ final class EventLog {
     }
 
     var subscriberCount: Int { subscribers.count }
+    /// Streams disconnected so far because their reader fell behind (`--event-client-buffer-bytes`).
+    var disconnectedBehind: Int { subscribers.disconnectedBehind }
     /// The oldest event a resume can still get.
     var oldestKept: UInt64 { ring.first?.seq ?? lastPublished + 1 }
 

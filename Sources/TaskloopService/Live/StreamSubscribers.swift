@@ -44,6 +44,8 @@ final class StreamSubscribers<Subscriber: StreamSubscriber> {
     }
 
     var count: Int { all.count }
+    /// Streams disconnected so far because their reader fell behind.
+    private(set) var disconnectedBehind = 0
     var isEmpty: Bool { all.isEmpty }
 
     func contains(_ subscriber: Subscriber) -> Bool {
@@ -98,6 +100,7 @@ final class StreamSubscribers<Subscriber: StreamSubscriber> {
             if subscriber.reply.responder.unsentBytes > clientBufferBytes {
                 // It cannot keep up: it reconnects with Last-Event-ID and catches up from what is kept.
                 all.removeValue(forKey: key)
+                disconnectedBehind += 1
                 subscriber.reply.responder.abort()
                 return
             }
