@@ -193,7 +193,8 @@ public final class TaskloopApplication {
         // the commit it waits for.
         let eventLog = EventLog(after: restored.eventSequence,
                                 capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
-                                clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
+                                clientBufferBytes: configuration.eventClientBufferBytes,
+                                writeIntervalMilliseconds: configuration.eventWriteIntervalMilliseconds, scheduler: scheduler)
         self.eventLog = eventLog
         let webhooks = Webhooks(client: httpClient, scheduler: scheduler, settings: configuration.webhooks, durable: durable,
                                 logger: logger)

@@ -373,6 +373,27 @@ import TaskloopTestSupport
         #expect(Self.rising(events) && events.allSatisfy { Self.seq($0) == $0.wireID })
     }
 
+    /// Streams are written at most once per --event-write-interval-ms: what is published
+    /// within the interval after a write goes out once it has passed, all of it, in order. A
+    /// single server's streams (cells' follow the database's feed).
+    @Test(.numbersEventsAsOneServer) func streamsAreWrittenAtMostOncePerInterval() throws {
+        let service = try ServiceHarness { $0.eventWriteIntervalMilliseconds = 400 }
+        defer { try? service.stop() }
+        let client = try service.client()
+        let stream = try Stream(port: service.port, "/events?types=task.state")
+        _ = stream.head
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        _ = try stream.waitForCount(1)
+        let firstWrite = Date()
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        _ = try stream.waitForCount(4)
+        // The second task's events waited for the interval after the write of the first's.
+        #expect(Date().timeIntervalSince(firstWrite) >= 0.25)
+        let events = try stream.waitFor(6)
+        #expect(events.count == 6 && Self.rising(events), "\(events.map(\.wireID))")
+        #expect(try stream.connection.staysSilent(for: 0.5))
+    }
+
     /// An HTTP/1.1 stream's events, out of its chunks (those complete so far).
     static func chunkedEvents(_ bytes: [UInt8]) -> [Stream.Event] {
         let crlf: [UInt8] = [13, 10]

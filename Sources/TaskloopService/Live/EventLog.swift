@@ -351,8 +351,19 @@ final class EventLog {
     private var unpublished = Deque<StreamEvent>()
     private let subscribers: StreamSubscribers<Subscriber>
     private let shared = SharedFrames()
-    /// Published in this loop turn while streams were open: written to them at its end.
+    /// Published while streams were open and not yet given to them: at the end of this loop
+    /// turn, or of a later one while the streams wait out `writeIntervalMilliseconds`.
     private var turnEvents: [StreamEvent] = []
+    /// Streams are written at most once per this many milliseconds (`--event-write-interval-ms`):
+    /// under load each write then carries several turns' events, rendered once. A stream costs
+    /// the server a system call per write (on loopback the kernel's receiving work too), which
+    /// once per turn was most of what 100 streams cost. Events that come after a quiet spell
+    /// are written at the end of their turn.
+    private let writeIntervalMilliseconds: UInt64
+    /// When the streams were last written (the scheduler's clock), and the write waiting for
+    /// the interval to pass.
+    private var lastWrite: UInt64?
+    private var waitingWrite: ScheduledAction?
     /// Per running task: when its last progress event was numbered, and whether a later one waits.
     private var lastProgress: [ObjectIdentifier: UInt64] = [:]
     private var heldProgress: [ObjectIdentifier: ScheduledAction] = [:]
@@ -369,7 +380,9 @@ final class EventLog {
     /// ...and looks at most this many events per loop turn, matching or not.
     static let replayScanLimit = 20_000
 
-    init(after lastSeq: UInt64, capacity: Int, maxBytes: Int = 256 << 20, clientBufferBytes: Int, scheduler: EngineScheduler) {
+    init(after lastSeq: UInt64, capacity: Int, maxBytes: Int = 256 << 20, clientBufferBytes: Int, writeIntervalMilliseconds: UInt64 = 0,
+         scheduler: EngineScheduler) {
+        self.writeIntervalMilliseconds = writeIntervalMilliseconds
         lastAssigned = lastSeq
         lastPublished = lastSeq
         self.capacity = max(1, capacity)
@@ -528,8 +541,23 @@ final class EventLog {
         if subscriber.pending.count > before || subscriber.ending { subscribers.markDirty(subscriber) }
     }
 
-    /// Writes what the turn published; called once per loop turn.
+    /// Writes what the turn published; called once per loop turn. Within
+    /// `writeIntervalMilliseconds` of the last write, waits for the interval to pass.
     func flushPending() {
+        guard !turnEvents.isEmpty || subscribers.hasPending, waitingWrite == nil else { return }
+        let now = scheduler.now
+        if let lastWrite, now &- lastWrite < writeIntervalMilliseconds {
+            waitingWrite = scheduler.schedule(after: lastWrite + writeIntervalMilliseconds - now) { [weak self] in
+                self?.waitingWrite = nil
+                self?.write()
+            }
+            return
+        }
+        write()
+    }
+
+    private func write() {
+        if writeIntervalMilliseconds > 0 { lastWrite = scheduler.now }
         if !turnEvents.isEmpty { deliverTurn() }
         subscribers.flushPending()
     }
@@ -610,6 +638,8 @@ final class EventLog {
 
     /// Ends every stream (shutdown): clients reconnect to the next server with Last-Event-ID.
     func finishAll() {
+        waitingWrite?.cancel()
+        waitingWrite = nil
         if !turnEvents.isEmpty { deliverTurn() }
         subscribers.finishAll()
     }

@@ -44,6 +44,8 @@ final class StreamSubscribers<Subscriber: StreamSubscriber> {
     }
 
     var count: Int { all.count }
+    /// Some stream has bytes waiting for `flushPending`.
+    var hasPending: Bool { !dirty.isEmpty }
     /// Streams disconnected so far because their reader fell behind.
     private(set) var disconnectedBehind = 0
     var isEmpty: Bool { all.isEmpty }
