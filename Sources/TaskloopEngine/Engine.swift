@@ -264,6 +264,14 @@ public final class Engine {
         return try body()
     }
 
+    /// Runs `body` as one settled call: what the engine calls made in it change goes to the
+    /// observers as one batch once it returns, not one batch per call. A batch request's items
+    /// are many calls of one request; observed one by one, each paid the observers' whole
+    /// round (the event log's numbering and publishing, the journal) for a task or two.
+    public func settlingTogether<Result>(_ body: () -> Result) -> Result {
+        settling(body)
+    }
+
     func publish() {
         // A call made by an observer publishes through the loop already running here, after the
         // rest of the batch in hand, so observers see events in the order they happened.

@@ -81,6 +81,17 @@ public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, C
         return found
     }
 
+    /// Whether the first field `name` has a value that `test` accepts, as bytes; nil when there
+    /// is no such field. For checks that need no String (the few every request makes).
+    public func firstValue(of name: String, satisfies test: (UnsafeBufferPointer<UInt8>) -> Bool) -> Bool? {
+        var result: Bool?
+        forEachValue(of: name) { value in
+            result = test(value)
+            return false
+        }
+        return result
+    }
+
     public func values(for name: String) -> [String] {
         var values: [String] = []
         forEachValue(of: name) { value in

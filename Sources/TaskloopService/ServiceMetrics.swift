@@ -156,15 +156,25 @@ final class ServiceMetrics {
     }
 
     /// The items of one batch request answered here, by their statuses.
-    func batchItemsAnswered(route: Route, statuses: [Int]) {
-        for status in statuses {
-            let key = RequestKey(route: route.pattern, method: route.method, status: status)
-            if let counter = batchItems[key] { counter.increment(); continue }
-            let counter = registry.makeCounter(descriptor: Self.name("batch_items", "total", "Items of batch requests by route and item status."),
-                                               labels: [("route", route.pattern), ("status", String(status))])
-            batchItems[key] = counter
-            counter.increment()
+    func batchItemsAnswered(route: Route, outcomes: [TaskloopApplication.BatchItemOutcome]) {
+        // Counted by runs of one status: a batch's items nearly all share one.
+        var start = 0
+        while start < outcomes.count {
+            let status = outcomes[start].status
+            var end = start + 1
+            while end < outcomes.count && outcomes[end].status == status { end += 1 }
+            batchItemCounter(route: route, status: status).increment(by: Int64(end - start))
+            start = end
         }
+    }
+
+    private func batchItemCounter(route: Route, status: Int) -> Counter {
+        let key = RequestKey(route: route.pattern, method: route.method, status: status)
+        if let counter = batchItems[key] { return counter }
+        let counter = registry.makeCounter(descriptor: Self.name("batch_items", "total", "Items of batch requests by route and item status."),
+                                           labels: [("route", route.pattern), ("status", String(status))])
+        batchItems[key] = counter
+        return counter
     }
 
     /// A request went to its cell's owner.

@@ -95,6 +95,15 @@ import Testing
         #expect(!headers.containsToken("close", in: "Connection"))
     }
 
+    @Test func theFirstValueIsTestedOnItsBytes() {
+        var headers: HTTPHeaders = ["Host": "localhost:8080"]
+        headers.add("host", "example.com")
+        let isLocal = { (bytes: UnsafeBufferPointer<UInt8>) in bytes.starts(with: "localhost".utf8) }
+        #expect(headers.firstValue(of: "HOST", satisfies: isLocal) == true)
+        #expect(headers.firstValue(of: "Host", satisfies: { $0.elementsEqual("example.com".utf8) }) == false)
+        #expect(headers.firstValue(of: "Origin", satisfies: isLocal) == nil)
+    }
+
     @Test func targetsSplitIntoDecodedPathAndQuery() throws {
         let request = try HTTPRequest(method: .GET, target: "/a%20b/c?x=1&y=hello+world&z=%26&flag&x=2")
         #expect(request.path == "/a b/c")

@@ -31,10 +31,10 @@ import Testing
         memory: 430 bytes per retained terminal noop task (RSS +410.1 MiB over 1000000 tasks, 1000000 retained)
           100 streams:    21000 req/s, 135.0 us server CPU each: +97.0 us per request (rounds: 1, 2)
         fresh 0.425 s, with 100000 retained tasks 0.381 s: ratio 1.12 (goal >= 0.9)
-          memory POST /tasks/batch     74,350 tasks/s (goal 300,000) vs POST /tasks   13,172/s = 5.6x
-          memory lease 100 + reports     29,819 tasks/s vs lease + complete    6,875/s = 4.3x
-          full   POST /tasks/batch     64,300 tasks/s vs POST /tasks    6,924/s = 9.3x
-          full   lease 100 + reports     24,809 tasks/s vs lease + complete    2,045/s = 12.1x
+          memory POST /tasks/batch    247,720 tasks/s (goal 300,000) vs POST /tasks   33,286/s = 7.4x
+          memory lease 100 + reports     63,542 tasks/s vs lease + complete   11,796/s = 5.4x
+          full   POST /tasks/batch    142,420 tasks/s vs POST /tasks    8,569/s = 16.6x
+          full   lease 100 + reports     42,710 tasks/s vs lease + complete    4,246/s = 10.1x
           memory workers, batched reports     14,729 tasks/s vs a call per report    3,874/s = 3.8x
           full   workers, batched reports      9,270 tasks/s vs a call per report    3,233/s = 2.9x
 

@@ -26,19 +26,8 @@ final class WebhookReceiver: @unchecked Sendable {
         process.standardOutput = output
         process.standardInput = Pipe()
         try process.run()
-        let handle = output.fileHandleForReading
         let lines = self.lines
-        Thread {
-            var pending = ""
-            while case let chunk = handle.availableData, !chunk.isEmpty {
-                pending += String(decoding: chunk, as: UTF8.self)
-                while let end = pending.firstIndex(of: "\n") {
-                    let line = String(pending[..<end])
-                    pending = String(pending[pending.index(after: end)...])
-                    lines.withLock { $0.append(line) }
-                }
-            }
-        }.start()
+        lines.collectLines(from: output.fileHandleForReading)
         var listening: String?
         try pollUntil("the receiver to listen", timeout: 10, every: 2_000) {
             listening = lines.value.first { $0.hasPrefix("listening on ") }

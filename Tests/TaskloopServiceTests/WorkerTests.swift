@@ -606,18 +606,8 @@ final class OlderServer: @unchecked Sendable {
         process.standardOutput = output
         process.standardInput = input
         try process.run()
-        let handle = output.fileHandleForReading
         let lines = self.lines
-        Thread {
-            var pending = ""
-            while case let chunk = handle.availableData, !chunk.isEmpty {
-                pending += String(decoding: chunk, as: UTF8.self)
-                while let end = pending.firstIndex(of: "\n") {
-                    lines.withLock { $0.append(String(pending[..<end])) }
-                    pending = String(pending[pending.index(after: end)...])
-                }
-            }
-        }.start()
+        lines.collectLines(from: output.fileHandleForReading)
         var listening: Int?
         try pollUntil("the older server to listen") {
             listening = lines.value.first { $0.hasPrefix("listening on ") }.flatMap { Int($0.dropFirst(13)) }

@@ -32,6 +32,24 @@ public final class Locked<Value>: @unchecked Sendable {
     public var value: Value { withLock { $0 } }
 }
 
+extension Locked where Value == [String] {
+    /// Appends each line `handle` yields (without its newline) on a thread of its own, until
+    /// the other end closes: how tests follow a child process's output while waiting on it.
+    public func collectLines(from handle: FileHandle) {
+        Thread {
+            var pending = ""
+            while case let chunk = handle.availableData, !chunk.isEmpty {
+                pending += String(decoding: chunk, as: UTF8.self)
+                while let end = pending.firstIndex(of: "\n") {
+                    let line = String(pending[..<end])
+                    pending = String(pending[pending.index(after: end)...])
+                    self.withLock { $0.append(line) }
+                }
+            }
+        }.start()
+    }
+}
+
 extension Process {
     /// How the process ended: its exit status, or the number of the signal that ended it (as
     /// `terminationStatus` says); nil while it runs. Read from the kernel without reaping the

@@ -120,7 +120,8 @@ struct AccessPolicy {
     /// anything). Nil: admitted.
     func refusal(of request: HTTPRequest, route: Route?) -> APIProblem? {
         let headers = request.headers
-        if !requiresToken || !allowedHosts.isEmpty, let host = headers["Host"], !admitsHost(host) {
+        if !requiresToken || !allowedHosts.isEmpty, headers.firstValue(of: "Host", satisfies: Self.isLoopbackHost) == false,
+           let host = headers["Host"], !admitsHost(host) {
             return APIProblem(.misdirectedRequest, detail: "This server does not answer for the host \(host); "
                 + "name it in --allowed-hosts to serve it.", code: "host_not_allowed")
         }
@@ -129,7 +130,8 @@ struct AccessPolicy {
                 return APIProblem(.forbidden, detail: "A request from the web page at \(origin) may not change anything here; "
                     + "list that origin in --allowed-origins to let it.", code: "cross_origin")
             }
-            if request.method == .POST, let type = headers["Content-Type"], !BodyReader.isJSON(type), Self.isFormType(type) {
+            if request.method == .POST, headers.firstValue(of: "Content-Type", satisfies: BodyReader.isJSON) == false,
+               let type = headers["Content-Type"], Self.isFormType(type) {
                 return APIProblem(.unsupportedMediaType, detail: "Send the body as application/json, not \(type).")
             }
         }
@@ -189,16 +191,17 @@ struct AccessPolicy {
     /// `localhost`, `127.0.0.1` or `[::1]`, any case, with or without a port.
     static func isLoopbackHost(_ host: String) -> Bool {
         var host = host
-        return host.withUTF8 { bytes in
-            var end = bytes.count
-            if let colon = bytes.lastIndex(of: UInt8(ascii: ":")), bytes.first != UInt8(ascii: "[") || bytes[colon - 1] == UInt8(ascii: "]") {
-                end = colon
-            }
-            let name = UnsafeBufferPointer(rebasing: bytes[..<end])
-            let localhost = name.count == 9 && zip(name, "localhost".utf8).allSatisfy { ($0 &- 65 < 26 ? $0 | 0x20 : $0) == $1 }
-            return localhost || name.elementsEqual("127.0.0.1".utf8)
-                || name.elementsEqual("[::1]".utf8)
+        return host.withUTF8 { isLoopbackHost($0) }
+    }
+
+    static func isLoopbackHost(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        var end = bytes.count
+        if let colon = bytes.lastIndex(of: UInt8(ascii: ":")), bytes.first != UInt8(ascii: "[") || bytes[colon - 1] == UInt8(ascii: "]") {
+            end = colon
         }
+        let name = UnsafeBufferPointer(rebasing: bytes[..<end])
+        let localhost = name.count == 9 && zip(name, "localhost".utf8).allSatisfy { ($0 &- 65 < 26 ? $0 | 0x20 : $0) == $1 }
+        return localhost || name.elementsEqual("127.0.0.1".utf8) || name.elementsEqual("[::1]".utf8)
     }
 
     /// `name` and `port` of a Host value; an IPv6 literal keeps its brackets.

@@ -91,7 +91,8 @@ enum Representation {
         json.key(static: "error")
         if let error = moment.error { write(error, into: &json) } else { json.null() }
         json.field("metadata", task.metadata ?? .null)
-        json.field("workflow", (workflow ?? task.workflowID)?.description)
+        json.key(static: "workflow")
+        if let workflow = workflow ?? task.workflowID { write(workflow, into: &json) } else { json.null() }
         json.key(static: "lease")
         if let lease = moment.lease {
             write(lease, into: &json, showingToken: forLessee)
@@ -297,7 +298,8 @@ enum Representation {
     ) -> [UInt8] {
         var json = JSONWriter(capacity: 512 * (tasks.count + 1))
         json.beginObject()
-        json.field("id", id.description)
+        json.key(static: "id")
+        write(id, into: &json)
         json.field("name", name)
         json.field("state", state.rawValue)
         json.key(static: "progress")
@@ -315,7 +317,7 @@ enum Representation {
         json.beginObject()
         for entry in keys {
             json.key(entry.key)
-            json.string(entry.id.description)
+            write(entry.id, into: &json)
         }
         json.endObject()
         json.endObject()
@@ -395,7 +397,8 @@ enum Representation {
     /// A workflow without its tasks, as events show it: `{id, name, state, progress, schedule}`.
     static func writeSummary(_ workflow: WorkflowRecord, state: TaskState, fraction: Double, into json: inout JSONWriter) {
         json.beginObject()
-        json.field("id", workflow.id.description)
+        json.key(static: "id")
+        write(workflow.id, into: &json)
         json.field("name", workflow.name)
         json.field("state", state.rawValue)
         json.key(static: "progress")

@@ -12,12 +12,53 @@ import TaskloopStore
 /// once it has committed. With cells a batch whose items span cells is split by cell
 /// (`splitBatchAcrossCells`), each cell's part one commit of that cell.
 extension TaskloopApplication {
-    /// One item's answer: its status and body (the task for a 2xx, else the problem), as JSON.
-    struct BatchItemResult {
+    /// One item's outcome: its status, the task a submission created (which an
+    /// `Idempotency-Key`'s replay shows as it is then), and a refused item's problem as JSON.
+    struct BatchItemOutcome {
         var status: Int
-        var body: [UInt8]
-        /// The task a submission created, which an `Idempotency-Key`'s replay shows as it is then.
-        var created: TaskID?
+        var created: TaskID? = nil
+        var problem: [UInt8] = []
+    }
+
+    /// The 207 `{results: [{status, task | problem}]}`, written as the items are answered: each
+    /// task straight into the answer, rather than rendered on its own and copied in (a thousand
+    /// allocations and copies of ~700 bytes a batch).
+    struct BatchAnswer: ~Copyable {
+        private var json: JSONWriter
+        private(set) var outcomes: [BatchItemOutcome] = []
+
+        init(items: Int) {
+            json = JSONWriter(capacity: 32 + items * 800)
+            outcomes.reserveCapacity(items)
+            json.beginObject()
+            json.key(static: "results")
+            json.beginArray()
+        }
+
+        mutating func add(_ task: TaskRecord, status: Int, in engine: Engine, created: Bool = false) {
+            json.beginObject()
+            json.field("status", status)
+            json.key(static: "task")
+            Representation.write(task, task.moment, into: &json, workflow: engine.workflowID(of: task))
+            json.endObject()
+            outcomes.append(BatchItemOutcome(status: status, created: created ? task.id : nil))
+        }
+
+        mutating func add(_ refused: BatchItemOutcome) {
+            json.beginObject()
+            json.field("status", refused.status)
+            json.key(static: "problem")
+            json.encoded(refused.problem)
+            json.endObject()
+            outcomes.append(refused)
+        }
+
+        /// The whole answer's JSON; `outcomes` stay readable.
+        mutating func finish() -> [UInt8] {
+            json.endArray()
+            json.endObject()
+            return json.bytes
+        }
     }
 
     /// What an `Idempotency-Key` of a batch remembers: this, then the items' outcomes as JSON
@@ -40,30 +81,32 @@ extension TaskloopApplication {
         let items = try batchItems(request, member: "tasks")
         if let key { try idempotency.checkRoom(for: key) }
         let indices = Self.batchIndices(request, count: items.count)
-        var results: [BatchItemResult] = []
-        results.reserveCapacity(items.count)
-        for (position, item) in items.enumerated() {
-            results.append(submitBatchItem(item, prefix: "tasks[\(indices[position])]", reply))
+        var answer = BatchAnswer(items: items.count)
+        reply.engine.settlingTogether {
+            for (position, item) in items.enumerated() {
+                submitBatchItem(item, index: indices[position], into: &answer, reply)
+            }
         }
         if let key, let fingerprint {
             let record = idempotency.remember(key, fingerprint: fingerprint, status: .multiStatus,
-                                              resource: Self.batchReplayPrefix + Self.replayText(results))
+                                              resource: Self.batchReplayPrefix + Self.replayText(answer.outcomes))
             durable?.record(record)
             if let cellHost, let cell = reply.engine.cell { cellHost.record(record, in: Cell(cell)) }
         }
-        answerBatch(results, reply)
+        answerBatch(answer, reply)
     }
 
     func reportBatch(_ request: HTTPRequest, _ reply: Reply) throws {
         let items = try batchItems(request, member: "reports")
         let indices = Self.batchIndices(request, count: items.count)
         var firstIndexOfID: [String: Int] = [:]
-        var results: [BatchItemResult] = []
-        results.reserveCapacity(items.count)
-        for (position, item) in items.enumerated() {
-            results.append(reportBatchItem(item, index: indices[position], firstIndexOfID: &firstIndexOfID, reply.engine))
+        var answer = BatchAnswer(items: items.count)
+        reply.engine.settlingTogether {
+            for (position, item) in items.enumerated() {
+                reportBatchItem(item, index: indices[position], firstIndexOfID: &firstIndexOfID, into: &answer, reply.engine)
+            }
         }
-        answerBatch(results, reply)
+        answerBatch(answer, reply)
     }
 
     /// The items of a batch body `{<member>: [...]}`. Whole-request problems change nothing:
@@ -108,128 +151,150 @@ extension TaskloopApplication {
     }
 
     /// One submission, as `POST /tasks` makes it: the same readers and checks, its problem's
-    /// fields named under `prefix` (`tasks[3].kind`).
-    private func submitBatchItem(_ item: JSONValue, prefix: String, _ reply: Reply) -> BatchItemResult {
+    /// fields named under the item's index (`tasks[3].kind`).
+    private func submitBatchItem(_ item: JSONValue, index: Int, into answer: inout BatchAnswer, _ reply: Reply) {
         do {
-            var reader = BodyReader()
-            let spec = reader.object(item, prefix).flatMap { reader.taskSpec($0, prefix: prefix + ".") }
-            try reader.check()
-            try checkKindAllowed(spec!.kind, queue: spec!.queue, field: prefix + ".kind", reply.engine)
-            try refuseUnknownRemoteDependencies(of: [(prefix + ".", spec!)], reply)
-            let task = try reply.engine.submit(spec!)
+            let spec = try Self.readItem(index: index, of: "tasks") { reader, prefix in
+                reader.object(item, prefix).flatMap { reader.taskSpec($0, prefix: prefix.isEmpty ? "" : prefix + ".") }
+            }
+            // Fields named as in a body of its own; `itemProblem` puts them under the item.
+            try checkKindAllowed(spec.kind, queue: spec.queue, field: "kind", reply.engine)
+            if !spec.dependencies.isEmpty { try refuseUnknownRemoteDependencies(of: [("", spec)], reply) }
+            let task = try reply.engine.submit(spec)
             metrics.taskSubmitted(kind: task.kind)
-            return BatchItemResult(status: 201, body: Representation.task(task, in: reply.engine), created: task.id)
+            answer.add(task, status: 201, in: reply.engine, created: true)
         } catch {
-            return Self.itemProblem(error, prefix: prefix)
+            answer.add(Self.itemProblem(error, prefix: Self.itemField("tasks", index)))
         }
+    }
+
+    /// An item's field in the client's batch: `tasks[3]`.
+    static func itemField(_ member: String, _ index: Int) -> String { "\(member)[\(index)]" }
+
+    /// An item read by `read`, which names the fields it refuses under the prefix it is given.
+    /// Read first with none: the names (`tasks[3].kind`) are strings made for every field, and
+    /// most items have no problem to name; an item that has is read again with them.
+    private static func readItem<Value>(index: Int, of member: String,
+                                        _ read: (inout BodyReader, String) -> Value?) throws(APIProblem) -> Value {
+        var reader = BodyReader()
+        if let value = read(&reader, ""), reader.errors.isEmpty { return value }
+        var named = BodyReader()
+        let value = read(&named, itemField(member, index))
+        try named.check()
+        guard let value else { throw APIProblem(.unprocessableContent, detail: "\(itemField(member, index)) could not be read.") }
+        return value
     }
 
     /// One report, as `POST /tasks/{id}/complete|fail|progress` takes it: `{id, lease_token?,
     /// complete: {result?} | fail: {error} | progress: {fraction?, message?, details?}}`. A task
     /// reported by an earlier item of the batch is 422 `duplicate_id` and changes nothing.
     private func reportBatchItem(_ item: JSONValue, index: Int, firstIndexOfID: inout [String: Int],
-                                 _ engine: Engine) -> BatchItemResult {
-        let prefix = "reports[\(index)]"
+                                 into answer: inout BatchAnswer, _ engine: Engine) {
         do {
             var reader = BodyReader()
-            var id: String?, token: String?, report: ExternalReport?
-            if let object = reader.object(item, prefix) {
-                reader.rejectUnknown(object, allowed: ["id", "lease_token", "complete", "fail", "progress"], prefix: prefix + ".")
-                if case .some(let value?) = reader.string(object, "id", prefix: prefix + ".", maxLength: 64) {
-                    if let first = firstIndexOfID[value] {
-                        throw APIProblem(.unprocessableContent,
-                                         detail: "Task \(value) is reported by reports[\(first)] already; a batch reports a task once.",
-                                         type: ProblemType.validation, code: "duplicate_id",
-                                         fieldErrors: [.init(field: prefix + ".id", message: "repeats reports[\(first)].id.")])
-                    }
-                    firstIndexOfID[value] = index
-                    id = value
-                } else if object["id"] == nil {
-                    reader.fail(prefix + ".id", "is required.")
+            var read = Self.readReport(item, prefix: "", &reader)
+            if let id = read.id {
+                if let first = firstIndexOfID[id] {
+                    throw APIProblem(.unprocessableContent,
+                                     detail: "Task \(id) is reported by reports[\(first)] already; a batch reports a task once.",
+                                     type: ProblemType.validation, code: "duplicate_id",
+                                     fieldErrors: [.init(field: "id", message: "repeats reports[\(first)].id.")])
                 }
-                token = reader.leaseToken(object, prefix: prefix + ".")
-                let outcomes = ["complete", "fail", "progress"].filter { object[$0] != nil }
-                if outcomes.count != 1 {
-                    reader.fail(prefix, outcomes.isEmpty ? "must carry one of complete, fail or progress."
-                                    : "must carry one of complete, fail or progress, not \(outcomes.joined(separator: " and ")).")
-                } else if let body = reader.object(object[outcomes[0]], prefix + "." + outcomes[0]) {
-                    let fields = prefix + "." + outcomes[0] + "."
-                    switch outcomes[0] {
-                    case "complete":
-                        reader.rejectUnknown(body, allowed: ["result"], prefix: fields)
-                        report = .complete(result: body["result"])
-                    case "fail":
-                        reader.rejectUnknown(body, allowed: ["error"], prefix: fields)
-                        report = reader.failure(body, prefix: fields).map { .fail($0) }
-                    default:
-                        reader.rejectUnknown(body, allowed: ["fraction", "message", "details"], prefix: fields)
-                        report = reader.progressReport(body, prefix: fields)
-                    }
-                }
+                firstIndexOfID[id] = index
             }
-            try reader.check()
-            guard let task = TaskID(id!).flatMap(engine.task) else { throw APIProblem(.notFound, detail: "No task \(id!).") }
-            try engine.report(report!, for: task.id, leaseToken: token)
-            return BatchItemResult(status: 200, body: Representation.task(task, in: engine))
+            if !reader.errors.isEmpty {
+                var named = BodyReader()
+                read = Self.readReport(item, prefix: Self.itemField("reports", index), &named)
+                try named.check()
+            }
+            guard let id = read.id, let report = read.report else {
+                throw APIProblem(.unprocessableContent, detail: "\(Self.itemField("reports", index)) could not be read.")
+            }
+            guard let task = TaskID(id).flatMap(engine.task) else { throw APIProblem(.notFound, detail: "No task \(id).") }
+            try engine.report(report, for: task.id, leaseToken: read.token)
+            answer.add(task, status: 200, in: engine)
         } catch {
-            return Self.itemProblem(error, prefix: prefix)
+            answer.add(Self.itemProblem(error, prefix: Self.itemField("reports", index)))
         }
+    }
+
+    /// A report item's id, lease token and report, with its problems named under `prefix`.
+    private static func readReport(_ item: JSONValue, prefix: String, _ reader: inout BodyReader)
+        -> (id: String?, token: String?, report: ExternalReport?) {
+        var id: String?, token: String?, report: ExternalReport?
+        let fields = prefix.isEmpty ? "" : prefix + "."
+        guard let object = reader.object(item, prefix) else { return (nil, nil, nil) }
+        reader.rejectUnknown(object, allowed: ["id", "lease_token", "complete", "fail", "progress"], prefix: fields)
+        if case .some(let value?) = reader.string(object, "id", prefix: fields, maxLength: 64) {
+            id = value
+        } else if object["id"] == nil {
+            reader.fail(fields + "id", "is required.")
+        }
+        token = reader.leaseToken(object, prefix: fields)
+        var outcome: String?
+        var outcomes = 0
+        for name in ["complete", "fail", "progress"] where object[name] != nil {
+            outcome = outcome ?? name
+            outcomes += 1
+        }
+        if outcomes != 1 {
+            let named = ["complete", "fail", "progress"].filter { object[$0] != nil }
+            reader.fail(prefix.isEmpty ? "body" : prefix, named.isEmpty ? "must carry one of complete, fail or progress."
+                            : "must carry one of complete, fail or progress, not \(named.joined(separator: " and ")).")
+        } else if let outcome, let body = reader.object(object[outcome], fields + outcome) {
+            let bodyFields = fields + outcome + "."
+            switch outcome {
+            case "complete":
+                reader.rejectUnknown(body, allowed: ["result"], prefix: bodyFields)
+                report = .complete(result: body["result"])
+            case "fail":
+                reader.rejectUnknown(body, allowed: ["error"], prefix: bodyFields)
+                report = reader.failure(body, prefix: bodyFields).map { .fail($0) }
+            default:
+                reader.rejectUnknown(body, allowed: ["fraction", "message", "details"], prefix: bodyFields)
+                report = reader.progressReport(body, prefix: bodyFields)
+            }
+        }
+        return (id, token, report)
     }
 
     /// The problem an item's error is, as its single route answers it, with the fields it
     /// names put under the item's `prefix` (the engine names them as in a body of its own).
-    static func itemProblem(_ error: any Error, prefix: String) -> BatchItemResult {
+    static func itemProblem(_ error: any Error, prefix: String) -> BatchItemOutcome {
         var problem: APIProblem
         switch error {
         case let error as EngineError: problem = error.problem
         case let error as APIProblem: problem = error
         default:
             let response = errorResponse(for: error)
-            return BatchItemResult(status: response.status.code, body: response.body)
+            return BatchItemOutcome(status: response.status.code, problem: response.body)
         }
         for index in problem.fieldErrors.indices {
             let field = problem.fieldErrors[index].field
             if field == prefix || field.hasPrefix(prefix + ".") { continue }
             problem.fieldErrors[index].field = field == "body" ? prefix : prefix + "." + field
         }
-        return BatchItemResult(status: problem.status.code, body: problem.response().body)
+        return BatchItemOutcome(status: problem.status.code, problem: problem.response().body)
     }
 
-    /// The 207 `{results: [{status, task | problem}]}`, counted by item status.
-    func answerBatch(_ results: [BatchItemResult], _ reply: Reply, headers: HTTPHeaders = [:]) {
-        if let route = reply.route { metrics.batchItemsAnswered(route: route, statuses: results.map(\.status)) }
-        reply.send(.json(.multiStatus, Self.render(results), headers: headers))
-    }
-
-    static func render(_ results: [BatchItemResult]) -> [UInt8] {
-        var json = JSONWriter(capacity: results.reduce(16) { $0 + $1.body.count + 32 })
-        json.beginObject()
-        json.key(static: "results")
-        json.beginArray()
-        for result in results {
-            json.beginObject()
-            json.field("status", result.status)
-            if (200..<300).contains(result.status) { json.key(static: "task") } else { json.key(static: "problem") }
-            json.encoded(result.body)
-            json.endObject()
-        }
-        json.endArray()
-        json.endObject()
-        return json.bytes
+    /// Sends the 207, its items counted by status.
+    func answerBatch(_ answer: consuming BatchAnswer, _ reply: Reply, headers: HTTPHeaders = [:]) {
+        if let route = reply.route { metrics.batchItemsAnswered(route: route, outcomes: answer.outcomes) }
+        reply.send(.json(.multiStatus, answer.finish(), headers: headers))
     }
 
     /// The outcomes an `Idempotency-Key` keeps: a created task's id, or `{status, problem}`.
-    private static func replayText(_ results: [BatchItemResult]) -> String {
-        var json = JSONWriter(capacity: results.count * 48)
+    private static func replayText(_ outcomes: [BatchItemOutcome]) -> String {
+        var json = JSONWriter(capacity: outcomes.count * 48)
         json.beginArray()
-        for result in results {
-            if let created = result.created {
+        for outcome in outcomes {
+            if let created = outcome.created {
                 json.string(created.description)
             } else {
                 json.beginObject()
-                json.field("status", result.status)
+                json.field("status", outcome.status)
                 json.key(static: "problem")
-                json.encoded(result.body)
+                json.encoded(outcome.problem)
                 json.endObject()
             }
         }
@@ -242,22 +307,21 @@ extension TaskloopApplication {
     private func replayBatch(_ first: IdempotencyRecord, _ reply: Reply) {
         let text = first.resource.utf8.dropFirst(Self.batchReplayPrefix.utf8.count)
         let outcomes = (try? JSONParser.parse(Array(text)))?.arrayValue ?? []
-        var results: [BatchItemResult] = []
-        results.reserveCapacity(outcomes.count)
+        var answer = BatchAnswer(items: outcomes.count)
         for outcome in outcomes {
             if let text = outcome.stringValue {
                 if let id = TaskID(text), let task = reply.engine.task(id) {
-                    results.append(BatchItemResult(status: 201, body: Representation.task(task, in: reply.engine), created: id))
+                    answer.add(task, status: 201, in: reply.engine, created: true)
                 } else {
                     let problem = APIProblem(.notFound, detail: "Task \(text), which this Idempotency-Key created, has been forgotten since.")
-                    results.append(BatchItemResult(status: 404, body: problem.response().body))
+                    answer.add(BatchItemOutcome(status: 404, problem: problem.response().body))
                 }
             } else if let object = outcome.objectValue, let status = object["status"]?.intValue, let problem = object["problem"] {
                 var json = JSONWriter()
                 json.value(problem)
-                results.append(BatchItemResult(status: Int(status), body: json.bytes))
+                answer.add(BatchItemOutcome(status: Int(status), problem: json.bytes))
             }
         }
-        answerBatch(results, reply, headers: ["Idempotent-Replayed": "true"])
+        answerBatch(answer, reply, headers: ["Idempotent-Replayed": "true"])
     }
 }

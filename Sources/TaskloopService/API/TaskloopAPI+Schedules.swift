@@ -197,22 +197,35 @@ extension BodyReader {
             if list.isEmpty { fail(prefix + "tasks", "must list at least one task.") }
             let keys = Set(list.compactMap { $0.objectValue?["key"]?.stringValue })
             for (index, element) in list.enumerated() {
-                let at = "\(prefix)tasks[\(index)]."
-                guard let task = self.object(element, "\(prefix)tasks[\(index)]") else { continue }
-                let key: String?
-                switch string(task, "key", prefix: at, maxLength: SubmissionValidator.maxKeyLength) {
-                case .some(let value?) where !value.isEmpty: key = value
-                case .some: fail(at + "key", "is required and must not be empty."); key = nil
-                case .none:
-                    if task["key"] == nil { fail(at + "key", "is required.") }
-                    key = nil
+                // Read first without naming fields: the names (`tasks[3].kind`) are strings made
+                // for every field of every task, and nearly every task has no problem to name.
+                var quiet = BodyReader()
+                if let member = quiet.workflowMember(element, field: "", siblingKeys: keys), quiet.errors.isEmpty {
+                    members.append(member)
+                } else {
+                    _ = workflowMember(element, field: "\(prefix)tasks[\(index)]", siblingKeys: keys)
                 }
-                if let spec = taskSpec(task, prefix: at, siblingKeys: keys), let key { members.append((key, spec)) }
             }
         } else {
             fail(prefix + "tasks", object["tasks"] == nil ? "is required." : "must be an array of tasks.")
         }
         return errors.count == errorsBefore ? (name, members) : nil
+    }
+
+    /// One task of a workflow body, `{key, ...task fields}`, its problems named under `field`.
+    private mutating func workflowMember(_ element: JSONValue, field: String, siblingKeys: Set<String>) -> (key: String, spec: TaskSpec)? {
+        guard let task = object(element, field) else { return nil }
+        let at = field.isEmpty ? "" : field + "."
+        let key: String?
+        switch string(task, "key", prefix: at, maxLength: SubmissionValidator.maxKeyLength) {
+        case .some(let value?) where !value.isEmpty: key = value
+        case .some: fail(at + "key", "is required and must not be empty."); key = nil
+        case .none:
+            if task["key"] == nil { fail(at + "key", "is required.") }
+            key = nil
+        }
+        guard let spec = taskSpec(task, prefix: at, siblingKeys: siblingKeys), let key else { return nil }
+        return (key, spec)
     }
 }
 

@@ -416,6 +416,8 @@ final class EventLog {
         } progressed: { task in
             progressed(task, now: now, batch: batch)
         } leftRunning: { task in
+            // Most tasks never report progress: no hashing for them.
+            guard !lastProgress.isEmpty || !heldProgress.isEmpty else { return }
             heldProgress.removeValue(forKey: ObjectIdentifier(task))?.cancel()
             lastProgress.removeValue(forKey: ObjectIdentifier(task))
         } scheduleChanged: { schedule, deleted in
