@@ -3,6 +3,8 @@
 protocol HTTPTransport: AnyObject {
     /// Sends `bytes`; what cannot leave at once is copied, queued and counted in `queuedBytes`.
     func write(_ bytes: UnsafeRawBufferPointer)
+    /// Sends the three parts in order, as `write` would their concatenation.
+    func write(_ head: UnsafeRawBufferPointer, _ body: UnsafeRawBufferPointer, _ tail: UnsafeRawBufferPointer)
     var queuedBytes: Int { get }
     func setReading(_ reading: Bool)
     /// Closes once queued bytes are out. With `linger`, first half-closes and briefly drains
@@ -11,6 +13,14 @@ protocol HTTPTransport: AnyObject {
     func close(linger: Bool)
     /// Closes now, dropping what is still queued (a reader that stopped reading).
     func closeNow()
+}
+
+extension HTTPTransport {
+    func write(_ head: UnsafeRawBufferPointer, _ body: UnsafeRawBufferPointer, _ tail: UnsafeRawBufferPointer) {
+        write(head)
+        write(body)
+        write(tail)
+    }
 }
 
 /// What the server's admission check decides on a request head, before its body is read.
@@ -322,8 +332,18 @@ final class HTTPConnection {
 
     func streamWrite(_ sequence: UInt64, _ bytes: UnsafeRawBufferPointer) -> Bool {
         guard isOpen(sequence), streaming else { return false }
-        if streamChunked { HTTPResponseEncoder.appendChunk(bytes, to: &output) } else { output.append(contentsOf: bytes) }
-        flush()
+        guard output.isEmpty, let transport, !bytes.isEmpty else {
+            if streamChunked { HTTPResponseEncoder.appendChunk(bytes, to: &output) } else { output.append(contentsOf: bytes) }
+            flush()
+            return true
+        }
+        // Straight from the caller's bytes (an event stream's, shared by every stream with its
+        // filter): the transport copies only what the socket does not take at once.
+        guard streamChunked else {
+            transport.write(bytes)
+            return true
+        }
+        HTTPResponseEncoder.withChunkFraming(of: bytes.count) { head, tail in transport.write(head, bytes, tail) }
         return true
     }
 

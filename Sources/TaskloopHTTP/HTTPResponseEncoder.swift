@@ -68,6 +68,25 @@ enum HTTPResponseEncoder {
         output.append(UInt8(ascii: "\r"))
         output.append(UInt8(ascii: "\n"))
     }
+    /// A chunk's size line and its end, for a chunk of `count` bytes written from elsewhere.
+    static func withChunkFraming<Result>(of count: Int, _ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Result) -> Result {
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 2 * MemoryLayout<Int>.size + 2) { line in
+            var length = 0
+            var shift = (Int.bitWidth - count.leadingZeroBitCount + 3) / 4 * 4
+            repeat {
+                shift = max(0, shift - 4)
+                line[length] = hexDigits[(count >> shift) & 0xF]
+                length += 1
+            } while shift > 0
+            line[length] = UInt8(ascii: "\r")
+            line[length + 1] = UInt8(ascii: "\n")
+            return chunkEnd.withUnsafeBytes { tail in
+                body(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(line)[..<(length + 2)]), tail)
+            }
+        }
+    }
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+    private static let chunkEnd: [UInt8] = [UInt8(ascii: "\r"), UInt8(ascii: "\n")]
     private static let contentLengthPrefix: [UInt8] = Array("Content-Length: ".utf8)
     private static let closeLine: [UInt8] = Array("Connection: close\r\n".utf8)
     private static let keepAliveLine: [UInt8] = Array("Connection: keep-alive\r\n".utf8)

@@ -95,6 +95,48 @@ final class TCPConnection: HTTPTransport, UVHandleClosing {
         if sent < bytes.count { enqueue(UnsafeRawBufferPointer(rebasing: bytes[sent...])) }
     }
 
+    /// One system call for the three parts (a chunk's size line, its bytes shared with other
+    /// streams, its end) with nothing copied; only what the socket does not take at once is
+    /// copied into the queue.
+    func write(_ head: UnsafeRawBufferPointer, _ body: UnsafeRawBufferPointer, _ tail: UnsafeRawBufferPointer) {
+        guard closeState.acceptsWrites else { return }
+        let total = head.count + body.count + tail.count
+        guard total > 0 else { return }
+        guard total <= Self.largestWrite else {
+            for part in [head, body, tail] { write(part) }
+            return
+        }
+        var sent = 0
+        if queuedBytes == 0 {
+            let written = withUnsafeTemporaryAllocation(of: uv_buf_t.self, capacity: 3) { buffers in
+                var count = 0
+                for part in [head, body, tail] where part.count > 0 {
+                    buffers[count] = uv_buf_init(UnsafeMutablePointer(mutating: part.baseAddress!.assumingMemoryBound(to: CChar.self)),
+                                                 UInt32(part.count))
+                    count += 1
+                }
+                return uv_try_write(stream, buffers.baseAddress, UInt32(count))
+            }
+            if written >= 0 {
+                sent = Int(written)
+            } else if written != UV_EAGAIN.rawValue {
+                closeNow()
+                return
+            }
+        }
+        guard sent < total else { return }
+        var unsent: [UnsafeRawBufferPointer] = []
+        for part in [head, body, tail] {
+            if sent >= part.count {
+                sent -= part.count
+                continue
+            }
+            unsent.append(UnsafeRawBufferPointer(rebasing: part[sent...]))
+            sent = 0
+        }
+        enqueue(unsent)
+    }
+
     func setReading(_ wanted: Bool) {
         guard case .open = closeState else { return }
         setStreamReading(wanted)
@@ -109,22 +151,32 @@ final class TCPConnection: HTTPTransport, UVHandleClosing {
 
     // MARK: internals
 
-    /// Copies `bytes` into one allocation with its write request: [uv_write_t | length | bytes].
     private func enqueue(_ bytes: UnsafeRawBufferPointer) {
+        enqueue(CollectionOfOne(bytes))
+    }
+
+    /// Copies `parts`, in order, into one allocation with its write request:
+    /// [uv_write_t | length | bytes].
+    private func enqueue(_ parts: some Collection<UnsafeRawBufferPointer>) {
+        let count = parts.reduce(0) { $0 + $1.count }
         let memory = UnsafeMutableRawPointer.allocate(
-            byteCount: WriteRequest.headerSize + bytes.count, alignment: MemoryLayout<uv_write_t>.alignment)
+            byteCount: WriteRequest.headerSize + count, alignment: MemoryLayout<uv_write_t>.alignment)
         let request = memory.assumingMemoryBound(to: uv_write_t.self)
-        memory.storeBytes(of: bytes.count, toByteOffset: WriteRequest.lengthOffset, as: Int.self)
+        memory.storeBytes(of: count, toByteOffset: WriteRequest.lengthOffset, as: Int.self)
         let payload = memory + WriteRequest.headerSize
-        payload.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
-        var buffer = uv_buf_init(payload.assumingMemoryBound(to: CChar.self), UInt32(bytes.count))
+        var offset = 0
+        for part in parts where part.count > 0 {
+            (payload + offset).copyMemory(from: part.baseAddress!, byteCount: part.count)
+            offset += part.count
+        }
+        var buffer = uv_buf_init(payload.assumingMemoryBound(to: CChar.self), UInt32(count))
         let status = uv_write(request, stream, &buffer, 1, writeCompleted)
         guard status == 0 else {
             memory.deallocate()
             closeNow()
             return
         }
-        queuedBytes += bytes.count
+        queuedBytes += count
     }
 
     fileprivate func writeFinished(length: Int, status: Int32) {

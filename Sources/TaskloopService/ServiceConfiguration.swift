@@ -61,6 +61,9 @@ public struct ServiceConfiguration: Sendable {
     /// Unsent bytes past which an event stream's reader is disconnected
     /// (`--event-client-buffer-bytes`); it resumes with `Last-Event-ID`.
     public var eventClientBufferBytes = 4 * 1024 * 1024
+    /// Event streams are written at most once per this many milliseconds
+    /// (`--event-write-interval-ms`); 0 writes at the end of every loop turn that published.
+    public var eventWriteIntervalMilliseconds: UInt64 = 5
 
     public var webhooks = WebhookSettings()
 

@@ -30,6 +30,8 @@ final class ServiceMetrics {
     private let waiting: Gauge
     private let transfers: Gauge
     private let eventStreams: Gauge
+    private let eventStreamsDisconnected: Counter
+    private var eventStreamsDisconnectedCounted = 0
     private let webhookPending: Gauge
     /// Attempts by outcome, and how many of them the counter has been told.
     private var webhookAttempts: [String: (counter: Counter, counted: Int)] = [:]
@@ -102,6 +104,9 @@ final class ServiceMetrics {
         waiting = registry.makeGauge(descriptor: Self.name("http_long_polls", "", "GET /tasks/{id}?wait= requests waiting now."))
         transfers = registry.makeGauge(descriptor: Self.name("http_task_transfers", "", "Requests of http tasks in flight now."))
         eventStreams = registry.makeGauge(descriptor: Self.name("event_streams", "", "Event streams (GET /events, GET /tasks/{id}/events) open now."))
+        eventStreamsDisconnected = registry.makeCounter(descriptor: Self.name(
+            "event_streams_disconnected", "total",
+            "Event streams disconnected because their reader fell behind (--event-client-buffer-bytes); each resumes with Last-Event-ID."))
         webhookPending = registry.makeGauge(descriptor: Self.name(
             "webhook_deliveries_pending", "", "Webhook deliveries not yet delivered or given up."))
         for outcome in ["delivered", "failed", "retrying"] {
@@ -357,7 +362,7 @@ final class ServiceMetrics {
     /// The text exposition, with the state gauges brought up to date first. `queues`: those of
     /// the engines here (with cells, of the cells this replica owns).
     func render(queues: [String: TaskQueue], connections: Int, longPolls: Int, transfers activeTransfers: Int, eventStreams streams: Int,
-                webhooks: Webhooks, droppedLogLines dropped: Int, cellHost: CellHost? = nil,
+                eventStreamsDisconnected disconnected: Int, webhooks: Webhooks, droppedLogLines dropped: Int, cellHost: CellHost? = nil,
                 scheduleTotals: ScheduleTotals = ScheduleTotals()) -> [UInt8] {
         for (index, total) in [scheduleTotals.fired, scheduleTotals.missed, scheduleTotals.skipped].enumerated()
         where total > scheduleRuns[index].counted {
@@ -390,6 +395,10 @@ final class ServiceMetrics {
         waiting.set(Double(longPolls))
         transfers.set(Double(activeTransfers))
         eventStreams.set(Double(streams))
+        if disconnected > eventStreamsDisconnectedCounted {
+            eventStreamsDisconnected.increment(by: Int64(disconnected - eventStreamsDisconnectedCounted))
+            eventStreamsDisconnectedCounted = disconnected
+        }
         webhookPending.set(Double(webhooks.pendingCount))
         for (outcome, count) in webhooks.attempts {
             guard let collector = webhookAttempts[outcome], count > collector.counted else { continue }

@@ -38,7 +38,8 @@ extension TaskloopApplication {
         idempotency.start()
         self.idempotency = idempotency
         eventLog = EventLog(after: 0, capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
-                            clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
+                            clientBufferBytes: configuration.eventClientBufferBytes,
+                                writeIntervalMilliseconds: configuration.eventWriteIntervalMilliseconds, scheduler: scheduler)
         let hookJournal = CellWebhookJournal(cluster: try ClusterWebhooks(loop: loop, url: settings.url))
         cellWebhooks = hookJournal
         let webhooks = Webhooks(client: httpClient!, scheduler: scheduler, settings: configuration.webhooks, durable: hookJournal,

@@ -193,7 +193,8 @@ public final class TaskloopApplication {
         // the commit it waits for.
         let eventLog = EventLog(after: restored.eventSequence,
                                 capacity: configuration.eventBufferSize, maxBytes: configuration.eventBufferBytes,
-                                clientBufferBytes: configuration.eventClientBufferBytes, scheduler: scheduler)
+                                clientBufferBytes: configuration.eventClientBufferBytes,
+                                writeIntervalMilliseconds: configuration.eventWriteIntervalMilliseconds, scheduler: scheduler)
         self.eventLog = eventLog
         let webhooks = Webhooks(client: httpClient, scheduler: scheduler, settings: configuration.webhooks, durable: durable,
                                 logger: logger)
@@ -521,6 +522,7 @@ public final class TaskloopApplication {
     func renderMetrics() -> [UInt8] {
         metrics.render(queues: queuesHere, connections: server?.openConnections ?? 0, longPolls: waiters.count,
                        transfers: activeTransfers, eventStreams: eventLog.subscriberCount + (clusterStreams?.subscriberCount ?? 0),
+                       eventStreamsDisconnected: eventLog.disconnectedBehind + (clusterStreams?.disconnectedBehind ?? 0),
                        webhooks: webhooks,
                        droppedLogLines: configuration.logSink?.dropped ?? 0, cellHost: cellHost, scheduleTotals: scheduleTotalsHere)
     }

@@ -191,6 +191,9 @@ struct Taskloop: ParsableCommand {
     @Option(help: "Unsent bytes past which an event stream's reader is disconnected (it resumes), 65536...1073741824. [env: TASKLOOP_EVENT_CLIENT_BUFFER_BYTES]")
     var eventClientBufferBytes: Int = Environment.int("EVENT_CLIENT_BUFFER_BYTES") ?? 4 * 1024 * 1024
 
+    @Option(help: "Event streams are written at most once per this many milliseconds, each write carrying what was published meanwhile (0: at the end of every loop turn), 0...1000. [env: TASKLOOP_EVENT_WRITE_INTERVAL_MS]")
+    var eventWriteIntervalMs: Int = Environment.int("EVENT_WRITE_INTERVAL_MS") ?? 5
+
     @Option(help: "Waits before each retry of a failed webhook delivery, comma-separated, each a whole number with ms, s, m or h (at most 7 days, at most 100 of them; empty: no retries). [env: TASKLOOP_WEBHOOK_RETRY_SCHEDULE]")
     var webhookRetrySchedule: String = Environment.string("WEBHOOK_RETRY_SCHEDULE") ?? "5s,5m,30m,2h,5h,10h,10h"
 
@@ -305,6 +308,7 @@ struct Taskloop: ParsableCommand {
         guard (65_536...1 << 30).contains(eventClientBufferBytes) else {
             throw ValidationError("--event-client-buffer-bytes must be 65536...1073741824")
         }
+        guard (0...1_000).contains(eventWriteIntervalMs) else { throw ValidationError("--event-write-interval-ms must be 0...1000") }
         guard WebhookSettings.parseSchedule(webhookRetrySchedule) != nil else {
             throw ValidationError("--webhook-retry-schedule must be durations like 5s,5m,30m,2h (units ms, s, m, h; each at most 7 days)")
         }
@@ -392,6 +396,7 @@ struct Taskloop: ParsableCommand {
         configuration.maxLeaseWaitMilliseconds = UInt64(maxLeaseWaitSeconds * 1_000)
         configuration.eventBufferSize = eventBuffer
         configuration.eventClientBufferBytes = eventClientBufferBytes
+        configuration.eventWriteIntervalMilliseconds = UInt64(eventWriteIntervalMs)
         configuration.eventBufferBytes = eventBufferBytes
         configuration.eventHistoryMilliseconds = Int64(eventHistorySeconds) * 1_000
         configuration.maxResponseBytes = maxResponseBytes

@@ -73,4 +73,30 @@ import Testing
         harness.connection.transportClosed()
         #expect(closed)
     }
+
+    /// One array written to several streams (as event streams with one filter share a turn's
+    /// rendering): each gets it whole and framed, however little its socket takes at once, and
+    /// the array stays as it was.
+    @Test func bytesSharedByStreamsReachEachWholeThroughPartialWrites() {
+        let shared = Array((0..<5_000).map { UInt8(ascii: "a") + UInt8($0 % 26) })
+        let original = shared
+        for (version, accepted) in [("1.1", 0), ("1.1", 7), ("1.1", 2_000), ("1.0", 3), ("1.0", Int.max)] {
+            let harness = ConnectionHarness()
+            var stream: HTTPResponder?
+            harness.handler = { _, responder in
+                _ = responder.startStream(headers: [:])
+                stream = responder
+            }
+            harness.receive("GET /events HTTP/\(version)\r\nHost: t\r\n\r\n")
+            let head = harness.transport.sent.count
+            harness.transport.acceptsImmediately = accepted
+            #expect(stream!.write(shared))
+            #expect(stream!.write(shared))
+            harness.transport.drain()
+            let body = Array(harness.transport.sent[head...])
+            let framed = version == "1.1" ? Array("1388\r\n".utf8) + shared + Array("\r\n".utf8) : shared
+            #expect(body == framed + framed, "HTTP/\(version), \(accepted) taken at once")
+        }
+        #expect(shared == original)
+    }
 }

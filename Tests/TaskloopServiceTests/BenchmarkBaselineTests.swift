@@ -29,7 +29,7 @@ import Testing
           rate limit 100.0/s, burst 10, over 60.0 s: 100.02/s, +0.02% (goal within 2%)
           rate limit 100.0/s, burst 1, over 60.0 s: 97.75/s, -2.25% (goal within 2%)
         memory: 430 bytes per retained terminal noop task (RSS +410.1 MiB over 1000000 tasks, 1000000 retained)
-          100 streams:    21000 req/s, 150.0 us server CPU each: +112.0 us per request (rounds: 1, 2)
+          100 streams:    21000 req/s, 135.0 us server CPU each: +97.0 us per request (rounds: 1, 2)
         fresh 0.425 s, with 100000 retained tasks 0.381 s: ratio 1.12 (goal >= 0.9)
           memory POST /tasks/batch    247,720 tasks/s (goal 300,000) vs POST /tasks   33,286/s = 7.4x
           memory lease 100 + reports     63,542 tasks/s vs lease + complete   11,796/s = 5.4x

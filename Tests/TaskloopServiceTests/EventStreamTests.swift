@@ -13,8 +13,9 @@ import TaskloopTestSupport
     final class Stream {
         let connection: RawClient
 
-        init(port: Int, _ target: String, headers: [String: String] = [:]) throws {
-            connection = try RawClient(port: port)
+        /// `narrow`: its connection holds little in flight (`RawClient(narrow:)`).
+        init(port: Int, _ target: String, headers: [String: String] = [:], narrow: Bool = false) throws {
+            connection = try RawClient(port: port, narrow: narrow)
             var request = "GET \(target) HTTP/1.0\r\n"
             for (name, value) in headers { request += "\(name): \(value)\r\n" }
             try connection.send(request + "\r\n")
@@ -364,9 +365,254 @@ import TaskloopTestSupport
             _ = try reading.waitForCount(sent * 202, timeout: 10) // 4 per task, 2 for the workflow
             return try here.call("GET", "/metrics").text.contains("taskloop_event_streams 1")
         }
-        // The reader that reads goes on.
+        // The reader that reads goes on, every event whole: the bytes it shares with the
+        // stalled stream (one filter) were never touched by that stream's partial writes.
         _ = try client.submit(#"{"kind":"noop"}"#)
-        #expect(try reading.waitFor(sent * 202 + 4).count == sent * 202 + 4)
+        let events = try reading.waitFor(sent * 202 + 4)
+        #expect(events.count == sent * 202 + 4)
+        #expect(Self.rising(events) && events.allSatisfy { Self.seq($0) == $0.wireID })
+    }
+
+    /// Streams are written at most once per --event-write-interval-ms: what is published
+    /// within the interval after a write goes out once it has passed, all of it, in order. A
+    /// single server's streams (cells' follow the database's feed).
+    @Test(.numbersEventsAsOneServer) func streamsAreWrittenAtMostOncePerInterval() throws {
+        let service = try ServiceHarness { $0.eventWriteIntervalMilliseconds = 400 }
+        defer { try? service.stop() }
+        let client = try service.client()
+        let stream = try Stream(port: service.port, "/events?types=task.state")
+        _ = stream.head
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        _ = try stream.waitForCount(1)
+        let firstWrite = Date()
+        _ = try client.submit(#"{"kind":"noop"}"#)
+        _ = try stream.waitForCount(4)
+        // The second task's events waited for the interval after the write of the first's.
+        #expect(Date().timeIntervalSince(firstWrite) >= 0.25)
+        let events = try stream.waitFor(6)
+        #expect(events.count == 6 && Self.rising(events), "\(events.map(\.wireID))")
+        #expect(try stream.connection.staysSilent(for: 0.5))
+    }
+
+    /// An HTTP/1.1 stream's events, out of its chunks (those complete so far).
+    static func chunkedEvents(_ bytes: [UInt8]) -> [Stream.Event] {
+        let crlf: [UInt8] = [13, 10]
+        func find(_ needle: [UInt8], from start: Int) -> Int? {
+            guard bytes.count >= needle.count else { return nil }
+            return (start...(bytes.count - needle.count)).first { Array(bytes[$0..<($0 + needle.count)]) == needle }
+        }
+        guard let headEnd = find(crlf + crlf, from: 0) else { return [] }
+        var at = headEnd + 4
+        var body: [UInt8] = []
+        while at < bytes.count, let lineEnd = find(crlf, from: at),
+              let size = Int(String(decoding: bytes[at..<lineEnd], as: UTF8.self), radix: 16), size > 0,
+              bytes.count >= lineEnd + 2 + size + 2 {
+            body += bytes[(lineEnd + 2)..<(lineEnd + 2 + size)]
+            at = lineEnd + 2 + size + 2
+        }
+        return Stream.parse(Array("HTTP/1.1 200 OK\r\n\r\n".utf8) + body).events
+    }
+
+    /// Streams with one filter share each turn's rendering; each, chunked (HTTP/1.1) or not,
+    /// still gets every matching event once, in order, the same as the others, while streams
+    /// with another filter get theirs.
+    @Test func manyStreamsWithOneFilterEachGetEveryEventOnce() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let here = try APIClient(port: service.port)
+        let plain = try (0..<12).map { _ in try Stream(port: service.port, "/events?types=task.state") }
+        let chunked = try (0..<4).map { _ in
+            let connection = try RawClient(port: service.port)
+            try connection.send("GET /events?types=task.state HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            return connection
+        }
+        let everything = try (0..<4).map { _ in try Stream(port: service.port, "/events") }
+        try pollUntil("every stream to be open") { try here.call("GET", "/metrics").text.contains("taskloop_event_streams 20") }
+        for _ in 0..<20 { _ = try client.submit(#"{"kind":"noop"}"#) }
+        let task = try #require(try client.submit(#"{"kind":"noop"}"#)["id"] as? String)
+        _ = try client.waitForState(task, "succeeded")
+        // 21 tasks: queued, running, succeeded each; and task.created too for the unfiltered.
+        let expected = try plain[0].waitFor(63)
+        #expect(expected.count == 63 && Self.rising(expected) && expected.allSatisfy { $0.type == "task.state" })
+        #expect(Set(expected.compactMap(\.wireID)).count == 63)
+        for stream in plain.dropFirst() {
+            #expect(try stream.waitFor(63).map(\.wireID) == expected.map(\.wireID))
+        }
+        for connection in chunked {
+            let events = Self.chunkedEvents(try connection.readUntil(timeout: 10) { Self.chunkedEvents($0).count >= 63 })
+            #expect(events.map(\.wireID) == expected.map(\.wireID))
+            #expect(events.allSatisfy { Self.seq($0) == $0.wireID })
+        }
+        for stream in everything {
+            let events = try stream.waitFor(84)
+            #expect(events.count == 84 && Self.rising(events))
+            #expect(events.filter { $0.type == "task.state" }.map(\.wireID) == expected.map(\.wireID))
+        }
+        // Nothing more, nothing twice.
+        #expect(try plain[0].connection.staysSilent(for: 0.3))
+        #expect(try plain.last!.waitFor(63).count == 63)
+    }
+}
+
+/// Streams with one filter share each turn's rendering (`SharedFrames`) and are written from
+/// those same bytes; nothing that happens to one of them changes what the others get.
+@Suite struct SharedEventStreamTests {
+    typealias Stream = EventStreamTests.Stream
+
+    /// A stream opened between turns or within one: what it asked for, where its live part
+    /// starts (its head's Event-Seq), and how it leaves.
+    struct Joiner {
+        let connection: RawClient
+        /// HTTP/1.1: its events come in chunks.
+        let chunked: Bool
+        let types: Set<String>?
+        let queue: String?
+        let resets: Bool
+        let leavesAt: Int
+        var start = ""
+
+        /// Its query: the types, and a queue when it has one.
+        static func query(_ types: Set<String>?, _ queue: String?) -> String {
+            var query = types.map { "types=" + $0.sorted().joined(separator: ",") } ?? ""
+            if let queue { query += (query.isEmpty ? "" : "&") + "queue=\(queue)" }
+            return query
+        }
+
+        func wants(_ event: Stream.Event) -> Bool {
+            if let types, !types.contains(event.type) { return false }
+            if let queue, (event.data["task"] as? [String: Any])?["queue"] as? String != queue { return false }
+            return true
+        }
+
+        func events(_ bytes: [UInt8]) -> [Stream.Event] {
+            chunked ? EventStreamTests.chunkedEvents(bytes) : Stream.parse(bytes).events
+        }
+
+        mutating func readHead() throws {
+            let head = Stream.parse(try connection.readUntil { Stream.parse($0).head != "" }).head
+            let field = try #require(head.split(separator: "\r\n").first { $0.hasPrefix("Event-Seq: ") })
+            start = String(field.dropFirst("Event-Seq: ".count))
+        }
+    }
+
+    /// Over many turns, six readers of task.state (HTTP/1.0 and chunked) each get every event
+    /// once and in order while, with the same filter, one reads slowly (chunked: the server
+    /// writes each chunk to it in pieces and queues the rest), one stops reading until it is
+    /// disconnected for passing --event-client-buffer-bytes and then resumes once with
+    /// Last-Event-ID, and streams of this filter and of others join and leave: between turns,
+    /// while a turn's tasks run, and within the turn that publishes a submission's events (asked
+    /// for behind it on its connection, so it starts right after its answer, whose events go
+    /// out first). Each joiner gets exactly the matching events after its Event-Seq; only the
+    /// stalled stream is ever disconnected.
+    @Test func everyStreamOfAFilterGetsEveryEventOnceWhateverTheOthersDo() throws {
+        let service = try ServiceHarness { $0.eventClientBufferBytes = 1 << 17 }
+        defer { try? service.stop() }
+        let client = try service.client()
+        // The streams are this replica's, and so are its metrics.
+        let here = try APIClient(port: service.port)
+        func disconnected() throws -> Int {
+            let text = try here.call("GET", "/metrics").text
+            let line = text.split(separator: "\n").first { $0.hasPrefix("taskloop_event_streams_disconnected_total ") }
+            return line.flatMap { Double($0.split(separator: " ")[1]) }.map { Int($0) } ?? -1
+        }
+        let filter = "/events?types=task.state"
+        let readers = try (0..<5).map { _ in try Stream(port: service.port, filter) }
+        let chunked = try RawClient(port: service.port)
+        try chunked.send("GET \(filter) HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        let slow = try RawClient(port: service.port, narrow: true)
+        try slow.send("GET \(filter) HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        let stalled = try Stream(port: service.port, filter, narrow: true)
+        let everything = try Stream(port: service.port, "/events")
+        try pollUntil("every stream to be open") { try here.call("GET", "/metrics").text.contains("taskloop_event_streams 9") }
+
+        // Each turn's workflow: 8 tasks, 34 events of about 1 KB, 24 of them task.state. The
+        // server's kernel takes about 50 KB of a narrow stream's: the stalled one's own queue
+        // passes 128 KiB within ten turns.
+        let pad = String(repeating: "p", count: 500)
+        let kinds: [Set<String>?] = [["task.state"], ["task.created"], ["workflow.state"], ["task.state", "task.created"], nil]
+        var joiners: [Joiner] = []
+        var resumed: Stream?
+        var stalledEvents: [Stream.Event] = []
+        var cutAt: Int?
+        var all: [Stream.Event] = []
+        var step = 0
+        while cutAt.map({ step < $0 + 4 }) ?? true {
+            #expect(step < 30, "the stalled stream was never disconnected")
+            guard step < 30 else { return }
+            let queue = "q\(step % 3)"
+            var joining: [Joiner] = []
+            func join(_ offset: Int, chunked: Bool = false) throws -> Joiner {
+                let types = kinds[(3 * step + offset) % kinds.count]
+                let joiner = Joiner(connection: try RawClient(port: service.port), chunked: chunked, types: types,
+                                    queue: offset == 1 && step % 2 == 0 ? queue : nil, resets: (step + offset) % 2 == 0,
+                                    leavesAt: step + 2)
+                joining.append(joiner)
+                return joiner
+            }
+            func request(_ joiner: Joiner) -> String {
+                "GET /events?\(Joiner.query(joiner.types, joiner.queue)) HTTP/1.\(joiner.chunked ? 1 : 0)\r\nHost: localhost\r\n\r\n"
+            }
+            let before = try join(0)
+            try before.connection.send(request(before))
+            // The submission, and a stream behind it on its connection.
+            let tasks = (0..<8).map { #"{"key":"k\#($0)","kind":"noop","queue":"\#(queue)","metadata":{"pad":"\#(pad)"}}"# }
+            let body = Array((#"{"tasks":["# + tasks.joined(separator: ",") + "]}").utf8)
+            let behind = try join(2, chunked: true)
+            try behind.connection.send(Array("POST /workflows HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: \(body.count)\r\n\r\n".utf8)
+                + body + Array(request(behind).utf8))
+            let created = try behind.connection.readResponse()
+            #expect(created.status == 201)
+            let workflow = try #require(created.json["id"] as? String)
+            let after = try join(1)
+            try after.connection.send(request(after))
+            for joiner in joiners where joiner.leavesAt == step && joiner.resets { joiner.connection.resetOnClose() }
+            joiners.removeAll { $0.leavesAt == step }
+            for var joiner in joining {
+                try joiner.readHead()
+                joiners.append(joiner)
+            }
+            // The workflow's end is its turn's last event: nothing more is published until the next.
+            all = try everything.waitFor(34 * (step + 1), timeout: 10)
+            let end = all.last?.data["workflow"] as? [String: Any]
+            #expect(all.count == 34 * (step + 1) && end?["id"] as? String == workflow && end?["state"] as? String == "succeeded")
+            let expected = all.filter { $0.type == "task.state" }.compactMap(\.wireID)
+            for reader in readers { _ = try reader.waitForCount(expected.count, timeout: 10) }
+            _ = try resumed?.waitForCount(expected.count - stalledEvents.count, timeout: 10)
+            _ = try chunked.readUntil(timeout: 10) { EventStreamTests.chunkedEvents($0).count >= expected.count }
+            // The slow reader takes everything every third turn: in between, about 70 KB pile
+            // up, more than its kernel takes, so the server writes to it in pieces and queues
+            // the rest, never near the limit.
+            if step % 3 == 2 { _ = try slow.readUntil(timeout: 10) { EventStreamTests.chunkedEvents($0).count >= expected.count } }
+            for joiner in joiners {
+                let wanted = all.filter { joiner.wants($0) && EventStreamTests.precedes(joiner.start, $0.wireID ?? "") }.compactMap(\.wireID)
+                let got = joiner.events(try joiner.connection.readUntil(timeout: 10) { joiner.events($0).count >= wanted.count })
+                #expect(got.compactMap(\.wireID) == wanted,
+                        "a stream of \(Joiner.query(joiner.types, joiner.queue)) from \(joiner.start)\(joiner.chunked ? ", chunked" : "")")
+            }
+            if cutAt == nil, try disconnected() == 1 {
+                cutAt = step
+                // What it received whole, then from the last of those on.
+                stalledEvents = Stream.parse(try stalled.connection.readUntilClosed(timeout: 10)).events
+                #expect(!stalledEvents.isEmpty)
+                let last = try #require(stalledEvents.last?.wireID)
+                resumed = try Stream(port: service.port, filter, headers: ["Last-Event-ID": last])
+            }
+            step += 1
+        }
+        let expected = all.filter { $0.type == "task.state" }.compactMap(\.wireID)
+        #expect(Set(expected).count == expected.count && expected.count == 24 * step, "\(expected.count) task.state events")
+        for reader in readers {
+            #expect(try reader.waitFor(expected.count).compactMap(\.wireID) == expected)
+        }
+        #expect(EventStreamTests.chunkedEvents(try chunked.readUntil { _ in true }).compactMap(\.wireID) == expected)
+        let slowEvents = EventStreamTests.chunkedEvents(try slow.readUntil(timeout: 10) { EventStreamTests.chunkedEvents($0).count >= expected.count })
+        #expect(slowEvents.compactMap(\.wireID) == expected)
+        // Cut off once, resumed once: nothing missing, nothing twice.
+        let rest = try #require(resumed).waitFor(expected.count - stalledEvents.count, timeout: 10)
+        #expect((stalledEvents + rest).compactMap(\.wireID) == expected)
+        #expect(try disconnected() == 1, "only the stalled stream fell behind")
+        #expect(try readers[0].connection.staysSilent(for: 0.2))
     }
 }
 

@@ -10,7 +10,7 @@ import TaskloopPostgres
 /// that id as `seq`.
 ///
 /// Threading: loop thread only.
-final class ClusterStreamEvent: FilterableEvent {
+final class ClusterStreamEvent: FramedEvent {
     let position: EventPosition
     let kind: EventKind
     let taskID: TaskID?
@@ -89,14 +89,18 @@ final class ClusterEventStreams {
         var pending: [UInt8] = []
         var isDirty = false
         var ending = false
+        /// The streams with its filter, when it ends with neither a task nor `until`.
+        let group: SharedFrames.Group?
 
-        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, until: EventPosition?, position: EventPosition, catchingUp: Bool) {
+        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, until: EventPosition?, position: EventPosition, catchingUp: Bool,
+             group: SharedFrames.Group?) {
             self.reply = reply
             self.filter = filter
             self.endsWith = endsWith
             self.until = until
             self.position = position
             self.catchingUp = catchingUp
+            self.group = group
         }
     }
 
@@ -109,6 +113,7 @@ final class ClusterEventStreams {
     private let read: Read
     private let scheduler: EngineScheduler
     private let subscribers: StreamSubscribers<Subscriber>
+    private let shared = SharedFrames()
     /// How long the history keeps an event (`--event-history-seconds`).
     private let historyMilliseconds: Int64
     private var trimming: ScheduledAction?
@@ -164,6 +169,8 @@ final class ClusterEventStreams {
     }
 
     var subscriberCount: Int { subscribers.count }
+    /// Streams disconnected so far because their reader fell behind (`--event-client-buffer-bytes`).
+    var disconnectedBehind: Int { subscribers.disconnectedBehind }
     /// Whether the feed follows the cluster's events, and how many reads it has sent (tests).
     var feedIsFollowing: Bool { feed.isFollowing }
     /// Told when the feed starts or stops following (`CellKeeper.followsEvents`: committers
@@ -208,9 +215,20 @@ final class ClusterEventStreams {
     private func deliver(_ read: [ClusterEvents.Read]) {
         guard !subscribers.isEmpty, let position = feed.position else { return }
         let events = read.compactMap(ClusterStreamEvent.init)
-        for subscriber in subscribers.all.values where !subscriber.catchingUp && !subscriber.ending {
-            add(events, to: subscriber, through: position)
-            if !subscriber.pending.isEmpty || subscriber.ending { subscribers.markDirty(subscriber) }
+        // Live streams with one filter share one rendering of the read (`SharedFrames`).
+        let first = events.first?.position
+        let through = max(position, events.last?.position ?? position)
+        shared.deliver(events) { frames in
+            for subscriber in subscribers.all.values where !subscriber.catchingUp && !subscriber.ending {
+                if let group = subscriber.group, let first, subscriber.position < first {
+                    let bytes = frames(group)
+                    if subscriber.pending.isEmpty { subscriber.pending = bytes } else { subscriber.pending += bytes }
+                    subscriber.position = through
+                } else {
+                    add(events, to: subscriber, through: position)
+                }
+                if !subscriber.pending.isEmpty || subscriber.ending { subscribers.markDirty(subscriber) }
+            }
         }
     }
 
@@ -301,7 +319,8 @@ final class ClusterEventStreams {
         guard let live = feed.position else { preconditionFailure("a stream before the feed knows where it is") }
         let position = since ?? live
         let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, until: until,
-                                    position: position, catchingUp: position < live)
+                                    position: position, catchingUp: position < live,
+                                    group: endsWith == nil && until == nil ? shared.group(for: filter) : nil)
         subscribers.subscribe(subscriber, eventSeq: live.description, snapshot: snapshot) {
             if subscriber.catchingUp {
                 catchUp(subscriber)

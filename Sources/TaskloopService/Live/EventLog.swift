@@ -89,7 +89,7 @@ struct EventMapping {
 /// runs' states are read when it is rendered.
 ///
 /// Threading: loop thread only.
-final class StreamEvent: FilterableEvent {
+final class StreamEvent: FramedEvent {
     let seq: UInt64
     let kind: EventKind
     /// Wall-clock milliseconds of the change.
@@ -266,7 +266,7 @@ protocol FilterableEvent {
     var scheduleID: TaskID? { get }
 }
 
-struct EventFilter {
+struct EventFilter: Hashable {
     var task: TaskID?
     var workflow: TaskID?
     var queue: String?
@@ -297,7 +297,8 @@ struct EventFilter {
 /// never dropped or reordered. A subscriber whose unsent bytes pass `clientBufferBytes` when
 /// more is to be written is disconnected; one that has taken everything gets the next event
 /// however large. What a loop turn publishes is written to each stream at once, at the turn's
-/// end (`StreamSubscribers`, which cells' streams share).
+/// end (`StreamSubscribers`, which cells' streams share), the same bytes to every live stream
+/// with the same filter (`SharedFrames`).
 ///
 /// Threading: loop thread only.
 final class EventLog {
@@ -308,6 +309,11 @@ final class EventLog {
         let endsWith: TaskID?
         /// Events up to this one it has (`since` may name one not yet published).
         let after: UInt64
+        /// The last event published when it started, or when its resume caught up: later ones
+        /// reach it live, at the end of the turn that published them.
+        var liveFrom: UInt64
+        /// The streams with its filter, when it ends with neither a task nor `until`.
+        let group: SharedFrames.Group?
         /// While it resumes: the next event of the ring to write; nil once it follows live.
         var replayNext: UInt64?
         var pending: [UInt8] = []
@@ -317,12 +323,15 @@ final class EventLog {
         /// Its task ended, or `until` was reached.
         var ending = false
 
-        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64, until: UInt64?) {
+        init(reply: Reply, filter: EventFilter, endsWith: TaskID?, after: UInt64, liveFrom: UInt64, until: UInt64?,
+             group: SharedFrames.Group?) {
             self.reply = reply
             self.filter = filter
             self.endsWith = endsWith
             self.after = after
+            self.liveFrom = liveFrom
             self.until = until
+            self.group = group
         }
     }
 
@@ -341,6 +350,20 @@ final class EventLog {
     private var ring = Deque<StreamEvent>()
     private var unpublished = Deque<StreamEvent>()
     private let subscribers: StreamSubscribers<Subscriber>
+    private let shared = SharedFrames()
+    /// Published while streams were open and not yet given to them: at the end of this loop
+    /// turn, or of a later one while the streams wait out `writeIntervalMilliseconds`.
+    private var turnEvents: [StreamEvent] = []
+    /// Streams are written at most once per this many milliseconds (`--event-write-interval-ms`):
+    /// under load each write then carries several turns' events, rendered once. A stream costs
+    /// the server a system call per write (on loopback the kernel's receiving work too), which
+    /// once per turn was most of what 100 streams cost. Events that come after a quiet spell
+    /// are written at the end of their turn.
+    private let writeIntervalMilliseconds: UInt64
+    /// When the streams were last written (the scheduler's clock), and the write waiting for
+    /// the interval to pass.
+    private var lastWrite: UInt64?
+    private var waitingWrite: ScheduledAction?
     /// Per running task: when its last progress event was numbered, and whether a later one waits.
     private var lastProgress: [ObjectIdentifier: UInt64] = [:]
     private var heldProgress: [ObjectIdentifier: ScheduledAction] = [:]
@@ -357,7 +380,9 @@ final class EventLog {
     /// ...and looks at most this many events per loop turn, matching or not.
     static let replayScanLimit = 20_000
 
-    init(after lastSeq: UInt64, capacity: Int, maxBytes: Int = 256 << 20, clientBufferBytes: Int, scheduler: EngineScheduler) {
+    init(after lastSeq: UInt64, capacity: Int, maxBytes: Int = 256 << 20, clientBufferBytes: Int, writeIntervalMilliseconds: UInt64 = 0,
+         scheduler: EngineScheduler) {
+        self.writeIntervalMilliseconds = writeIntervalMilliseconds
         lastAssigned = lastSeq
         lastPublished = lastSeq
         self.capacity = max(1, capacity)
@@ -371,6 +396,8 @@ final class EventLog {
     }
 
     var subscriberCount: Int { subscribers.count }
+    /// Streams disconnected so far because their reader fell behind (`--event-client-buffer-bytes`).
+    var disconnectedBehind: Int { subscribers.disconnectedBehind }
     /// The oldest event a resume can still get.
     var oldestKept: UInt64 { ring.first?.seq ?? lastPublished + 1 }
 
@@ -456,11 +483,33 @@ final class EventLog {
         }
         guard let last = fresh.last else { return }
         lastPublished = last.seq
-        if !subscribers.isEmpty {
-            for subscriber in Array(subscribers.all.values) { deliver(fresh, to: subscriber) }
-        }
-        // Counted once rendered: by the streams just now, or by webhooks when numbered.
+        if !subscribers.isEmpty { turnEvents += fresh }
+        // Counted once rendered: by webhooks when numbered, by the streams at the turn's end.
         for event in fresh { account(event) }
+        trimRing()
+    }
+
+    /// Gives the streams what the turn published: each group of live streams with one filter
+    /// one rendering of it (`SharedFrames`), any other stream its own.
+    private func deliverTurn() {
+        let events = turnEvents
+        turnEvents.removeAll(keepingCapacity: true)
+        guard let first = events.first?.seq else { return }
+        shared.deliver(events) { frames in
+            for subscriber in subscribers.all.values {
+                guard let group = subscriber.group, !subscriber.ending, subscriber.replayNext == nil,
+                      subscriber.after < first, subscriber.liveFrom < first else {
+                    deliver(events, to: subscriber)
+                    continue
+                }
+                let bytes = frames(group)
+                guard !bytes.isEmpty else { continue }
+                if subscriber.pending.isEmpty { subscriber.pending = bytes } else { subscriber.pending += bytes }
+                subscribers.markDirty(subscriber)
+            }
+        }
+        let kept = oldestKept
+        for event in events where event.seq >= kept { account(event) }
         trimRing()
     }
 
@@ -482,7 +531,8 @@ final class EventLog {
         guard !subscriber.ending, subscriber.replayNext == nil else { return }
         let before = subscriber.pending.count
         let last = subscriber.until ?? .max
-        for event in events where event.seq > subscriber.after && event.seq <= last && subscriber.filter.matches(event) {
+        let from = max(subscriber.after, subscriber.liveFrom)
+        for event in events where event.seq > from && event.seq <= last && subscriber.filter.matches(event) {
             subscriber.pending += event.frame
             if let id = subscriber.endsWith, event.endsTask, event.taskID == id {
                 subscriber.ending = true
@@ -493,8 +543,24 @@ final class EventLog {
         if subscriber.pending.count > before || subscriber.ending { subscribers.markDirty(subscriber) }
     }
 
-    /// Writes what the turn published; called once per loop turn.
+    /// Writes what the turn published; called once per loop turn. Within
+    /// `writeIntervalMilliseconds` of the last write, waits for the interval to pass.
     func flushPending() {
+        guard !turnEvents.isEmpty || subscribers.hasPending, waitingWrite == nil else { return }
+        let now = scheduler.now
+        if let lastWrite, now &- lastWrite < writeIntervalMilliseconds {
+            waitingWrite = scheduler.schedule(after: lastWrite + writeIntervalMilliseconds - now) { [weak self] in
+                self?.waitingWrite = nil
+                self?.write()
+            }
+            return
+        }
+        write()
+    }
+
+    private func write() {
+        if writeIntervalMilliseconds > 0 { lastWrite = scheduler.now }
+        if !turnEvents.isEmpty { deliverTurn() }
         subscribers.flushPending()
     }
 
@@ -505,6 +571,7 @@ final class EventLog {
         guard var next = subscriber.replayNext else { return }
         guard let oldest = ring.first?.seq, next <= lastPublished else {
             subscriber.replayNext = nil
+            subscriber.liveFrom = lastPublished
             return
         }
         if next < oldest {
@@ -533,6 +600,8 @@ final class EventLog {
             }
         }
         subscriber.replayNext = index < ring.count ? ring[index].seq : nil
+        // It has looked at every event published so far, this turn's too.
+        if subscriber.replayNext == nil { subscriber.liveFrom = lastPublished }
         if subscriber.replayNext == nil && lastPublished >= last { subscriber.ending = true }
     }
 
@@ -548,7 +617,8 @@ final class EventLog {
     /// the last event published: what follows it is live.
     func subscribe(_ reply: Reply, filter: EventFilter, since: UInt64?, until: UInt64? = nil, snapshot: [UInt8]? = nil,
                    endsWith: TaskID? = nil) {
-        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0, until: until)
+        let subscriber = Subscriber(reply: reply, filter: filter, endsWith: endsWith, after: since ?? 0, liveFrom: lastPublished,
+                                    until: until, group: endsWith == nil && until == nil ? shared.group(for: filter) : nil)
         subscribers.subscribe(subscriber, eventSeq: String(lastPublished), snapshot: snapshot) {
             if let since, since < lastPublished {
                 if ring.isEmpty {
@@ -570,6 +640,9 @@ final class EventLog {
 
     /// Ends every stream (shutdown): clients reconnect to the next server with Last-Event-ID.
     func finishAll() {
+        waitingWrite?.cancel()
+        waitingWrite = nil
+        if !turnEvents.isEmpty { deliverTurn() }
         subscribers.finishAll()
     }
 

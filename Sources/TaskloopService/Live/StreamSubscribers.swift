@@ -44,6 +44,10 @@ final class StreamSubscribers<Subscriber: StreamSubscriber> {
     }
 
     var count: Int { all.count }
+    /// Some stream has bytes waiting for `flushPending`.
+    var hasPending: Bool { !dirty.isEmpty }
+    /// Streams disconnected so far because their reader fell behind.
+    private(set) var disconnectedBehind = 0
     var isEmpty: Bool { all.isEmpty }
 
     func contains(_ subscriber: Subscriber) -> Bool {
@@ -98,11 +102,14 @@ final class StreamSubscribers<Subscriber: StreamSubscriber> {
             if subscriber.reply.responder.unsentBytes > clientBufferBytes {
                 // It cannot keep up: it reconnects with Last-Event-ID and catches up from what is kept.
                 all.removeValue(forKey: key)
+                disconnectedBehind += 1
                 subscriber.reply.responder.abort()
                 return
             }
+            // Often the bytes every stream with its filter shares (`SharedFrames`): handed over
+            // as they are, never emptied in place.
             let bytes = subscriber.pending
-            subscriber.pending.removeAll(keepingCapacity: true)
+            subscriber.pending = []
             guard subscriber.reply.responder.write(bytes) else {
                 all.removeValue(forKey: key)
                 return
