@@ -4,11 +4,11 @@ import TaskloopEngine
 import TaskloopJSON
 
 /// One task a worker holds the lease of, from the lease to the last word about it: it keeps
-/// the lease alive with heartbeats, passes progress on (at most one report in flight, the
-/// latest progress replacing unsent progress, no faster than the progress interval), and
-/// delivers the outcome (or gives the task back) until the server has taken it or says the
-/// lease is gone. The worker decides what to run and when; this is the conversation with the
-/// server about one task.
+/// the lease alive with heartbeats, passes progress on (at most one report out, in the
+/// worker's report batches or on its own route, the latest progress replacing unsent progress,
+/// no faster than the progress interval), and delivers the outcome (or gives the task back)
+/// until the server has taken it or says the lease is gone. The worker decides what to run and
+/// when; this is the conversation with the server about one task.
 ///
 /// Threading: loop thread only, like the worker that owns it.
 final class LeasedTask {
@@ -69,7 +69,13 @@ final class LeasedTask {
     private var heartbeatTimer: ScheduledAction?
     private var heartbeatCall: ServerCall?
     private var heartbeatBackoff: Backoff
+    /// The latest progress not yet sent: it replaces older unsent progress, and a batch that
+    /// leaves (or is sent again) carries it in place of the report it had.
     private var unsentProgress: TaskProgress?
+    /// The progress report out, waiting in the worker's report batches, in one sent, or on its
+    /// own route: kept until answered, so that a batch sent again carries it again. Only one
+    /// is out at once.
+    private var progressOut: TaskProgress?
     private var progressCall: ServerCall?
     private var progressTimer: ScheduledAction?
     /// Monotonic milliseconds before which no progress report is sent.
@@ -120,6 +126,7 @@ final class LeasedTask {
         progressCall = nil
         reportCall = nil
         unsentProgress = nil
+        progressOut = nil
     }
 
     // MARK: heartbeats
@@ -172,8 +179,11 @@ final class LeasedTask {
         sendProgress()
     }
 
-    private func sendProgress() {
-        guard phase == .running, progressCall == nil, progressTimer == nil, let progress = unsentProgress else { return }
+    /// Sends the unsent progress, unless a report is out or the interval (or a backoff) has not
+    /// passed: in the worker's next batch of reports (unless `alone`, or the worker reports one
+    /// by one), or on its own route.
+    private func sendProgress(alone: Bool = false) {
+        guard phase == .running, !silenced, progressOut == nil, progressTimer == nil, let progress = unsentProgress else { return }
         let now = scheduler.now
         guard nextProgressAt <= now else {
             progressTimer = scheduler.schedule(after: nextProgressAt - now) { [weak self] in
@@ -183,29 +193,52 @@ final class LeasedTask {
             return
         }
         unsentProgress = nil
-        var body: JSONObject = ["lease_token": .string(token)]
-        if let fraction = progress.fraction { body["fraction"] = .double(fraction) }
-        if let message = progress.message { body["message"] = .string(Self.cut(message, to: 4_096)) }
-        if let details = progress.details { body["details"] = details }
+        progressOut = progress
+        if !alone, worker.reports.batching {
+            return worker.reports.enqueue(self, .progress)
+        }
+        var body = Self.progressFields(progress)
+        body["lease_token"] = .string(token)
         progressCall = api.post("/tasks/\(id)/progress", .object(body)) { [weak self] answer in
             guard let self else { return }
             progressCall = nil
-            guard phase == .running else { return }
-            switch answer {
-            case .success:
-                progressBackoff.reset()
-                nextProgressAt = scheduler.now + worker.configuration.progressIntervalMilliseconds
-            case .conflict(let status, let code, let detail):
-                return lost(status, code, detail)
-            case .refused(let status, let code, let detail):
-                logRefusal("progress", status, code, detail)
-                nextProgressAt = scheduler.now + worker.configuration.progressIntervalMilliseconds
-            case .unauthorized, .unavailable:
-                if unsentProgress == nil { unsentProgress = progress }
-                nextProgressAt = scheduler.now + progressBackoff.nextDelay()
-            }
-            sendProgress()
+            progressAnswered(answer)
         }
+    }
+
+    /// Whether a batch about to leave should carry this task's progress: it is out, and the
+    /// task still runs (a finished task's outcome supersedes it).
+    var hasProgressToReport: Bool { progressOut != nil && phase == .running && !silenced }
+
+    /// What the server said about the progress out, on its own route or as a batch's item.
+    private func progressAnswered(_ answer: ServerAnswer) {
+        guard let progress = progressOut else { return }
+        progressOut = nil
+        guard phase == .running, !silenced else { return }
+        switch answer {
+        case .success:
+            progressBackoff.reset()
+            nextProgressAt = scheduler.now + worker.configuration.progressIntervalMilliseconds
+        case .conflict(let status, let code, let detail):
+            return lost(status, code, detail)
+        case .refused(let status, let code, let detail):
+            logRefusal("progress", status, code, detail)
+            nextProgressAt = scheduler.now + worker.configuration.progressIntervalMilliseconds
+        case .unauthorized, .unavailable:
+            if unsentProgress == nil { unsentProgress = progress }
+            nextProgressAt = scheduler.now + progressBackoff.nextDelay()
+        }
+        sendProgress()
+    }
+
+    /// A progress report's fields, as `POST /tasks/{id}/progress` and a batch item's
+    /// `progress` take them, the message cut to what the server accepts.
+    static func progressFields(_ progress: TaskProgress) -> JSONObject {
+        var fields: JSONObject = [:]
+        if let fraction = progress.fraction { fields["fraction"] = .double(fraction) }
+        if let message = progress.message { fields["message"] = .string(cut(message, to: 4_096)) }
+        if let details = progress.details { fields["details"] = details }
+        return fields
     }
 
     // MARK: the outcome
@@ -218,7 +251,10 @@ final class LeasedTask {
         self.outcome = outcome
         progressTimer?.cancel()
         progressTimer = nil
+        // Progress waiting in the report batches is left out of them; an answer to progress
+        // already sent changes nothing.
         unsentProgress = nil
+        progressOut = nil
         sendOutcome()
     }
 
@@ -229,7 +265,7 @@ final class LeasedTask {
         guard let outcome, !silenced else { return }
         reportTimer = nil
         if !alone, worker.reports.batching, outcome.batchMember != nil {
-            return worker.reports.enqueue(self)
+            return worker.reports.enqueue(self, .outcome)
         }
         var body: JSONObject = ["lease_token": .string(token)]
         switch outcome {
@@ -244,17 +280,58 @@ final class LeasedTask {
         }
     }
 
-    /// The outcome as an item of `POST /tasks/reports`: `{id, lease_token, complete: {result}}`
-    /// or `{..., fail: {error}}`; nil for a release.
-    var batchReport: JSONValue? {
-        guard let outcome, let member = outcome.batchMember else { return nil }
-        var report: JSONObject = [:]
-        switch outcome {
-        case .complete(let result): report["result"] = result ?? .null
-        case .fail(let error): report["error"] = Self.json(error)
-        case .release: return nil
+    // MARK: reports in batches
+
+    /// A report as an item of `POST /tasks/reports`, or nil when there is nothing to say any
+    /// more (the task is silenced, or its progress is superseded by its outcome). The outcome:
+    /// `{id, lease_token, complete: {result}}` or `{..., fail: {error}}` (a release has no
+    /// item). Progress: `{id, lease_token, progress: {fraction, message, details}}`, the latest
+    /// the task has when the batch leaves.
+    func batchItem(_ report: ReportBatcher.Report) -> JSONValue? {
+        guard !silenced else { return nil }
+        let member: String
+        var fields: JSONObject = [:]
+        switch report {
+        case .outcome:
+            guard let outcome, let name = outcome.batchMember else { return nil }
+            member = name
+            switch outcome {
+            case .complete(let result): fields["result"] = result ?? .null
+            case .fail(let error): fields["error"] = Self.json(error)
+            case .release: return nil
+            }
+        case .progress:
+            guard hasProgressToReport else { return nil }
+            if let newer = unsentProgress {
+                progressOut = newer
+                unsentProgress = nil
+            }
+            guard let progress = progressOut else { return nil }
+            member = "progress"
+            fields = Self.progressFields(progress)
         }
-        return ["id": .string(id), "lease_token": .string(token), member: .object(report)]
+        return ["id": .string(id), "lease_token": .string(token), member: .object(fields)]
+    }
+
+    /// A batch item's answer, handled as its own route's answer is.
+    func batchItemAnswered(_ report: ReportBatcher.Report, _ answer: ServerAnswer) {
+        switch report {
+        case .outcome: outcomeAnswered(answer)
+        case .progress: progressAnswered(answer)
+        }
+    }
+
+    /// A report of a batch that the server would not take as one, sent on its own route.
+    func sendAlone(_ report: ReportBatcher.Report) {
+        switch report {
+        case .outcome:
+            sendOutcome(alone: true)
+        case .progress:
+            guard let progress = progressOut else { return }
+            progressOut = nil
+            if unsentProgress == nil { unsentProgress = progress }
+            sendProgress(alone: true)
+        }
     }
 
     /// What the server said about the outcome, on its own route or as a batch's item: the same

@@ -3,24 +3,33 @@ import TaskloopClient
 import TaskloopEngine
 import TaskloopJSON
 
-/// Carries the worker's completions and failures to the server in batches, through
-/// `POST /tasks/reports`: a finished task's report waits at most `--report-linger-ms` for
-/// others, or until `--max-report-batch` are waiting, and a batch's answers are handed to each
-/// task as its single route's answer would be (`LeasedTask.outcomeAnswered`), so a 409 item
-/// is a lost lease exactly as a 409 call is.
+/// Carries the worker's reports to the server in batches, through `POST /tasks/reports`: a
+/// finished task's completion or failure, and a running task's progress. A report waits at
+/// most `--report-linger-ms` for others, or until `--max-report-batch` are waiting, and a
+/// batch's answers are handed to each task as its single route's answer would be
+/// (`LeasedTask.batchItemAnswered`), so a 409 item is a lost lease exactly as a 409 call is.
+///
+/// A batch names a task once (the server refuses a second item about it, 422 `duplicate_id`):
+/// a task has at most one progress report out at once (waiting here counts), and its progress
+/// is left out of a batch once the task has finished (the outcome supersedes it), so progress
+/// and outcome never share one; an outcome whose task's progress is in a batch already out
+/// goes in a later batch. Outcomes go first into a batch, and one call is always kept for
+/// them: however much progress there is, it never makes an outcome wait past its linger for
+/// a call.
 ///
 /// At most `maxCallsInFlight` batches are out at once (sent, or waiting to be sent again):
-/// enough that every slot's report can be on its way together, and at least two, so that a
-/// full batch does not wait for the last one's commit; no more, so that an outage costs that
-/// many calls retrying, not one per task. Reports that find them all out leave when one comes
-/// back: they have waited longer than the linger already.
+/// enough that every slot's outcome and progress can be on their way together, and at least
+/// two, so that a full batch does not wait for the last one's commit; no more, so that an
+/// outage costs that many calls retrying, not one per task. Reports that find them all out
+/// leave when one comes back: they have waited longer than the linger already.
 ///
 /// A batch the server cannot take as a whole for want of an answer (connection, 408, 429, 5xx,
-/// 401) is sent again, as it is, with backoff; its tasks are in that batch and nowhere else
-/// until it is answered, so no report is lost or sent twice. An item that is unavailable (a
-/// 503 for one cell) comes back here through the task's own backoff. A server without the
+/// 401) is sent again with backoff, with the same tasks (a task's progress as the latest it has
+/// then, and left out if the task has finished since); its tasks are in that batch and nowhere
+/// else until it is answered, so no report is lost or sent twice. An item that is unavailable
+/// (a 503 for one cell) comes back here through the task's own backoff. A server without the
 /// route (404 or 405 for the whole call, an older server) is said once, and from then on each
-/// task reports on its own route. A batch too large for the server (413, 422
+/// task reports on its own routes. A batch too large for the server (413, 422
 /// `too_many_items`) is sent in halves, and later batches are no larger than the half; any
 /// other refusal of the whole call is logged and its reports are sent one by one, so each gets
 /// the answer its own route gives.
@@ -30,15 +39,28 @@ import TaskloopJSON
 ///
 /// Threading: loop thread only, like the worker that owns it.
 final class ReportBatcher {
+    /// What an item says about its task.
+    enum Report {
+        /// The task's latest progress (`progress: {fraction, message, details}`).
+        case progress
+        /// Its completion or failure.
+        case outcome
+    }
+
+    private struct Item {
+        let task: LeasedTask
+        let report: Report
+    }
+
     /// The reports of one call, and its retries.
     private final class Batch {
-        var tasks: [LeasedTask]
+        var items: [Item]
         var call: ServerCall?
         var retry: ScheduledAction?
         var backoff: Backoff
 
-        init(tasks: [LeasedTask], maxBackoffMilliseconds: UInt64) {
-            self.tasks = tasks
+        init(items: [Item], maxBackoffMilliseconds: UInt64) {
+            self.items = items
             backoff = Backoff(maximumMilliseconds: maxBackoffMilliseconds)
         }
     }
@@ -49,10 +71,12 @@ final class ReportBatcher {
     /// fewer.
     private var limit: Int
     private let maxCallsInFlight: Int
-    private var waiting: [LeasedTask] = []
+    private var waitingOutcomes: [LeasedTask] = []
+    /// Tasks whose progress waits; one whose task has finished since is skipped.
+    private var waitingProgress: [LeasedTask] = []
     private var lingerTimer: ScheduledAction?
     private var out: [Batch] = []
-    /// Reports wait although their linger is over, because every call is out.
+    /// Reports wait although their linger is over, because every call they may take is out.
     private var overdue = false
     /// The server has no `POST /tasks/reports`, or the worker was told to report one by one.
     private var unsupported: Bool
@@ -62,21 +86,28 @@ final class ReportBatcher {
         lingerMilliseconds = configuration.reportLingerMilliseconds
         limit = max(1, configuration.maxReportBatch)
         unsupported = configuration.maxReportBatch <= 1
-        maxCallsInFlight = max(2, (configuration.concurrency + limit - 1) / limit)
+        // Each slot may have an outcome and a progress report out.
+        maxCallsInFlight = max(2, (2 * configuration.concurrency + limit - 1) / limit)
     }
 
-    /// Whether completions and failures go in batches; otherwise each takes its own route.
+    /// Whether completions, failures and progress go in batches; otherwise each takes its own
+    /// route.
     var batching: Bool { !unsupported }
 
     private var logger: Logger { worker.logger }
 
-    /// A finished task whose report goes in the next batch.
-    func enqueue(_ task: LeasedTask) {
-        waiting.append(task)
-        if waiting.count >= limit || lingerMilliseconds == 0 || worker.isStopping {
+    /// A report of `task` for the next batch: its outcome, or its progress (the latest it has
+    /// when the batch leaves).
+    func enqueue(_ task: LeasedTask, _ report: Report) {
+        switch report {
+        case .outcome: waitingOutcomes.append(task)
+        case .progress: waitingProgress.append(task)
+        }
+        if waitingOutcomes.count + waitingProgress.count >= limit || lingerMilliseconds == 0 || worker.isStopping {
             return flush()
         }
-        if lingerTimer == nil && !overdue {
+        // While progress alone is overdue, the call kept for outcomes may be free.
+        if lingerTimer == nil && (!overdue || report == .outcome) {
             lingerTimer = worker.scheduler.schedule(after: lingerMilliseconds) { [unowned self] in
                 lingerTimer = nil
                 flush()
@@ -84,19 +115,30 @@ final class ReportBatcher {
         }
     }
 
-    /// Sends what waits, as far as the calls in flight allow.
+    /// Sends what waits, as far as the calls in flight allow: outcomes first, progress with
+    /// them or in calls of its own, all but one.
     func flush() {
         lingerTimer?.cancel()
         lingerTimer = nil
-        while !waiting.isEmpty && out.count < maxCallsInFlight {
-            let count = min(limit, waiting.count)
-            let batch = Batch(tasks: Array(waiting.prefix(count)),
-                              maxBackoffMilliseconds: worker.configuration.maxBackoffMilliseconds)
-            waiting.removeFirst(count)
+        while out.count < maxCallsInFlight {
+            let outcomes = min(limit, waitingOutcomes.count)
+            var items = waitingOutcomes.prefix(outcomes).map { Item(task: $0, report: .outcome) }
+            waitingOutcomes.removeFirst(outcomes)
+            if out.count < maxCallsInFlight - 1 || !items.isEmpty {
+                var taken = 0
+                while taken < waitingProgress.count && items.count < limit {
+                    let task = waitingProgress[taken]
+                    taken += 1
+                    if task.hasProgressToReport { items.append(Item(task: task, report: .progress)) }
+                }
+                waitingProgress.removeFirst(taken)
+            }
+            guard !items.isEmpty else { break }
+            let batch = Batch(items: items, maxBackoffMilliseconds: worker.configuration.maxBackoffMilliseconds)
             out.append(batch)
             send(batch)
         }
-        overdue = !waiting.isEmpty
+        overdue = !waitingOutcomes.isEmpty || !waitingProgress.isEmpty
     }
 
     /// Cancels every call and timer: nothing more is said (the worker gave up or stopped).
@@ -108,16 +150,17 @@ final class ReportBatcher {
             batch.retry?.cancel()
         }
         out.removeAll()
-        waiting.removeAll()
+        waitingOutcomes.removeAll()
+        waitingProgress.removeAll()
         overdue = false
     }
 
     private func send(_ batch: Batch) {
         batch.retry = nil
         var reports: [JSONValue] = []
-        reports.reserveCapacity(batch.tasks.count)
-        batch.tasks.removeAll { task in
-            guard !task.silenced, let report = task.batchReport else { return true }
+        reports.reserveCapacity(batch.items.count)
+        batch.items.removeAll { item in
+            guard let report = item.task.batchItem(item.report) else { return true }
             reports.append(report)
             return false
         }
@@ -131,41 +174,44 @@ final class ReportBatcher {
     private func answered(_ batch: Batch, _ answer: ServerAnswer) {
         switch answer {
         case .success(let document):
-            guard let results = document.objectValue?["results"]?.arrayValue, results.count == batch.tasks.count else {
-                logger.warning("the server answered a batch of \(batch.tasks.count) reports without a result for each; sending it again")
+            guard let results = document.objectValue?["results"]?.arrayValue, results.count == batch.items.count else {
+                logger.warning("the server answered a batch of \(batch.items.count) reports without a result for each; sending it again")
                 return retry(batch)
             }
             done(batch)
-            for (task, result) in zip(batch.tasks, results) {
-                let item = result.objectValue
-                let status = item?["status"]?.intValue.map { Int(clamping: $0) } ?? 0
-                task.outcomeAnswered(ServerAPI.answer(status: status, document: item?["task"] ?? item?["problem"]))
+            for (item, result) in zip(batch.items, results) {
+                let fields = result.objectValue
+                let status = fields?["status"]?.intValue.map { Int(clamping: $0) } ?? 0
+                item.task.batchItemAnswered(item.report, ServerAPI.answer(status: status, document: fields?["task"] ?? fields?["problem"]))
             }
         case .conflict(404, _, _), .refused(405, _, _):
             if !unsupported {
                 unsupported = true
-                logger.warning("the server has no POST /tasks/reports (an older server); reporting each task on its own route")
+                logger.warning("the server has no POST /tasks/reports (an older server); reporting each task on its own routes")
             }
-            done(batch)
-            let rest = waiting
-            waiting.removeAll()
+            let rest = waitingOutcomes.map { Item(task: $0, report: .outcome) }
+                + waitingProgress.map { Item(task: $0, report: .progress) }
+            waitingOutcomes.removeAll()
+            waitingProgress.removeAll()
             overdue = false
             lingerTimer?.cancel()
             lingerTimer = nil
-            for task in batch.tasks + rest { task.sendOutcome(alone: true) }
-        case .refused(413, _, _) where batch.tasks.count > 1, .refused(422, "too_many_items", _) where batch.tasks.count > 1:
-            let half = batch.tasks.count / 2
+            done(batch)
+            for item in batch.items + rest { item.task.sendAlone(item.report) }
+        case .refused(413, _, _) where batch.items.count > 1, .refused(422, "too_many_items", _) where batch.items.count > 1:
+            let half = batch.items.count / 2
             if half < limit {
                 limit = half
-                logger.warning("the server refused a batch of \(batch.tasks.count) reports as too large (\(answer)); sending at most \(half) at once")
+                logger.warning("the server refused a batch of \(batch.items.count) reports as too large (\(answer)); sending at most \(half) at once")
             }
             done(batch)
-            waiting.insert(contentsOf: batch.tasks, at: 0)
+            waitingOutcomes.insert(contentsOf: batch.items.filter { $0.report == .outcome }.map(\.task), at: 0)
+            waitingProgress.insert(contentsOf: batch.items.filter { $0.report == .progress }.map(\.task), at: 0)
             flush()
         case .conflict(let status, let code, let detail), .refused(let status, let code, let detail):
-            logger.error("the server refused a batch of \(batch.tasks.count) reports (\(status) \(code ?? "")): \(detail); sending them one by one")
+            logger.error("the server refused a batch of \(batch.items.count) reports (\(status) \(code ?? "")): \(detail); sending them one by one")
             done(batch)
-            for task in batch.tasks { task.sendOutcome(alone: true) }
+            for item in batch.items { item.task.sendAlone(item.report) }
         case .unauthorized, .unavailable:
             // ServerAPI has said so.
             retry(batch)

@@ -21,9 +21,9 @@ import TaskloopLoop
 /// only while there are. When the server is away or refuses, calls back off (exponentially,
 /// with jitter, capped) and say so once per change, never giving up.
 ///
-/// Completions and failures go to the server in batches (`ReportBatcher`, `POST
-/// /tasks/reports`, a few milliseconds' linger); heartbeats, progress and releases go on each
-/// task's own routes, so nothing that keeps a lease alive waits for a batch.
+/// Completions, failures and progress go to the server in batches (`ReportBatcher`, `POST
+/// /tasks/reports`, a few milliseconds' linger); heartbeats and releases go on each task's own
+/// routes, so nothing that keeps a lease alive waits for a batch.
 ///
 /// Stopping (`stop`) within the shutdown grace G: the long poll is withdrawn, lingering reports
 /// leave at once, running tasks have G to finish and report; at G what still runs is cancelled
@@ -41,7 +41,7 @@ public final class TaskloopWorker {
     let logger: Logger
     private(set) var scheduler: LoopScheduler!
     private(set) var api: ServerAPI!
-    /// Completions and failures on their way to the server, in batches.
+    /// Completions, failures and progress on their way to the server, in batches.
     private(set) var reports: ReportBatcher!
     private var engine: Engine!
     private var serverClient: HTTPClient?
@@ -90,7 +90,7 @@ public final class TaskloopWorker {
         func undo() { for close in opened.reversed() { close() } }
         do {
             // At most three calls per task are in flight (heartbeat, progress, outcome; batches
-            // of outcomes are fewer) and one lease call: with that many connections none ever
+            // of reports are fewer) and one lease call: with that many connections none ever
             // waits for another. The server is the one the user named, wherever it is: the
             // tasks' address policy is not for it.
             let serverClient = try HTTPClient(loop: loop, policy: .unrestricted, maxHostConnections: 3 * configuration.concurrency + 1)

@@ -32,8 +32,9 @@ public struct WorkerConfiguration: Sendable {
     /// Shortest time between two progress reports of one task (later progress replaces
     /// unsent progress).
     public var progressIntervalMilliseconds: UInt64 = 200
-    /// Longest a finished task's report waits for others to share one `POST /tasks/reports`
-    /// with; 0 sends each at once (still batched with those already waiting).
+    /// Longest a report (a finished task's outcome, a running task's progress) waits for others
+    /// to share one `POST /tasks/reports` with; 0 sends each at once (still batched with those
+    /// already waiting).
     public var reportLingerMilliseconds: UInt64 = 5
     /// Most reports in one `POST /tasks/reports`: a full batch leaves without waiting out the
     /// linger. At most the server's `--max-batch-items` (1000 by default); 1 is one report

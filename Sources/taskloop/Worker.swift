@@ -56,7 +56,7 @@ struct Worker: ParsableCommand {
     @Option(help: "Shortest time between two progress reports of one task; newer progress replaces unsent. [env: TASKLOOP_PROGRESS_INTERVAL_MS]")
     var progressIntervalMs: Int = Environment.int("PROGRESS_INTERVAL_MS") ?? 200
 
-    @Option(help: "Longest a finished task's report waits to share one POST /tasks/reports with others; 0: send at once. [env: TASKLOOP_REPORT_LINGER_MS]")
+    @Option(help: "Longest a report (a finished task's outcome, a running task's progress) waits to share one POST /tasks/reports with others; 0: send at once. [env: TASKLOOP_REPORT_LINGER_MS]")
     var reportLingerMs: Int = Environment.int("REPORT_LINGER_MS") ?? 5
 
     @Option(help: "Most reports sent in one call (1-1000, at most the server's --max-batch-items); 1: one call per task, through the single-task routes. [env: TASKLOOP_MAX_REPORT_BATCH]")

@@ -111,7 +111,8 @@ import TaskloopTestSupport
     }
 
     /// However fast a program reports, the worker sends a task's progress at most five times a
-    /// second, one report at a time, and the latest progress is the one that arrives.
+    /// second, one report at a time (each an item of a report batch), and the latest progress
+    /// is the one that arrives.
     @Test func progressIsCoalescedAndTheLatestWins() throws {
         let (service, client) = try Self.server()
         let worker = try Self.worker(port: service.port, ["--allow-exec"])
@@ -120,6 +121,7 @@ import TaskloopTestSupport
         // Fifty lines a second for most of a second: faster than the reports may go, slower than
         // one report's round trip, so only the interval keeps the count down.
         let flood = "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo \"PROGRESS $((i*2))% line $i\"; sleep 0.02; done;"
+        let itemsBefore = try Self.reportItems(service)
         let started = Date()
         let task = try Self.submit(client, ["kind": "exec", "params": ["argv": [
             "sh", "-c", Self.gatedScript(pidFile: "\(directory)/pid", gate: "\(directory)/gate", before: flood)]]])
@@ -127,11 +129,9 @@ import TaskloopTestSupport
             ((try client.task(task))["progress"] as? [String: Any])?["message"] as? String == "line 40"
         }
         let elapsed = Date().timeIntervalSince(started)
-        // The metrics of the server the worker reports to (each replica counts its own).
-        let metrics = try APIClient(port: service.port).call("GET", "/metrics").text
-        let reports = metrics.split(separator: "\n").filter {
-            $0.hasPrefix("taskloop_http_requests_total") && $0.contains(#"route="/tasks/{id}/progress""#)
-        }.compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
+        // The task has not ended: every item so far is its progress.
+        let reports = try Self.reportItems(service) - itemsBefore
+        #expect(try Self.counted(port: service.port, "taskloop_http_requests_total", #"route="/tasks/{id}/progress""#) == 0)
         #expect(reports >= 1 && reports <= 2 + (elapsed * 5).rounded(.up), "\(reports) progress reports in \(elapsed) s")
         FileManager.default.createFile(atPath: "\(directory)/gate", contents: nil)
         _ = try client.waitForState(task, "succeeded")
@@ -360,9 +360,33 @@ import TaskloopTestSupport
         }.compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
     }
 
+    /// Report items the servers took (status 200), summed over the replicas: each counts the
+    /// items of the batch parts it served.
+    static func reportItems(_ service: ServiceHarness, status: Int = 200) throws -> Double {
+        try service.metric(#"taskloop_batch_items_total{route="/tasks/reports",status="\#(status)"}"#) ?? 0
+    }
+
+    /// Waits until each task has been seen running with progress short of the end.
+    static func waitForProgressWhileRunning(_ client: APIClient, _ ids: [String]) throws {
+        var unseen = ids
+        try pollUntil("every task's progress while it runs") {
+            unseen = try unseen.filter {
+                let task = try client.task($0)
+                let fraction = (task["progress"] as? [String: Any])?["fraction"] as? Double
+                return !(task["state"] as? String == "running" && fraction.map { $0 > 0 && $0 < 1 } == true)
+            }
+            return unseen.isEmpty
+        }
+    }
+
     /// Submits `count` noops in one batch and returns their ids.
     static func submitNoops(_ client: APIClient, _ count: Int) throws -> [String] {
-        let items = Array(repeating: #"{"kind":"noop","queue":"work"}"#, count: count).joined(separator: ",")
+        try submitMany(client, #"{"kind":"noop","queue":"work"}"#, count)
+    }
+
+    /// Submits `count` copies of `item` (JSON) in one batch and returns their ids.
+    static func submitMany(_ client: APIClient, _ item: String, _ count: Int) throws -> [String] {
+        let items = Array(repeating: item, count: count).joined(separator: ",")
         let answer = try client.call("POST", "/tasks/batch", json: #"{"tasks":[\#(items)]}"#)
         #expect(answer.status == 207)
         let results = try #require(answer.json["results"] as? [[String: Any]])
@@ -474,6 +498,65 @@ import TaskloopTestSupport
         try service.stop()
     }
 
+    /// Many running tasks' progress reaches the server in batches: fewer calls than reports,
+    /// none on the single progress route, every task's progress shown while it runs. With
+    /// `--max-report-batch 1` each report is a call of its own, on the single routes.
+    @Test func progressOfManyTasksTravelsInBatches() throws {
+        let (service, client) = try Self.server()
+        try LeaseAPITests.workersQueue(client, "work", concurrency: 20)
+        for arguments in [[], ["--max-report-batch", "1"]] {
+            func count() throws -> (calls: Double, singles: Double, items: Double) {
+                (try Self.counted(port: service.port, "taskloop_http_requests_total", #"route="/tasks/reports""#),
+                 try Self.counted(port: service.port, "taskloop_http_requests_total", #"route="/tasks/{id}/progress""#),
+                 try Self.reportItems(service))
+            }
+            let before = try count()
+            let worker = try Self.worker(port: service.port, ["--concurrency", "20"] + arguments)
+            // A step every 100 ms for 3 s: each task has more progress than the interval lets out.
+            let ids = try Self.submitMany(client, #"{"kind":"sleep","queue":"work","params":{"duration_ms":3000,"steps":30}}"#, 20)
+            #expect(ids.count == 20)
+            try Self.waitForProgressWhileRunning(client, ids)
+            try Self.waitUntilSucceeded(client, ids)
+            let after = try count()
+            let (calls, singles, reported) = (after.calls - before.calls, after.singles - before.singles, after.items - before.items)
+            if arguments.isEmpty {
+                // At least one progress report and the completion of each task.
+                #expect(singles == 0 && reported >= 40, "\(singles) single progress reports, \(reported) batch items")
+                #expect(calls >= 1 && calls * 2 <= reported, "\(reported) reports in \(calls) calls")
+                print("worker: \(Int(reported)) reports of 20 tasks in \(Int(calls)) calls")
+            } else {
+                #expect(calls == 0 && reported == 0 && singles >= 20, "\(arguments): \(calls) batches, \(singles) single progress reports")
+            }
+            #expect(try worker.stop() == 0)
+        }
+        try service.stop()
+    }
+
+    /// A task that finishes while its progress waits out the linger is reported once: the
+    /// outcome supersedes the progress, which is dropped, so no batch names the task twice
+    /// (the server would refuse the second item, 422 `duplicate_id`).
+    @Test func aTaskFinishingRightAfterItsProgressIsReportedOnce() throws {
+        let (service, client) = try Self.server()
+        try LeaseAPITests.workersQueue(client, "work", concurrency: 50)
+        let worker = try Self.worker(port: service.port, ["--concurrency", "50", "--report-linger-ms", "500"])
+        let refusedBefore = try Self.reportItems(service, status: 422)
+        let takenBefore = try Self.reportItems(service)
+        // Progress at 10 ms, the end at 20 ms: both within the linger.
+        let ids = try Self.submitMany(client, #"{"kind":"sleep","queue":"work","params":{"duration_ms":20,"steps":2}}"#, 50)
+        try Self.waitUntilSucceeded(client, ids)
+        for id in ids {
+            let task = try client.task(id)
+            #expect(task["attempt"] as? Int == 1, "\(task)")
+        }
+        #expect(try Self.reportItems(service, status: 422) == refusedBefore)
+        let taken = try Self.reportItems(service) - takenBefore
+        // Each completion, and progress only of a task whose linger ended before the task did.
+        #expect(taken >= 50 && taken < 100, "\(taken) items taken")
+        #expect(!worker.printed.contains("duplicate_id") && !worker.printed.contains("refused"), "\(worker.printed)")
+        #expect(try worker.stop() == 0)
+        try service.stop()
+    }
+
     /// A server from before `POST /tasks/reports` (Fixtures/older_server.py in front of this
     /// one, answering 404 for that route): the worker says so once and reports each task on its
     /// own route from then on; every task ends.
@@ -489,6 +572,30 @@ import TaskloopTestSupport
         #expect(refusals >= 1 && refusals <= 2, "\(refusals) batches refused")
         try Self.waitUntilSucceeded(client, try Self.submitNoops(client, 30))
         #expect(older.refusals == refusals)
+        #expect(worker.printed.components(separatedBy: "has no POST /tasks/reports").count == 2, "said once")
+        #expect(try worker.stop() == 0)
+        try service.stop()
+    }
+
+    /// The same server gets running tasks' progress one call per report, on the single route,
+    /// once its first refusal is in (the progress it refused included).
+    @Test func anOlderServerGetsProgressOneTaskAtATime() throws {
+        let (service, client) = try Self.server()
+        let older = try OlderServer(forwardingTo: service.port)
+        defer { older.stop() }
+        let worker = try Self.worker(port: older.port, ["--concurrency", "10"])
+        func singles() throws -> Double {
+            try Self.counted(port: service.port, "taskloop_http_requests_total", #"route="/tasks/{id}/progress""#)
+        }
+        let before = try singles()
+        var ids: [String] = []
+        for _ in 0..<10 { ids.append(try Self.submit(client, ["kind": "sleep", "params": ["duration_ms": 2000, "steps": 20]])) }
+        try Self.waitForProgressWhileRunning(client, ids)
+        try Self.waitUntilSucceeded(client, ids)
+        _ = try worker.waitForLine(containing: "has no POST /tasks/reports")
+        let refusals = older.refusals
+        #expect(refusals >= 1 && refusals <= 2, "\(refusals) batches refused")
+        #expect(try singles() - before >= 10)
         #expect(worker.printed.components(separatedBy: "has no POST /tasks/reports").count == 2, "said once")
         #expect(try worker.stop() == 0)
         try service.stop()
