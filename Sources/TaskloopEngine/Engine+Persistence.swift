@@ -50,15 +50,15 @@ extension Engine {
                         tasks savedTasks: [TaskSnapshot], uniqueKeys savedUniqueKeys: [UniqueKeyTombstone] = [],
                         schedules savedSchedules: [ScheduleSnapshot] = []) throws(EngineError) {
         precondition(tasks.count == 0 && workflows.isEmpty, "restore needs a new engine")
-        var executorsByTask: [TaskExecutor] = []
-        executorsByTask.reserveCapacity(savedTasks.count)
+        var kindsByTask: [TaskKind] = []
+        kindsByTask.reserveCapacity(savedTasks.count)
         let ordered = savedTasks.sorted { $0.sequence < $1.sequence }
         for saved in ordered {
-            guard let executor = executor(of: saved.kind) else {
+            guard let kind = taskKind(named: saved.kind) else {
                 throw EngineError(.unknownKind, "Task \(saved.id) is of kind \(saved.kind), which this server does not run "
                                   + "(known kinds: \(kinds.joined(separator: ", "))).")
             }
-            executorsByTask.append(executor)
+            kindsByTask.append(kind)
         }
         let parsedSchedules = try parsedSchedules(savedSchedules)
         settling {
@@ -74,8 +74,8 @@ extension Engine {
             var retainedByFinish: [TaskRecord] = []
             var restored: [TaskRecord] = []
             restored.reserveCapacity(ordered.count)
-            for (saved, executor) in zip(ordered, executorsByTask) {
-                let record = makeRecord(from: saved, executor: executor)
+            for (saved, kind) in zip(ordered, kindsByTask) {
+                let record = makeRecord(from: saved, kind: kind)
                 record.queue.count(saved.state, 1)
                 // Counted here rather than by a transition: its key's lane must know it runs.
                 if saved.state == .running && record.concurrencyKey != nil { record.queue.restoreRunning(record) }
@@ -138,8 +138,8 @@ extension Engine {
             restoreSchedules(parsedSchedules)
             restoreWallTimers(of: unfinished)
             retainedByFinish.sort { ($0.finishedAt ?? 0, $0.sequence) < ($1.finishedAt ?? 0, $1.sequence) }
-            for record in retainedByFinish { retained.append(RetainedEntry(record: record, epoch: record.retentionEpoch)) }
-            while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() { evict(oldest.record) }
+            retained.append(contentsOf: retainedByFinish)
+            while retained.count > configuration.maxRetainedTasks, let oldest = retained.popFirst() { evict(oldest) }
             sweepRetained()
             dispatching = wasDispatching
             dispatch()
@@ -147,14 +147,14 @@ extension Engine {
     }
 
     /// A task as a store kept it (or another replica wrote it), not yet in the table.
-    func makeRecord(from saved: TaskSnapshot, executor: TaskExecutor) -> TaskRecord {
+    func makeRecord(from saved: TaskSnapshot, kind: TaskKind) -> TaskRecord {
         let spec = TaskSpec(kind: saved.kind, params: saved.params, name: saved.name, queue: saved.queue,
                             priority: saved.priority, onDependencyFailure: saved.onDependencyFailure,
                             timeoutMilliseconds: saved.timeoutMilliseconds, retry: saved.retry, metadata: saved.metadata,
                             runAt: saved.scheduledFor.map { .at($0) }, expiry: saved.expiresAt.map { .at($0) },
                             uniqueKey: saved.uniqueKey, uniqueForMilliseconds: saved.uniqueForMilliseconds,
                             concurrencyKey: saved.concurrencyKey, schedule: saved.schedule)
-        let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, executor: executor,
+        let record = TaskRecord(id: saved.id, sequence: saved.sequence, spec: spec, kind: kind,
                                 queue: queue(named: saved.queue), dependencies: saved.dependencies, createdAt: saved.createdAt)
         copy(saved, into: record)
         return record
