@@ -44,8 +44,9 @@ extension TaskExecutor {
 /// one word where the name and the executor took four.
 ///
 /// Threading: immutable.
+@usableFromInline
 final class TaskKind {
-    let name: String
+    @usableFromInline let name: String
     let executor: TaskExecutor
 
     init(name: String, executor: TaskExecutor) {

@@ -13,14 +13,14 @@ public final class TaskRecord {
     public let id: TaskID
     /// Submission order, for FIFO among equal priorities.
     public let sequence: UInt64
-    let taskKind: TaskKind
+    @usableFromInline let taskKind: TaskKind
     public let params: JSONValue
     public internal(set) var state: TaskState = .pending
     /// A running task whose cancellation is under way.
     public internal(set) var cancelRequested = false
     public let onDependencyFailure: DependencyFailurePolicy
     /// `priority`, within `SubmissionValidator.priorities`.
-    private let storedPriority: Int32
+    @usableFromInline let storedPriority: Int32
     public let name: String?
     public let queue: TaskQueue
     /// Dependency ids, workflow keys resolved.
@@ -29,25 +29,25 @@ public final class TaskRecord {
     public let createdAt: Int64
     public let metadata: JSONValue?
     /// `attempt`: at most `SubmissionValidator.maxAttempts` plus one per explicit retry.
-    private var storedAttempt: Int32 = 1
+    @usableFromInline var storedAttempt: Int32 = 1
     public internal(set) var result: JSONValue?
     /// Dependencies that have not yet released this task.
     private var storedBlockingDependencies: Int32 = 0
     /// `startedAt` and `finishedAt`, `TaskRecord.unset` for nil.
-    private var storedStartedAt = TaskRecord.unset
-    private var storedFinishedAt = TaskRecord.unset
+    @usableFromInline var storedStartedAt = TaskRecord.unset
+    @usableFromInline var storedFinishedAt = TaskRecord.unset
     /// The fields few tasks carry, boxed: the many without any pay one word for all
     /// (Benchmarks/engine: a retained noop task took 33 bytes more with the unique key and
     /// window inline, 7%; 17 with the box).
     let rare: RareTaskFields?
     public internal(set) var workflow: WorkflowRecord?
     /// `error`: only failed and cancelled tasks have one (a cancellation shares one box).
-    private var errorBox: TaskErrorBox?
+    @usableFromInline var errorBox: TaskErrorBox?
     /// `progress`, once an attempt reported any (see `progress`).
-    private var progressBox: TaskProgressBox?
+    @usableFromInline var progressBox: TaskProgressBox?
     /// What a task keeps for a while or rarely: its times and inputs, timers, a backoff, a
     /// non-default retry policy, dependencies that released it.
-    private var side: SideFields?
+    @usableFromInline var side: SideFields?
     /// While a worker holds the running attempt (a queue dispatched to workers).
     public internal(set) var lease: Lease?
     /// Tasks waiting on this one; emptied once this task is terminal.
@@ -68,7 +68,7 @@ public final class TaskRecord {
     public internal(set) var reopenings: UInt32 = 0
 
     /// The stored form of a nil time: no wall clock reads it.
-    private static let unset = Int64.min
+    @usableFromInline static let unset = Int64.min
 
     init(id: TaskID, sequence: UInt64, spec: TaskSpec, kind: TaskKind, queue: TaskQueue, dependencies: [TaskID],
          createdAt: Int64) {
@@ -96,13 +96,13 @@ public final class TaskRecord {
         if spec.retry != RetryPolicy() { sideFields().retry = spec.retry }
     }
 
-    public var kind: String { taskKind.name }
+    @inlinable public var kind: String { taskKind.name }
     var executor: TaskExecutor { taskKind.executor }
-    public var priority: Int { Int(storedPriority) }
+    @inlinable public var priority: Int { Int(storedPriority) }
 
     /// Counts from 1; the attempt running now or last run.
     public internal(set) var attempt: Int {
-        get { Int(storedAttempt) }
+        @inlinable get { Int(storedAttempt) }
         set { storedAttempt = Int32(truncatingIfNeeded: newValue) }
     }
 
@@ -112,12 +112,12 @@ public final class TaskRecord {
     }
 
     public internal(set) var startedAt: Int64? {
-        get { storedStartedAt == Self.unset ? nil : storedStartedAt }
+        @inlinable get { storedStartedAt == Self.unset ? nil : storedStartedAt }
         set { storedStartedAt = newValue ?? Self.unset }
     }
 
     public internal(set) var finishedAt: Int64? {
-        get { storedFinishedAt == Self.unset ? nil : storedFinishedAt }
+        @inlinable get { storedFinishedAt == Self.unset ? nil : storedFinishedAt }
         set { storedFinishedAt = newValue ?? Self.unset }
     }
 
@@ -125,12 +125,12 @@ public final class TaskRecord {
 
     /// An explicit retry raises `maxAttempts` to allow its new attempt.
     public internal(set) var retry: RetryPolicy {
-        get { side?.retry ?? RetryPolicy() }
+        @inlinable get { side?.retry ?? RetryPolicy() }
         set { if side != nil || newValue != RetryPolicy() { sideFields().retry = newValue } }
     }
 
     public internal(set) var error: TaskError? {
-        get { errorBox?.error }
+        @inlinable get { errorBox?.error }
         set {
             guard let newValue else { return errorBox = nil }
             errorBox = newValue == .cancelled ? TaskErrorBox.cancelled : TaskErrorBox(newValue)
@@ -140,14 +140,14 @@ public final class TaskRecord {
     /// A task that succeeded without a box reports done as it finished, which is what success
     /// sets (`succeeded(at:)`): every succeeded noop would otherwise keep a box for it.
     public internal(set) var progress: TaskProgress {
-        get { progressBox?.progress ?? implicitProgress }
+        @inlinable get { progressBox?.progress ?? implicitProgress }
         set {
             if let progressBox { return progressBox.progress = newValue }
             if newValue != implicitProgress { progressBox = TaskProgressBox(newValue) }
         }
     }
 
-    private var implicitProgress: TaskProgress {
+    @usableFromInline var implicitProgress: TaskProgress {
         state == .succeeded ? TaskProgress(fraction: 1, updatedAt: finishedAt) : TaskProgress()
     }
 
@@ -254,6 +254,7 @@ final class RareTaskFields {
 /// of their own before (inline, those four took ~100 bytes of every retained task).
 ///
 /// Threading: engine thread only, as its record.
+@usableFromInline
 final class SideFields {
     /// Wall-clock milliseconds, set at submission.
     var scheduledFor: Int64?
@@ -261,7 +262,7 @@ final class SideFields {
     var inputs: [TaskInput] = []
     var resolvedParams: JSONValue?
     /// Nil: the default policy.
-    var retry: RetryPolicy?
+    @usableFromInline var retry: RetryPolicy?
     var notBefore: Int64?
     var releasedBy: [TaskID] = []
     var attemptTimer: ScheduledAction?
@@ -269,8 +270,9 @@ final class SideFields {
 }
 
 /// `TaskRecord.error`, boxed: a task without one pays a word, not the 40 bytes of a `TaskError?`.
+@usableFromInline
 final class TaskErrorBox: Sendable {
-    let error: TaskError
+    @usableFromInline let error: TaskError
 
     init(_ error: TaskError) {
         self.error = error
@@ -283,8 +285,9 @@ final class TaskErrorBox: Sendable {
 /// `TaskRecord.progress`, boxed, as its error is.
 ///
 /// Threading: engine thread only, as its record.
+@usableFromInline
 final class TaskProgressBox {
-    var progress: TaskProgress
+    @usableFromInline var progress: TaskProgress
 
     init(_ progress: TaskProgress) {
         self.progress = progress
