@@ -1,7 +1,8 @@
 # Sourced by the benchmark and check scripts: `serve_in_background COMMAND...` starts a
 # taskloop-style server that prints `listening on http://HOST:PORT`, waits for that line and
 # sets $server (its pid) and $url. Every server started this way is stopped (SIGTERM) when the
-# calling script exits; if one dies first, the script exits with its output.
+# calling script exits; if one dies first, the script exits with its output. It waits
+# $serve_in_background_wait_seconds (10) for the line.
 # `at_exit COMMAND` (a string, evaluated) runs COMMAND at that exit too, once those servers have
 # ended, so it may stop what they use (a database); the last registered runs first, as a
 # defer does. Put a sourcing script's own exit cleanup there: an EXIT trap of its own would be
@@ -33,7 +34,7 @@ serve_in_background() {
     serve_in_background_pids+=("$server")
     serve_in_background_logs+=("$server_log")
     trap serve_in_background_exit EXIT
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 $((${serve_in_background_wait_seconds:-10} * 20))); do
         grep -q 'listening on' "$server_log" && break
         kill -0 "$server" 2>/dev/null || { cat "$server_log"; exit 1; }
         sleep 0.05

@@ -3,7 +3,8 @@
 # - POST /tasks under wrk (server on core 0 with its store writer thread, wrk on core 1) with
 #   --durability memory, normal and full, as ratios to memory;
 # - the 100 x 100 lattice workflow end to end in `full`;
-# - restart with BENCH_RESTART_TASKS (200000) queued tasks: from exec to `listening on`;
+# - restart with BENCH_RESTART_TASKS (200000) queued tasks: from exec to `listening on`
+#   (Benchmarks/store/restart.sh; run alone it restores a million, in `full`);
 # - the database's size under churn (retention at 10,000 tasks while 10x that many pass);
 # - the disk's fsync rate (a small probe: 4 KiB write + fdatasync, in the data dir's filesystem),
 #   so the figures can be read against the physical limit.
@@ -58,32 +59,9 @@ host_port=${url#http://}
 taskset -c 1 python3 Benchmarks/service/lattice.py "${host_port%:*}" "${host_port##*:}" 100 | sed 's/^/  full: /'
 stop "$server"
 
-# Restart: fill a paused queue, stop, and time the start that restores it.
-serve_in_background "$binary" --port 0 --durability normal --data-dir "$work/restart" \
-    --max-unfinished-tasks 10000000 --max-body-bytes 16777216 --log-level warning
-curl -sf -X PATCH "$url/queues/held" -H 'Content-Type: application/json' -d '{"paused":true}' >/dev/null
-python3 - "$url" "$restart_tasks" <<'PY'
-import http.client, json, sys
-url, count = sys.argv[1], int(sys.argv[2])
-host, port = url[len("http://"):].split(":")
-connection = http.client.HTTPConnection(host, int(port))
-task = {"kind": "noop", "queue": "held", "name": "restored", "metadata": {"owner": "bench"}}
-for start in range(0, count, 10000):
-    tasks = [dict(task, key=f"t{index}") for index in range(start, min(count, start + 10000))]
-    connection.request("POST", "/workflows", json.dumps({"tasks": tasks}), {"Content-Type": "application/json"})
-    answer = connection.getresponse()
-    answer.read()
-    assert answer.status == 201, answer.status
-PY
-stop "$server"
-started=$(date +%s.%N)
-serve_in_background "$binary" --port 0 --durability normal --data-dir "$work/restart" \
-    --max-unfinished-tasks 10000000 --log-level warning
-elapsed=$(awk "BEGIN {print $(date +%s.%N) - $started}")
-queued=$(curl -sf "$url/queues/held" | python3 -c 'import json, sys; print(json.load(sys.stdin)["counts"]["queued"])')
-stop "$server"
-printf 'restart with %d queued tasks: listening after %.2f s (%.2f s per million)\n' "$queued" "$elapsed" \
-    "$(awk "BEGIN {print $elapsed * 1000000 / $queued}")"
+# Restart: a paused queue of BENCH_RESTART_TASKS queued tasks restored (Benchmarks/store/restart.sh,
+# whose default is the million of issue 27's goal).
+BENCH_BINARY=$binary BENCH_RESTART_TASKS=$restart_tasks BENCH_RESTART_DURABILITY=normal bash Benchmarks/store/restart.sh
 
 # Churn: retention keeps 10,000 finished tasks while ten times that many pass through.
 serve_in_background taskset -c 0 "$binary" --port 0 --durability normal --data-dir "$work/churn" \

@@ -87,18 +87,18 @@ extension Engine {
                 if case .task(let id) = reference { id } else { nil }
             }
             // Every cell runs the same kinds (one binary); one unknown here ends its task below.
-            let executor = executor(of: member.spec.kind)
+            let kind = taskKind(named: member.spec.kind)
             // The home could not see this cell's keys: a duplicate is made, and cancelled below.
             var duplicate: EngineError?
             do { try checkUniqueKey(member.spec, at: "") } catch { duplicate = error }
-            let record = makeRecord(member.spec, executor: executor ?? NoopExecutor(), dependencies: dependencies,
+            let record = makeRecord(member.spec, kind: kind ?? TaskKind(name: member.spec.kind, executor: NoopExecutor()), dependencies: dependencies,
                                     createdAt: member.createdAt, id: member.id)
             register(record, outOfOrder: true, claimingUniqueKey: duplicate == nil)
             // This cell's next ids sort after it (the table appends those).
             ids.continueAfterMillisecond(of: record.id)
             workflowOfMember[record.id] = workflow
             records.append(record)
-            if executor == nil {
+            if kind == nil {
                 finish(record, as: .failed, error: TaskError(code: "unknown_kind", message: "This cell does not run kind \(record.kind)."))
             } else if let duplicate, let existing = duplicate.existing {
                 finish(record, as: .cancelled, error: TaskError(code: "duplicate_task", message: duplicate.message,

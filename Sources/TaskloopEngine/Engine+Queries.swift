@@ -58,10 +58,10 @@ extension Engine {
         return queue
     }
 
-    func executor(of kind: String) -> TaskExecutor? {
-        if let lastKind, lastKind.kind == kind { return lastKind.executor }
-        guard let executor = executors[kind] else { return nil }
-        lastKind = (kind, executor)
-        return executor
+    func taskKind(named name: String) -> TaskKind? {
+        if let lastKind, lastKind.name == name { return lastKind }
+        guard let kind = taskKinds[name] else { return nil }
+        lastKind = kind
+        return kind
     }
 }

@@ -26,8 +26,7 @@ extension Engine {
     func attemptSucceeded(_ run: TaskRun, result: JSONValue?) {
         guard run.isCurrent, run.record.state == .running else { return }
         settling {
-            run.record.progress.fraction = 1
-            run.record.progress.updatedAt = scheduler.wallClock
+            run.record.progressSucceeded(at: scheduler.wallClock)
             finish(run.record, as: .succeeded, result: result)
             dispatch()
         }

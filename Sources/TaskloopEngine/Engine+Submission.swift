@@ -8,7 +8,7 @@ extension Engine {
     }
 
     func submitSettling(_ spec: TaskSpec) throws(EngineError) -> TaskRecord {
-        let executor = try check(spec, at: "")
+        let kind = try check(spec, at: "")
         var dependencies: [TaskID] = []
         if !spec.dependencies.isEmpty {
             dependencies.reserveCapacity(spec.dependencies.count)
@@ -26,7 +26,7 @@ extension Engine {
         try checkUniqueKey(spec, at: "")
         try admit(1)
         let now = scheduler.wallClock
-        let record = makeRecord(spec, executor: executor, dependencies: dependencies, createdAt: now)
+        let record = makeRecord(spec, kind: kind, dependencies: dependencies, createdAt: now)
         let wasDispatching = dispatching
         dispatching = true
         register(record)
@@ -68,11 +68,11 @@ extension Engine {
 
     /// Inlined: out of line it cost a submission ~800 instructions of argument copies.
     @inline(__always)
-    func makeRecord(_ spec: TaskSpec, executor: TaskExecutor, dependencies: [TaskID], createdAt: Int64,
+    func makeRecord(_ spec: TaskSpec, kind: TaskKind, dependencies: [TaskID], createdAt: Int64,
                     id: TaskID? = nil) -> TaskRecord {
         sequence += 1
         return TaskRecord(id: id ?? ids.next(wallClockMilliseconds: createdAt), sequence: sequence, spec: spec,
-                          executor: executor, queue: queue(named: spec.queue), dependencies: dependencies,
+                          kind: kind, queue: queue(named: spec.queue), dependencies: dependencies,
                           createdAt: createdAt)
     }
 
@@ -87,16 +87,16 @@ extension Engine {
         if claimingUniqueKey && record.uniqueKey != nil { claimUniqueKey(of: record) }
     }
 
-    /// Checks a spec's own fields (not its dependencies) and finds its executor. `at` prefixes
+    /// Checks a spec's own fields (not its dependencies) and finds its kind. `at` prefixes
     /// field paths (`tasks[3].`). A workflow's member of another cell (not `inThisCell`) makes
     /// no queue here: its queue's limit and cell are its cell's.
-    func check(_ spec: TaskSpec, at: @autoclosure () -> String, inThisCell: Bool = true) throws(EngineError) -> TaskExecutor {
-        guard let executor = executor(of: spec.kind) else {
+    func check(_ spec: TaskSpec, at: @autoclosure () -> String, inThisCell: Bool = true) throws(EngineError) -> TaskKind {
+        guard let kind = taskKind(named: spec.kind) else {
             throw EngineError(.unknownKind, "Unknown kind \(spec.kind); known kinds: \(kinds.joined(separator: ", ")).",
                               field: "\(at())kind")
         }
         do {
-            try executor.validate(maskingOutputs(in: spec.params))
+            try kind.executor.validate(maskingOutputs(in: spec.params))
         } catch let error where awaitsOutputs(error.field, in: spec.params) {
             // Checked once the references are resolved, at start (Engine+Outputs).
         } catch {
@@ -112,7 +112,7 @@ extension Engine {
             try makeRoomForQueues(1, field: "\(at())queue")
             if configuration.cells != nil { try checkCell(ofQueue: spec.queue, field: "\(at())queue") }
         }
-        return executor
+        return kind
     }
 
     /// `run_at`/`delay_ms` and `expires_at`/`ttl_ms` against the clock: within

@@ -52,7 +52,7 @@ extension Engine {
                 records.append(nil)
                 continue
             }
-            let record = makeRecord(member.spec, executor: checked.executor, dependencies: dependencyIDs, createdAt: now,
+            let record = makeRecord(member.spec, kind: checked.kind, dependencies: dependencyIDs, createdAt: now,
                                     id: memberIDs[position])
             record.workflow = workflow
             records.append(record)
@@ -118,7 +118,7 @@ extension Engine {
 
     /// A workflow member that passed its checks.
     struct CheckedMember {
-        let executor: TaskExecutor
+        let kind: TaskKind
         let dependencies: [ResolvedDependency]
     }
 
@@ -136,7 +136,7 @@ extension Engine {
         var checked: [CheckedMember] = []
         checked.reserveCapacity(batch.count)
         for (index, member) in batch.enumerated() {
-            let executor = try check(member.spec, at: "tasks[\(index)].", inThisCell: memberCells?[index] == nil)
+            let kind = try check(member.spec, at: "tasks[\(index)].", inThisCell: memberCells?[index] == nil)
             var dependencies: [ResolvedDependency] = []
             dependencies.reserveCapacity(member.spec.dependencies.count)
             duplicateStamp += 1
@@ -160,7 +160,7 @@ extension Engine {
                 }
             }
             try checkOutputReferences(in: member.spec.params, naming: member.spec.dependencies, at: "tasks[\(index)].")
-            checked.append(CheckedMember(executor: executor, dependencies: dependencies))
+            checked.append(CheckedMember(kind: kind, dependencies: dependencies))
         }
         let newQueues = Set(batch.indices.lazy.filter { memberCells?[$0] == nil }.map { batch[$0].spec.queue }
             .filter { self.queues[$0] == nil })

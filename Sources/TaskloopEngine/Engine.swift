@@ -144,7 +144,7 @@ public final class Engine {
     var sequence: UInt64 = 0
     public internal(set) var unfinishedCount = 0
     /// Terminal tasks in the order they finished, for retention.
-    var retained = Deque<RetainedEntry>()
+    var retained = Deque<TaskRecord>()
     /// Entries of `retained` whose task a retry brought back.
     var staleRetained = 0
     var retentionTimer: ScheduledAction?
@@ -164,7 +164,9 @@ public final class Engine {
     var publishing = false
     /// Submissions come in runs of one kind and one queue: one-entry caches spare hashing the
     /// names (a small string compares in one step).
-    var lastKind: (kind: String, executor: TaskExecutor)?
+    var lastKind: TaskKind?
+    /// `executors` as the records point at them.
+    let taskKinds: [String: TaskKind]
     var lastQueue: TaskQueue?
     /// Finds repeated dependencies without hashing: each dependency list gets a fresh stamp,
     /// and a record already carrying it was listed before.
@@ -210,6 +212,7 @@ public final class Engine {
         self.configuration = configuration
         self.scheduler = scheduler
         self.executors = executors
+        taskKinds = executors.reduce(into: [:]) { kinds, entry in kinds[entry.key] = TaskKind(name: entry.key, executor: entry.value) }
         cell = configuration.cells?.cell
         if let cells = configuration.cells { ids = TaskIDGenerator(cell: cells.cell) }
         if configuration.cells.map({ $0.cellOfQueue("default") == $0.cell }) ?? true { _ = queue(named: "default") }

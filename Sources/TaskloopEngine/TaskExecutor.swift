@@ -40,6 +40,21 @@ extension TaskExecutor {
     public func stopInterrupted(_ id: TaskID) {}
 }
 
+/// A kind of task this engine runs, made once per kind: every record of the kind points at it,
+/// one word where the name and the executor took four.
+///
+/// Threading: immutable.
+@usableFromInline
+final class TaskKind {
+    @usableFromInline let name: String
+    let executor: TaskExecutor
+
+    init(name: String, executor: TaskExecutor) {
+        self.name = name
+        self.executor = executor
+    }
+}
+
 /// One attempt of one task, as its executor sees it.
 public final class TaskRun {
     public let taskID: TaskID

@@ -4,10 +4,10 @@ import TaskloopTestSupport
 
 @Suite struct TaskTableTests {
     private let queue = TaskQueue(name: "default", maxConcurrency: 1)
-    private let executor = NoopExecutor()
+    private let kind = TaskKind(name: "noop", executor: NoopExecutor())
 
     private func record(_ id: TaskID) -> TaskRecord {
-        TaskRecord(id: id, sequence: 0, spec: TaskSpec(kind: "noop"), executor: executor, queue: queue, dependencies: [],
+        TaskRecord(id: id, sequence: 0, spec: TaskSpec(kind: "noop"), kind: kind, queue: queue, dependencies: [],
                    createdAt: 0)
     }
 
