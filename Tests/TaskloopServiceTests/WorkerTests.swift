@@ -726,8 +726,12 @@ final class OlderServer: @unchecked Sendable {
     /// Calls to `POST /tasks/reports` it answered 404.
     var refusals: Int { lines.value.filter { $0 == "refused /tasks/reports" }.count }
 
+    /// Stopped by a signal, not by closing its stdin alone: a child another test started at
+    /// the same moment can inherit the pipe's write end, and then stdin never ends.
     func stop() {
         try? input.fileHandleForWriting.close()
-        process.waitUntilExit()
+        guard process.exitStatus == nil else { return }
+        kill(process.processIdentifier, SIGKILL)
+        _ = try? process.waitForExit("the older server to exit", timeout: 10)
     }
 }
