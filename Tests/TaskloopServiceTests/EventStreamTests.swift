@@ -257,11 +257,8 @@ import TaskloopTestSupport
         defer { try? service.stop() }
         let client = try service.client()
         // The streams are this replica's, and so is its gauge.
-        let here = try APIClient(port: service.port)
         func openStreams() throws -> Int {
-            let text = try here.call("GET", "/metrics").text
-            let line = text.split(separator: "\n").first { $0.hasPrefix("taskloop_event_streams ") }
-            return line.flatMap { Double($0.split(separator: " ")[1]) }.map { Int($0) } ?? -1
+            try service.metric("taskloop_event_streams", replica: service.port).map { Int($0) } ?? -1
         }
         let start = try Self.eventSeq(client)
         _ = try client.submit(#"{"kind":"noop"}"#)
@@ -510,11 +507,8 @@ import TaskloopTestSupport
         defer { try? service.stop() }
         let client = try service.client()
         // The streams are this replica's, and so are its metrics.
-        let here = try APIClient(port: service.port)
         func disconnected() throws -> Int {
-            let text = try here.call("GET", "/metrics").text
-            let line = text.split(separator: "\n").first { $0.hasPrefix("taskloop_event_streams_disconnected_total ") }
-            return line.flatMap { Double($0.split(separator: " ")[1]) }.map { Int($0) } ?? -1
+            try service.metric("taskloop_event_streams_disconnected_total", replica: service.port).map { Int($0) } ?? -1
         }
         let filter = "/events?types=task.state"
         let readers = try (0..<5).map { _ in try Stream(port: service.port, filter) }
@@ -524,7 +518,7 @@ import TaskloopTestSupport
         try slow.send("GET \(filter) HTTP/1.1\r\nHost: localhost\r\n\r\n")
         let stalled = try Stream(port: service.port, filter, narrow: true)
         let everything = try Stream(port: service.port, "/events")
-        try pollUntil("every stream to be open") { try here.call("GET", "/metrics").text.contains("taskloop_event_streams 9") }
+        try pollUntil("every stream to be open") { try service.metric("taskloop_event_streams", replica: service.port) == 9 }
 
         // Each turn's workflow: 8 tasks, 34 events of about 1 KB, 24 of them task.state. The
         // server's kernel takes about 50 KB of a narrow stream's: the stalled one's own queue

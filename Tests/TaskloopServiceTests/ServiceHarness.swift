@@ -112,11 +112,12 @@ final class ServiceHarness: @unchecked Sendable {
         try thread.waitForExit(timeout: timeout, what: "service to stop")
     }
 
-    /// A metric's value summed over the replicas (each counts what it did); nil when no replica
-    /// has the series. `series` is the name with its labels, as the exposition writes it.
-    func metric(_ series: String) throws -> Double? {
+    /// A metric's value summed over the replicas (each counts what it did), or only `replica`'s
+    /// (the one at that port); nil when none has the series. `series` is the name with its
+    /// labels, as the exposition writes it.
+    func metric(_ series: String, replica: Int? = nil) throws -> Double? {
         var total: Double?
-        for port in ports {
+        for port in replica.map { [$0] } ?? ports {
             let text = try APIClient(port: port).call("GET", "/metrics").text
             for line in text.split(separator: "\n") where line.hasPrefix(series + " ") {
                 total = (total ?? 0) + (Double(line.dropFirst(series.count + 1)) ?? 0)
