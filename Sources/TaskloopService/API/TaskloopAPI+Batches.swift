@@ -154,9 +154,13 @@ extension TaskloopApplication {
     /// fields named under the item's index (`tasks[3].kind`).
     private func submitBatchItem(_ item: JSONValue, index: Int, into answer: inout BatchAnswer, _ reply: Reply) {
         do {
-            let spec = try Self.readItem(index: index, of: "tasks") { reader, prefix in
-                reader.object(item, prefix).flatMap { reader.taskSpec($0, prefix: prefix.isEmpty ? "" : prefix + ".") }
+            var reader = BodyReader()
+            let read = reader.readNamingProblems(under: Self.itemField("tasks", index)) { reader, field in
+                reader.object(item, field).flatMap { reader.taskSpec($0, prefix: field.isEmpty ? "" : field + ".") }
             }
+            try reader.check()
+            // Nil only with a problem, which `check` threw.
+            let spec = read!
             // Fields named as in a body of its own; `itemProblem` puts them under the item.
             try checkKindAllowed(spec.kind, queue: spec.queue, field: "kind", reply.engine)
             if !spec.dependencies.isEmpty { try refuseUnknownRemoteDependencies(of: [("", spec)], reply) }
@@ -171,20 +175,6 @@ extension TaskloopApplication {
     /// An item's field in the client's batch: `tasks[3]`.
     static func itemField(_ member: String, _ index: Int) -> String { "\(member)[\(index)]" }
 
-    /// An item read by `read`, which names the fields it refuses under the prefix it is given.
-    /// Read first with none: the names (`tasks[3].kind`) are strings made for every field, and
-    /// most items have no problem to name; an item that has is read again with them.
-    private static func readItem<Value>(index: Int, of member: String,
-                                        _ read: (inout BodyReader, String) -> Value?) throws(APIProblem) -> Value {
-        var reader = BodyReader()
-        if let value = read(&reader, ""), reader.errors.isEmpty { return value }
-        var named = BodyReader()
-        let value = read(&named, itemField(member, index))
-        try named.check()
-        guard let value else { throw APIProblem(.unprocessableContent, detail: "\(itemField(member, index)) could not be read.") }
-        return value
-    }
-
     /// One report, as `POST /tasks/{id}/complete|fail|progress` takes it: `{id, lease_token?,
     /// complete: {result?} | fail: {error} | progress: {fraction?, message?, details?}}`. A task
     /// reported by an earlier item of the batch is 422 `duplicate_id` and changes nothing.
@@ -192,7 +182,10 @@ extension TaskloopApplication {
                                  into answer: inout BatchAnswer, _ engine: Engine) {
         do {
             var reader = BodyReader()
-            var read = Self.readReport(item, prefix: "", &reader)
+            let read = reader.readNamingProblems(under: Self.itemField("reports", index)) { reader, field in
+                Self.readReport(item, prefix: field, &reader)
+            }!
+            // A repeated id is the item's problem before any other.
             if let id = read.id {
                 if let first = firstIndexOfID[id] {
                     throw APIProblem(.unprocessableContent,
@@ -202,14 +195,9 @@ extension TaskloopApplication {
                 }
                 firstIndexOfID[id] = index
             }
-            if !reader.errors.isEmpty {
-                var named = BodyReader()
-                read = Self.readReport(item, prefix: Self.itemField("reports", index), &named)
-                try named.check()
-            }
-            guard let id = read.id, let report = read.report else {
-                throw APIProblem(.unprocessableContent, detail: "\(Self.itemField("reports", index)) could not be read.")
-            }
+            try reader.check()
+            // Both nil only with a problem, which `check` threw.
+            let (id, report) = (read.id!, read.report!)
             guard let task = TaskID(id).flatMap(engine.task) else { throw APIProblem(.notFound, detail: "No task \(id).") }
             try engine.report(report, for: task.id, leaseToken: read.token)
             answer.add(task, status: 200, in: engine)

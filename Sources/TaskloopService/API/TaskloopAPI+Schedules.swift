@@ -197,13 +197,10 @@ extension BodyReader {
             if list.isEmpty { fail(prefix + "tasks", "must list at least one task.") }
             let keys = Set(list.compactMap { $0.objectValue?["key"]?.stringValue })
             for (index, element) in list.enumerated() {
-                // Read first without naming fields: the names (`tasks[3].kind`) are strings made
-                // for every field of every task, and nearly every task has no problem to name.
-                var quiet = BodyReader()
-                if let member = quiet.workflowMember(element, field: "", siblingKeys: keys), quiet.errors.isEmpty {
+                if let member = readNamingProblems(under: "\(prefix)tasks[\(index)]", { reader, field in
+                    reader.workflowMember(element, field: field, siblingKeys: keys)
+                }) {
                     members.append(member)
-                } else {
-                    _ = workflowMember(element, field: "\(prefix)tasks[\(index)]", siblingKeys: keys)
                 }
             }
         } else {
