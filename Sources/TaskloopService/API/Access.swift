@@ -121,7 +121,7 @@ struct AccessPolicy {
     func refusal(of request: HTTPRequest, route: Route?) -> APIProblem? {
         let headers = request.headers
         if !requiresToken || !allowedHosts.isEmpty, headers.firstValue(of: "Host", satisfies: Self.isLoopbackHost) == false,
-           let host = headers["Host"], !admitsHost(host) {
+           let host = headers["Host"], !isAllowedHost(host) {
             return APIProblem(.misdirectedRequest, detail: "This server does not answer for the host \(host); "
                 + "name it in --allowed-hosts to serve it.", code: "host_not_allowed")
         }
@@ -176,10 +176,9 @@ struct AccessPolicy {
         ])
     }
 
-    /// Loopback names with any port, or one of `--allowed-hosts`.
-    func admitsHost(_ host: String) -> Bool {
-        // Every request without a token asks: the loopback names are matched on bytes first.
-        if Self.isLoopbackHost(host) { return true }
+    /// One of `--allowed-hosts` (the loopback names, which every host admits, are matched on
+    /// the header's bytes before this is asked).
+    func isAllowedHost(_ host: String) -> Bool {
         let value = host.lowercased()
         let (name, port) = Self.splitHost(value)
         return allowedHosts.contains { pattern in
@@ -189,11 +188,6 @@ struct AccessPolicy {
     }
 
     /// `localhost`, `127.0.0.1` or `[::1]`, any case, with or without a port.
-    static func isLoopbackHost(_ host: String) -> Bool {
-        var host = host
-        return host.withUTF8 { isLoopbackHost($0) }
-    }
-
     static func isLoopbackHost(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         var end = bytes.count
         if let colon = bytes.lastIndex(of: UInt8(ascii: ":")), bytes.first != UInt8(ascii: "[") || bytes[colon - 1] == UInt8(ascii: "]") {
