@@ -209,6 +209,38 @@ import TaskloopTestSupport
         #expect(tasks.last?["finished_at"] is String)
     }
 
+    /// A noop is queued, started and finished within one call, and its events are numbered
+    /// after it: each still shows the task as that state had it, not finished before it ran.
+    @Test func eachStateOfATaskMadeInOneCallShowsOnlyWhatItHad() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let stream = try Stream(port: service.port, "/events?types=task.state")
+        _ = stream.head
+        let id = try #require(try client.submit(#"{"kind":"noop"}"#)["id"] as? String)
+        let events = try stream.waitUntil { events in events.contains { Self.task($0)?["state"] as? String == "succeeded" } }
+        let tasks = events.compactMap(Self.task).filter { $0["id"] as? String == id }
+        #expect(tasks.map { $0["state"] as? String } == ["queued", "running", "succeeded"])
+        let (queued, running, succeeded) = (tasks[0], tasks[1], tasks[2])
+        for (task, started, finished) in [(queued, false, false), (running, true, false), (succeeded, true, true)] {
+            let state = task["state"] as? String ?? "?"
+            #expect((task["started_at"] is String) == started && (task["finished_at"] is String) == finished, "\(state): \(task)")
+            #expect(task["result"] is NSNull && task["result_truncated"] as? Bool == false, "\(state)")
+        }
+        let fractions = tasks.map { ($0["progress"] as? [String: Any])?["fraction"] }
+        #expect(fractions[0] is NSNull && fractions[1] is NSNull && fractions[2] as? Double == 1, "\(fractions)")
+        #expect(tasks.allSatisfy { $0["attempt"] as? Int == 1 && $0["error"] is NSNull })
+    }
+
+    static func task(_ event: Stream.Event) -> [String: Any]? {
+        event.data["task"] as? [String: Any]
+    }
+
+    /// A JSON value as text with its keys sorted: two values compare equal as JSON.
+    static func canonical(_ value: Any) throws -> String {
+        String(decoding: try JSONSerialization.data(withJSONObject: value, options: [.sortedKeys, .fragmentsAllowed]), as: UTF8.self)
+    }
+
     @Test func aReplayShowsEachQueueChangeAsItWas() throws {
         let service = try ServiceHarness()
         defer { try? service.stop() }

@@ -543,20 +543,29 @@ struct TaskMoment {
 
     /// `state`: the state to show instead of the task's own (an event announcing a state the
     /// task has already left within the same engine call).
+    /// A state the task has left shows none of what came after it in that call: not the end
+    /// (`finished_at`, `result`), and before it runs, not its start (`started_at`, progress, a
+    /// lease) either. A noop is queued, started and finished in one call; its `queued` event
+    /// must not show it finished. After a first attempt the times and error are the task's own
+    /// (they outlive a retry).
     init(_ task: TaskRecord, state: TaskState? = nil) {
-        self.state = state ?? task.state
+        let shown = state ?? task.state
+        self.state = shown
         cancelRequested = task.cancelRequested
         attempt = task.attempt
         retry = task.retry
-        startedAt = task.startedAt
-        finishedAt = task.finishedAt
-        result = task.result
-        error = task.error
-        progress = task.progress
-        lease = task.lease.map {
+        let left = shown != task.state && !shown.isTerminal
+        let firstAttempt = task.attempt <= 1
+        let beforeRunning = left && shown != .running
+        resolvedParams = beforeRunning ? nil : task.resolvedParams
+        startedAt = beforeRunning && firstAttempt ? nil : task.startedAt
+        finishedAt = left ? nil : task.finishedAt
+        result = left ? nil : task.result
+        error = left && firstAttempt ? nil : task.error
+        progress = left ? TaskProgress() : task.progress
+        lease = beforeRunning ? nil : task.lease.map {
             LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds, expiresAt: $0.expiresAt)
         }
-        resolvedParams = task.resolvedParams
     }
 
     init(_ task: TaskSnapshot) {
