@@ -112,3 +112,37 @@ print(f"  no stream: {m(0):8.0f} req/s, {m(1):.1f} us server CPU each")
 print(f"  100 streams: {m(2):8.0f} req/s, {m(3):.1f} us server CPU each: +{m(3) - m(1):.1f} us per request "
       f"({statistics.median(r[3] / r[1] for r in rounds):.2f}x), {statistics.median(r[2] / r[0] for r in rounds):.2f}x the rate")
 '
+
+# The bytes of one task.progress event (an external task's report with a message) on a stream
+# with the whole task, the default, and on one with ?progress_body=brief.
+echo "task.progress event size: whole task against ?progress_body=brief"
+(
+    serve_in_background "$binary" --port 0 --durability memory --log-level warning
+    python3 - "$url" <<'PY'
+import http.client, json, socket, sys, urllib.parse
+url = urllib.parse.urlparse(sys.argv[1])
+def open_stream(query):
+    sock = socket.create_connection((url.hostname, url.port))
+    sock.sendall(f"GET /events?types=task.progress{query} HTTP/1.0\r\n\r\n".encode())
+    return sock
+def data_line(sock):
+    buffer = b""
+    while b"\ndata: " not in buffer or not buffer.split(b"\ndata: ", 1)[1].count(b"\n"):
+        chunk = sock.recv(65536)
+        assert chunk, "the stream ended"
+        buffer += chunk
+    return buffer.split(b"\ndata: ", 1)[1].split(b"\n", 1)[0]
+whole, brief = open_stream(""), open_stream("&progress_body=brief")
+api = http.client.HTTPConnection(url.hostname, url.port)
+def call(method, path, body):
+    api.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
+    answer = api.getresponse()
+    text = answer.read()
+    assert answer.status in (200, 201), (answer.status, text)
+    return json.loads(text)
+task = call("POST", "/tasks", {"kind": "external", "name": "resize photos", "params": {"album": "summer"}})
+call("POST", f"/tasks/{task['id']}/progress", {"fraction": 0.5, "message": "50 of 100 photos"})
+full, short = len(data_line(whole)), len(data_line(brief))
+print(f"  task.progress data: {full} B whole, {short} B brief ({short / full:.2f}x)")
+PY
+)

@@ -232,6 +232,56 @@ import TaskloopTestSupport
         #expect(tasks.allSatisfy { $0["attempt"] as? Int == 1 && $0["error"] is NSNull })
     }
 
+    /// `?progress_body=brief`: the same events in the same order as a stream without it, each
+    /// `task.progress` carrying only the task's `id, queue, workflow, state, attempt, progress`
+    /// (as the whole task shows them), every other event whole; live, shared by a group of
+    /// streams, and replayed alike. Any other value is refused.
+    @Test func briefProgressBodiesCarryOnlyWhatAProgressBarFollows() throws {
+        let service = try ServiceHarness()
+        defer { try? service.stop() }
+        let client = try service.client()
+        let start = try Self.eventSeq(client)
+        let full = try Stream(port: service.port, "/events?types=task.state,task.progress")
+        let brief = try Stream(port: service.port, "/events?types=task.state,task.progress&progress_body=brief")
+        let briefToo = try Stream(port: service.port, "/events?progress_body=brief&types=task.state,task.progress")
+        let briefAll = try Stream(port: service.port, "/events?progress_body=brief")
+        for stream in [full, brief, briefToo, briefAll] { _ = stream.head }
+        let workflow = try client.call("POST", "/workflows", json: #"""
+            {"tasks":[{"key":"a","kind":"sleep","params":{"duration_ms":900,"steps":3}}]}
+            """#)
+        let workflowID = try #require(workflow.json["id"] as? String)
+        let id = try #require((workflow.json["keys"] as? [String: Any])?["a"] as? String)
+        func untilTheEnd(_ stream: Stream) throws -> [Stream.Event] {
+            try stream.waitUntil { events in events.contains { $0.type == "task.state" && Self.task($0)?["state"] as? String == "succeeded" } }
+                .filter { $0.type == "task.state" || $0.type == "task.progress" }
+        }
+        let whole = try untilTheEnd(full)
+        let progress = whole.filter { $0.type == "task.progress" }
+        #expect(!progress.isEmpty && progress.allSatisfy { Self.task($0)?["params"] != nil && Self.task($0)?["kind"] as? String == "sleep" })
+        let replayed = try Stream(port: service.port, "/events?since=\(start)&progress_body=brief&types=task.state,task.progress")
+        for (name, stream) in [("brief", brief), ("the same filter", briefToo), ("every type", briefAll), ("replayed", replayed)] {
+            let events = try untilTheEnd(stream)
+            #expect(events.map(\.wireID) == whole.map(\.wireID) && events.map(\.type) == whole.map(\.type), "\(name)")
+            for (shown, as_) in zip(events, whole) {
+                let task = try #require(Self.task(shown)), wholeTask = try #require(Self.task(as_))
+                #expect(shown.data["seq"].map { "\($0)" } == as_.data["seq"].map { "\($0)" } && shown.data["time"] as? String == as_.data["time"] as? String)
+                if shown.type == "task.progress" {
+                    #expect(Set(task.keys) == ["id", "queue", "workflow", "state", "attempt", "progress"], "\(name): \(task.keys)")
+                    for key in task.keys {
+                        #expect(try Self.canonical(task[key]!) == Self.canonical(wholeTask[key] ?? NSNull()), "\(name): \(key)")
+                    }
+                    #expect(task["id"] as? String == id && task["workflow"] as? String == workflowID && task["state"] as? String == "running")
+                } else {
+                    #expect(try Self.canonical(task) == Self.canonical(wholeTask), "\(name): a \(shown.type) is whole")
+                }
+            }
+        }
+        for value in ["short", "", "BRIEF"] {
+            let refused = try client.call("GET", "/events?progress_body=\(value)")
+            #expect(refused.status == 400 && refused.text.contains("progress_body"), "\(value): \(refused.status) \(refused.text)")
+        }
+    }
+
     static func task(_ event: Stream.Event) -> [String: Any]? {
         event.data["task"] as? [String: Any]
     }

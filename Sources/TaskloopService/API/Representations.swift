@@ -107,6 +107,27 @@ enum Representation {
         json.endObject()
     }
 
+    /// A task as a `task.progress` event of a `?progress_body=brief` stream shows it:
+    /// `{id, queue, workflow, state, attempt, progress}`, the fields a progress bar follows.
+    static func writeBrief<Task: RepresentedTask>(_ task: Task, _ moment: TaskMoment, into json: inout JSONWriter,
+                                                  workflow: TaskID? = nil) {
+        json.beginObject()
+        json.key(static: "id")
+        write(task.id, into: &json)
+        json.field("queue", task.queueName)
+        json.key(static: "workflow")
+        if let workflow = workflow ?? task.workflowID { write(workflow, into: &json) } else { json.null() }
+        json.key(static: "state")
+        json.string(static: name(of: moment.state))
+        json.field("attempt", moment.attempt)
+        json.key(static: "progress")
+        write(moment.progress, into: &json)
+        json.endObject()
+    }
+
+    /// The fields of `writeBrief`, in its order.
+    static let briefTaskFields = ["id", "queue", "workflow", "state", "attempt", "progress"]
+
     /// The fields few tasks carry (`TaskRecord.hasRareFields`).
     private static func writeRareFields<Task: RepresentedTask>(of task: Task, into json: inout JSONWriter) {
         json.field("unique_key", task.uniqueKey)

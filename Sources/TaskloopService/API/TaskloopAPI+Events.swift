@@ -30,7 +30,7 @@ extension TaskloopApplication {
         eventLog.subscribe(reply, filter: filter, since: since, until: until)
     }
 
-    /// `?task=&workflow=&queue=&schedule=&types=` as a filter; what does not parse goes to `errors`.
+    /// `?task=&workflow=&queue=&schedule=&types=&progress_body=` as a filter; what does not parse goes to `errors`.
     func eventFilter(_ request: HTTPRequest, errors: inout [APIProblem.FieldError]) -> EventFilter {
         var filter = EventFilter()
         if let text = request.query("task") {
@@ -50,6 +50,13 @@ extension TaskloopApplication {
                     errors.append(.init(field: "types", message: "\(name) is not one of \(EventKind.allCases.map(\.rawValue).joined(separator: ", ")).")) }
             }
             filter.kinds = kinds
+        }
+        if let text = request.query("progress_body") {
+            switch text {
+            case "full": filter.briefProgress = false
+            case "brief": filter.briefProgress = true
+            default: errors.append(.init(field: "progress_body", message: "must be full or brief."))
+            }
         }
         return filter
     }

@@ -44,6 +44,30 @@ final class ClusterStreamEvent: FramedEvent {
         return frame
     }()
 
+    /// A `task.progress` as `?progress_body=brief` streams send it: the committed task cut down
+    /// to `Representation.briefTaskFields`, rendered once for the first such stream (the cell
+    /// committed the whole task); the whole frame for every other event.
+    private(set) lazy var briefFrame: [UInt8] = {
+        guard kind == .taskProgress, case .object(let members)? = try? JSONParser.parse(data),
+              let task = members["task"]?.objectValue else { return frame }
+        var json = JSONWriter(capacity: 256)
+        json.beginObject()
+        for member in members where member.key != "task" {
+            json.key(member.key)
+            json.value(member.value)
+        }
+        json.key(static: "task")
+        json.beginObject()
+        for name in Representation.briefTaskFields {
+            json.key(name)
+            json.value(task[name] ?? .null)
+        }
+        json.endObject()
+        json.endObject()
+        let id = position.description
+        return Array("id: \(id)\nevent: \(kind.rawValue)\ndata: {\"seq\":\"\(id)\",".utf8) + json.bytes.dropFirst() + [0x0A, 0x0A]
+    }()
+
     /// A task's terminal state: a task's own stream ends with it. Read from the data, and only
     /// for a task's own stream.
     private(set) lazy var endsTask: Bool = {
@@ -242,7 +266,7 @@ final class ClusterEventStreams {
             }
             subscriber.position = event.position
             guard subscriber.filter.matches(event) else { continue }
-            subscriber.pending += event.frame
+            subscriber.pending += event.frame(for: subscriber.filter)
             if let task = subscriber.endsWith, event.taskID == task, event.endsTask {
                 subscriber.ending = true
                 return

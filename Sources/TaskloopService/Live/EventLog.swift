@@ -109,7 +109,7 @@ final class StreamEvent: FramedEvent {
     /// What the history counted of its rendered bytes (`EventLog.account`).
     var accountedBytes = 0
     /// The bytes its renderings hold.
-    var renderedBytes: Int { (renderedData?.count ?? 0) + (rendered?.count ?? 0) }
+    var renderedBytes: Int { (renderedData?.count ?? 0) + (rendered?.count ?? 0) + (renderedBrief?.count ?? 0) }
 
     init(seq: UInt64, kind: EventKind, time: Int64, task: TaskRecord? = nil, state: TaskState? = nil,
          workflow: WorkflowRecord? = nil, queue: TaskQueue? = nil, batch: Int) {
@@ -253,6 +253,25 @@ final class StreamEvent: FramedEvent {
         rendered = frame
         return frame
     }
+
+    /// A `task.progress` as `?progress_body=brief` streams send it (`Representation.writeBrief`);
+    /// the whole frame for every other event.
+    var briefFrame: [UInt8] {
+        guard kind == .taskProgress, let task, let moment else { return frame }
+        if let renderedBrief { return renderedBrief }
+        var json = JSONWriter(capacity: 256)
+        json.beginObject()
+        json.field("seq", Int(seq))
+        json.field("type", kind.rawValue)
+        Representation.timestamp("time", time, into: &json)
+        json.key(static: "task")
+        Representation.writeBrief(task, moment, into: &json, workflow: workflowID)
+        json.endObject()
+        let frame = Array("id: \(seq)\nevent: \(kind.rawValue)\ndata: ".utf8) + json.bytes + [0x0A, 0x0A]
+        renderedBrief = frame
+        return frame
+    }
+    private var renderedBrief: [UInt8]?
 }
 
 /// What a subscriber wants: every filter given must match.
@@ -273,6 +292,10 @@ struct EventFilter: Hashable {
     /// A schedule's own events and those of the tasks and workflows its runs made.
     var schedule: TaskID?
     var kinds: Set<EventKind>?
+    /// `?progress_body=brief`: `task.progress` events carry the task's `id, queue, workflow,
+    /// state, attempt, progress` only. Not a filter (every event still matches), but the streams
+    /// of one group share one rendering, so it is part of what groups them.
+    var briefProgress = false
 
     func matches(_ event: some FilterableEvent) -> Bool {
         if let kinds, !kinds.contains(event.kind) { return false }
@@ -533,7 +556,7 @@ final class EventLog {
         let last = subscriber.until ?? .max
         let from = max(subscriber.after, subscriber.liveFrom)
         for event in events where event.seq > from && event.seq <= last && subscriber.filter.matches(event) {
-            subscriber.pending += event.frame
+            subscriber.pending += event.frame(for: subscriber.filter)
             if let id = subscriber.endsWith, event.endsTask, event.taskID == id {
                 subscriber.ending = true
                 break
@@ -591,7 +614,7 @@ final class EventLog {
                 return
             }
             guard event.seq > subscriber.after, subscriber.filter.matches(event) else { continue }
-            subscriber.pending += event.frame
+            subscriber.pending += event.frame(for: subscriber.filter)
             account(event)
             if let id = subscriber.endsWith, event.endsTask, event.taskID == id {
                 subscriber.ending = true

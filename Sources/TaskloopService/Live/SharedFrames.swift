@@ -1,6 +1,16 @@
 /// An event as a stream writes it: its `id:`, `event:` and `data:` lines, rendered once.
 protocol FramedEvent: FilterableEvent {
     var frame: [UInt8] { get }
+    /// The frame of a stream with `?progress_body=brief`: a `task.progress` with the task's
+    /// `id, queue, workflow, state, attempt, progress` only; `frame` for any other event.
+    var briefFrame: [UInt8] { get }
+}
+
+extension FramedEvent {
+    /// The frame a stream with `filter` sends.
+    func frame(for filter: EventFilter) -> [UInt8] {
+        filter.briefProgress ? briefFrame : frame
+    }
 }
 
 /// The streams that follow live with the same filter (most often none, or one type) are given
@@ -58,7 +68,7 @@ final class SharedFrames {
             if group.delivery != delivery {
                 group.delivery = delivery
                 var bytes: [UInt8] = []
-                for event in events where group.filter.matches(event) { bytes += event.frame }
+                for event in events where group.filter.matches(event) { bytes += event.frame(for: group.filter) }
                 group.bytes = bytes
                 rendered.append(group)
             }
