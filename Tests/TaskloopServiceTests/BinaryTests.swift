@@ -159,6 +159,20 @@ import TaskloopTestSupport
         #expect(try binary.waitForExit() != 0)
     }
 
+    /// `--event-write-interval-ms` is 0...1000: both ends start, a step past either is refused.
+    @Test func theEventWriteIntervalIsBounded() throws {
+        for value in ["-1", "1001"] {
+            let binary = try RunningBinary(arguments: ["--port", "0", "--event-write-interval-ms=\(value)"])
+            _ = try binary.waitForLine(containing: "--event-write-interval-ms must be 0...1000")
+            #expect(try binary.waitForExit() != 0)
+        }
+        for value in ["0", "1000"] {
+            let binary = try RunningBinary(arguments: ["--port", "0", "--host", "127.0.0.1", "--event-write-interval-ms", value])
+            _ = try binary.waitForLine(containing: "listening on http://127.0.0.1:")
+            #expect(try binary.stop() == 0)
+        }
+    }
+
     @Test func refusesBadCellFlags() throws {
         for (arguments, message) in [(["--cells", "0"], "--cells must be 1...65536"),
                                      (["--advertise-address", "nowhere"], "--advertise-address must be host:port"),
