@@ -575,16 +575,31 @@ struct TaskMoment {
         cancelRequested = task.cancelRequested
         attempt = task.attempt
         retry = task.retry
-        let left = shown != task.state && !shown.isTerminal
+        guard shown != task.state && !shown.isTerminal else {
+            startedAt = task.startedAt
+            finishedAt = task.finishedAt
+            result = task.result
+            error = task.error
+            progress = task.progress
+            lease = Self.lease(of: task)
+            resolvedParams = task.resolvedParams
+            return
+        }
         let firstAttempt = task.attempt <= 1
-        let beforeRunning = left && shown != .running
-        resolvedParams = beforeRunning ? nil : task.resolvedParams
+        let beforeRunning = shown != .running
         startedAt = beforeRunning && firstAttempt ? nil : task.startedAt
-        finishedAt = left ? nil : task.finishedAt
-        result = left ? nil : task.result
-        error = left && firstAttempt ? nil : task.error
-        progress = left ? TaskProgress() : task.progress
-        lease = beforeRunning ? nil : task.lease.map {
+        finishedAt = nil
+        result = nil
+        error = firstAttempt ? nil : task.error
+        progress = TaskProgress()
+        lease = beforeRunning ? nil : Self.lease(of: task)
+        resolvedParams = beforeRunning ? nil : task.resolvedParams
+    }
+
+    /// The task's lease as it is now: a live lease's expiry moves on with each heartbeat.
+    @inline(__always)
+    private static func lease(of task: TaskRecord) -> LeaseSnapshot? {
+        task.lease.map {
             LeaseSnapshot(token: $0.token, worker: $0.worker, grantedAt: $0.grantedAt, milliseconds: $0.milliseconds, expiresAt: $0.expiresAt)
         }
     }
