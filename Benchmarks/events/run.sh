@@ -140,7 +140,7 @@ def call(method, path, body):
     text = answer.read()
     assert answer.status in (200, 201), (answer.status, text)
     return json.loads(text)
-task = call("POST", "/tasks", {"kind": "external", "name": "resize photos", "params": {"album": "summer"}})
+task = call("POST", "/tasks", {"kind": "external", "name": "resize photos", "metadata": {"album": "summer"}})
 call("POST", f"/tasks/{task['id']}/progress", {"fraction": 0.5, "message": "50 of 100 photos"})
 full, short = len(data_line(whole)), len(data_line(brief))
 print(f"  task.progress data: {full} B whole, {short} B brief ({short / full:.2f}x)")

@@ -155,8 +155,9 @@ extension TaskloopApplication {
     private func submitBatchItem(_ item: JSONValue, index: Int, into answer: inout BatchAnswer, _ reply: Reply) {
         do {
             var reader = BodyReader()
-            let read = reader.readNamingProblems(under: Self.itemField("tasks", index)) { reader, field in
-                reader.object(item, field).flatMap { reader.taskSpec($0, prefix: field.isEmpty ? "" : field + ".") }
+            var read: TaskSpec?
+            reader.readNamingProblems(under: Self.itemField("tasks", index)) { reader, field in
+                read = reader.object(item, field).flatMap { reader.taskSpec($0, prefix: field.isEmpty ? "" : field + ".") }
             }
             try reader.check()
             // Nil only with a problem, which `check` threw.
@@ -182,9 +183,10 @@ extension TaskloopApplication {
                                  into answer: inout BatchAnswer, _ engine: Engine) {
         do {
             var reader = BodyReader()
-            let read = reader.readNamingProblems(under: Self.itemField("reports", index)) { reader, field in
-                Self.readReport(item, prefix: field, &reader)
-            }!
+            var read: (id: String?, token: String?, report: ExternalReport?) = (nil, nil, nil)
+            reader.readNamingProblems(under: Self.itemField("reports", index)) { reader, field in
+                read = Self.readReport(item, prefix: field, &reader)
+            }
             // A repeated id is the item's problem before any other.
             if let id = read.id {
                 if let first = firstIndexOfID[id] {

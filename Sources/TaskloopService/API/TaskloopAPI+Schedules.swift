@@ -197,11 +197,11 @@ extension BodyReader {
             if list.isEmpty { fail(prefix + "tasks", "must list at least one task.") }
             let keys = Set(list.compactMap { $0.objectValue?["key"]?.stringValue })
             for (index, element) in list.enumerated() {
-                if let member = readNamingProblems(under: "\(prefix)tasks[\(index)]", { reader, field in
-                    reader.workflowMember(element, field: field, siblingKeys: keys)
-                }) {
-                    members.append(member)
+                var member: (key: String, spec: TaskSpec)?
+                readNamingProblems(under: "\(prefix)tasks[\(index)]") { reader, field in
+                    member = reader.workflowMember(element, field: field, siblingKeys: keys)
                 }
+                if let member { members.append(member) }
             }
         } else {
             fail(prefix + "tasks", object["tasks"] == nil ? "is required." : "must be an array of tasks.")
