@@ -251,6 +251,8 @@ import TaskloopTestSupport
             """#)
         let workflowID = try #require(workflow.json["id"] as? String)
         let id = try #require((workflow.json["keys"] as? [String: Any])?["a"] as? String)
+        // A task's own stream: its snapshot whole, its progress brief, then its end.
+        let own = try Stream(port: service.port, "/tasks/\(id)/events?progress_body=brief")
         func untilTheEnd(_ stream: Stream) throws -> [Stream.Event] {
             try stream.waitUntil { events in events.contains { $0.type == "task.state" && Self.task($0)?["state"] as? String == "succeeded" } }
                 .filter { $0.type == "task.state" || $0.type == "task.progress" }
@@ -276,9 +278,16 @@ import TaskloopTestSupport
                 }
             }
         }
+        let ownEvents = Stream.parse(try own.connection.readUntilClosed(timeout: 10)).events
+        #expect(ownEvents.first?.type == "task.snapshot" && Self.task(ownEvents[0])?["params"] != nil)
+        #expect(Self.states(ownEvents).last == "task.state:succeeded", "\(Self.states(ownEvents))")
+        let ownProgress = ownEvents.filter { $0.type == "task.progress" }.compactMap(Self.task)
+        #expect(!ownProgress.isEmpty && ownProgress.allSatisfy { Set($0.keys) == ["id", "queue", "workflow", "state", "attempt", "progress"] })
         for value in ["short", "", "BRIEF"] {
-            let refused = try client.call("GET", "/events?progress_body=\(value)")
-            #expect(refused.status == 400 && refused.text.contains("progress_body"), "\(value): \(refused.status) \(refused.text)")
+            for target in ["/events?progress_body=\(value)", "/tasks/\(id)/events?progress_body=\(value)"] {
+                let refused = try client.call("GET", target)
+                #expect(refused.status == 400 && refused.text.contains("progress_body"), "\(target): \(refused.status) \(refused.text)")
+            }
         }
     }
 

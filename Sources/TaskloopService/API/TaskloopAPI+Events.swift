@@ -51,17 +51,25 @@ extension TaskloopApplication {
             }
             filter.kinds = kinds
         }
-        if let text = request.query("progress_body") {
-            switch text {
-            case "full": filter.briefProgress = false
-            case "brief": filter.briefProgress = true
-            default: errors.append(.init(field: "progress_body", message: "must be full or brief."))
-            }
-        }
+        filter.briefProgress = Self.briefProgress(request, errors: &errors)
         return filter
     }
 
+    /// `?progress_body=brief` (`EventFilter.briefProgress`); `full`, the default, is false.
+    static func briefProgress(_ request: HTTPRequest, errors: inout [APIProblem.FieldError]) -> Bool {
+        switch request.query("progress_body") {
+        case nil, "full": return false
+        case "brief": return true
+        default:
+            errors.append(.init(field: "progress_body", message: "must be full or brief."))
+            return false
+        }
+    }
+
     func streamTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
+        var errors: [APIProblem.FieldError] = []
+        let brief = Self.briefProgress(request, errors: &errors)
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         let task = try existingTask(request, reply.engine)
         try refuseWhileDraining()
         var json = JSONWriter(capacity: 1_024)
@@ -72,7 +80,8 @@ extension TaskloopApplication {
         if task.state.isTerminal {
             eventLog.finish(reply, snapshot: snapshot)
         } else {
-            eventLog.subscribe(reply, filter: EventFilter(task: task.id), since: nil, snapshot: snapshot, endsWith: task.id)
+            eventLog.subscribe(reply, filter: EventFilter(task: task.id, briefProgress: brief), since: nil, snapshot: snapshot,
+                              endsWith: task.id)
         }
     }
 
@@ -118,6 +127,9 @@ extension TaskloopApplication {
     /// after that, catches the stream up from the history).
     func streamClusterTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
         let text = request.parameters["id"] ?? ""
+        var errors: [APIProblem.FieldError] = []
+        let brief = Self.briefProgress(request, errors: &errors)
+        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
         guard let id = TaskID(text) else { throw APIProblem(.notFound, detail: "No task \(text).") }
         try refuseWhileDraining()
         guard let host = cellHost, let streams = clusterStreams else { throw Self.sharedDatabaseUnavailable }
@@ -142,7 +154,8 @@ extension TaskloopApplication {
             }
             withClusterStreams(streams, reply) { [unowned self] in
                 answered(reply, status: .ok)
-                streams.subscribe(reply, filter: EventFilter(task: id), since: position, snapshot: snapshot, endsWith: id)
+                streams.subscribe(reply, filter: EventFilter(task: id, briefProgress: brief), since: position, snapshot: snapshot,
+                                  endsWith: id)
             }
         }
     }
