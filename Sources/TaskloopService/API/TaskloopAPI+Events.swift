@@ -66,10 +66,16 @@ extension TaskloopApplication {
         }
     }
 
-    func streamTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
+    /// `briefProgress(_:errors:)` for a route that takes no other query: a bad value is thrown.
+    static func briefProgress(_ request: HTTPRequest) throws(APIProblem) -> Bool {
         var errors: [APIProblem.FieldError] = []
-        let brief = Self.briefProgress(request, errors: &errors)
+        let brief = briefProgress(request, errors: &errors)
         guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
+        return brief
+    }
+
+    func streamTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
+        let brief = try Self.briefProgress(request)
         let task = try existingTask(request, reply.engine)
         try refuseWhileDraining()
         var json = JSONWriter(capacity: 1_024)
@@ -127,9 +133,7 @@ extension TaskloopApplication {
     /// after that, catches the stream up from the history).
     func streamClusterTaskEvents(_ request: HTTPRequest, _ reply: Reply) throws {
         let text = request.parameters["id"] ?? ""
-        var errors: [APIProblem.FieldError] = []
-        let brief = Self.briefProgress(request, errors: &errors)
-        guard errors.isEmpty else { throw APIProblem.invalidQuery(errors) }
+        let brief = try Self.briefProgress(request)
         guard let id = TaskID(text) else { throw APIProblem(.notFound, detail: "No task \(text).") }
         try refuseWhileDraining()
         guard let host = cellHost, let streams = clusterStreams else { throw Self.sharedDatabaseUnavailable }
